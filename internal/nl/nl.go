@@ -1,0 +1,90 @@
+// Package nl is twill's only door to netlink. Every route, neighbour, rule and
+// link twill reads or writes passes through a Handle bound to one network
+// namespace, so that a test can point the whole daemon at a namespace it made,
+// and so that the kernel's "dump interrupted" answer is retried in one place.
+//
+// The types here are plain values built on net/netip; conversion to the
+// vishvananda/netlink types happens only in nl_linux.go.
+package nl
+
+import (
+	"fmt"
+	"net/netip"
+)
+
+// Route is the part of a kernel route twill reasons about.
+type Route struct {
+	Dst       netip.Prefix
+	Gw        netip.Addr // invalid for a link-scope route
+	LinkIndex int
+	Table     int // 0 means main
+	Protocol  int
+	OnLink    bool
+	Scope     Scope
+	Src       netip.Addr
+}
+
+// Scope is a route scope (RT_SCOPE_*).
+type Scope uint8
+
+// Route scopes used by twill.
+const (
+	ScopeUniverse Scope = 0
+	ScopeLink     Scope = 253
+	ScopeHost     Scope = 254
+)
+
+// Key identifies a route in a table the way the kernel does for replace:
+// destination and table.
+type Key struct {
+	Dst   netip.Prefix
+	Table int
+}
+
+// Key returns the identity of r.
+func (r Route) Key() Key { return Key{Dst: r.Dst, Table: r.table()} }
+
+func (r Route) table() int {
+	if r.Table == 0 {
+		return 254
+	}
+	return r.Table
+}
+
+// Equal reports whether two routes would be programmed identically.
+func (r Route) Equal(o Route) bool {
+	return r.Dst == o.Dst && r.Gw == o.Gw && r.LinkIndex == o.LinkIndex &&
+		r.table() == o.table() && r.Protocol == o.Protocol && r.OnLink == o.OnLink &&
+		r.Scope == o.Scope && r.Src == o.Src
+}
+
+func (r Route) String() string {
+	s := r.Dst.String()
+	if r.Gw.IsValid() {
+		s += " via " + r.Gw.String()
+	}
+	s += fmt.Sprintf(" dev#%d", r.LinkIndex)
+	if r.table() != 254 {
+		s += fmt.Sprintf(" table %d", r.table())
+	}
+	if r.OnLink {
+		s += " onlink"
+	}
+	return s
+}
+
+// Link is the part of a network interface twill reasons about.
+type Link struct {
+	Index        int
+	Name         string
+	MTU          int
+	Up           bool
+	HardwareAddr []byte
+	Type         string
+}
+
+// Addr is an address assigned to a link.
+type Addr struct {
+	Prefix    netip.Prefix // address with its on-link prefix length
+	LinkIndex int
+}

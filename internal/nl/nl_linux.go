@@ -1,0 +1,334 @@
+package nl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// dumpAttempts bounds the retries of a dump the kernel reported as
+// interrupted (the table changed while it was being read).
+const dumpAttempts = 8
+
+// Handle is a netlink socket set bound to one network namespace.
+type Handle struct {
+	h  *netlink.Handle
+	ns netns.NsHandle // -1 when bound to the caller's namespace
+}
+
+// Open returns a Handle for the named network namespace (as listed by
+// `ip netns`), or for the namespace of the calling process when name is "".
+func Open(name string) (*Handle, error) {
+	if name == "" {
+		h, err := netlink.NewHandle()
+		if err != nil {
+			return nil, fmt.Errorf("opening netlink handle: %w", err)
+		}
+		return &Handle{h: h, ns: -1}, nil
+	}
+	ns, err := netns.GetFromName(name)
+	if err != nil {
+		return nil, fmt.Errorf("opening netns %q: %w", name, err)
+	}
+	return openAt(ns, name)
+}
+
+// OpenPath returns a Handle for the namespace mounted at path
+// (for example /proc/1234/ns/net or /var/run/netns/x).
+func OpenPath(path string) (*Handle, error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("opening netns %q: %w", path, err)
+	}
+	return openAt(ns, path)
+}
+
+func openAt(ns netns.NsHandle, name string) (*Handle, error) {
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		ns.Close()
+		return nil, fmt.Errorf("opening netlink handle in %q: %w", name, err)
+	}
+	return &Handle{h: h, ns: ns}, nil
+}
+
+// Close releases the handle's sockets.
+func (h *Handle) Close() {
+	h.h.Close()
+	if h.ns >= 0 {
+		h.ns.Close()
+	}
+}
+
+// retryDump runs a dump again while the kernel reports it as interrupted.
+func retryDump[T any](dump func() (T, error)) (T, error) {
+	var (
+		v   T
+		err error
+	)
+	for range dumpAttempts {
+		v, err = dump()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return v, err
+		}
+	}
+	return v, fmt.Errorf("dump still interrupted after %d attempts: %w", dumpAttempts, err)
+}
+
+// Family selects an address family for listings.
+type Family int
+
+// Address families.
+const (
+	FamilyAll Family = unix.AF_UNSPEC
+	FamilyV4  Family = unix.AF_INET
+	FamilyV6  Family = unix.AF_INET6
+)
+
+// RouteFilter narrows a route listing. Zero fields match anything, except
+// Table, where 0 means the main table.
+type RouteFilter struct {
+	Table     int
+	Protocol  int
+	LinkIndex int
+}
+
+// Routes lists the routes of one table, optionally narrowed by protocol and
+// link. Only unicast routes are returned.
+func (h *Handle) Routes(family Family, f RouteFilter) ([]Route, error) {
+	filter := &netlink.Route{Table: f.Table, Protocol: netlink.RouteProtocol(f.Protocol), LinkIndex: f.LinkIndex}
+	mask := netlink.RT_FILTER_TABLE
+	if filter.Table == 0 {
+		filter.Table = unix.RT_TABLE_MAIN
+	}
+	if f.Protocol != 0 {
+		mask |= netlink.RT_FILTER_PROTOCOL
+	}
+	if f.LinkIndex != 0 {
+		mask |= netlink.RT_FILTER_OIF
+	}
+	return retryDump(func() ([]Route, error) {
+		var out []Route
+		err := h.h.RouteListFilteredIter(int(family), filter, mask, func(r netlink.Route) bool {
+			if r.Type != unix.RTN_UNICAST || r.Dst == nil {
+				return true
+			}
+			out = append(out, fromNetlinkRoute(r))
+			return true
+		})
+		return out, err
+	})
+}
+
+func fromNetlinkRoute(r netlink.Route) Route {
+	out := Route{
+		LinkIndex: r.LinkIndex,
+		Table:     r.Table,
+		Protocol:  int(r.Protocol),
+		OnLink:    r.Flags&unix.RTNH_F_ONLINK != 0,
+		Scope:     Scope(r.Scope),
+	}
+	if r.Dst != nil {
+		out.Dst = prefixFromIPNet(r.Dst)
+	}
+	if gw, ok := netip.AddrFromSlice(r.Gw); ok {
+		out.Gw = gw.Unmap()
+	}
+	if src, ok := netip.AddrFromSlice(r.Src); ok {
+		out.Src = src.Unmap()
+	}
+	return out
+}
+
+func prefixFromIPNet(n *net.IPNet) netip.Prefix {
+	a, _ := netip.AddrFromSlice(n.IP)
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(a.Unmap(), ones)
+}
+
+func toNetlinkRoute(r Route) *netlink.Route {
+	nr := &netlink.Route{
+		Dst:       &net.IPNet{IP: r.Dst.Addr().AsSlice(), Mask: net.CIDRMask(r.Dst.Bits(), r.Dst.Addr().BitLen())},
+		LinkIndex: r.LinkIndex,
+		Table:     r.Table,
+		Protocol:  netlink.RouteProtocol(r.Protocol),
+		Scope:     netlink.Scope(r.Scope),
+		Type:      unix.RTN_UNICAST,
+	}
+	if r.Gw.IsValid() {
+		nr.Gw = r.Gw.AsSlice()
+	}
+	if r.Src.IsValid() {
+		nr.Src = r.Src.AsSlice()
+	}
+	if r.OnLink {
+		nr.Flags |= unix.RTNH_F_ONLINK
+	}
+	return nr
+}
+
+// RouteAdd adds r; it fails with an error satisfying errors.Is(err,
+// unix.EEXIST) when a route with the same key exists.
+func (h *Handle) RouteAdd(r Route) error {
+	if err := h.h.RouteAdd(toNetlinkRoute(r)); err != nil {
+		return fmt.Errorf("adding route %s: %w", r, err)
+	}
+	return nil
+}
+
+// RouteReplace adds r or replaces the route with the same key.
+func (h *Handle) RouteReplace(r Route) error {
+	if err := h.h.RouteReplace(toNetlinkRoute(r)); err != nil {
+		return fmt.Errorf("replacing route %s: %w", r, err)
+	}
+	return nil
+}
+
+// RouteDel deletes r. A route that is already gone is not an error.
+func (h *Handle) RouteDel(r Route) error {
+	if err := h.h.RouteDel(toNetlinkRoute(r)); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("deleting route %s: %w", r, err)
+	}
+	return nil
+}
+
+// RouteGet asks the kernel which route it would use to reach dst.
+func (h *Handle) RouteGet(dst netip.Addr) (Route, error) {
+	rs, err := h.h.RouteGet(dst.AsSlice())
+	if err != nil {
+		return Route{}, fmt.Errorf("looking up route to %s: %w", dst, err)
+	}
+	if len(rs) == 0 {
+		return Route{}, fmt.Errorf("looking up route to %s: no route", dst)
+	}
+	r := fromNetlinkRoute(rs[0])
+	r.Dst = netip.PrefixFrom(dst, dst.BitLen())
+	return r, nil
+}
+
+func fromNetlinkLink(l netlink.Link) Link {
+	a := l.Attrs()
+	return Link{
+		Index:        a.Index,
+		Name:         a.Name,
+		MTU:          a.MTU,
+		Up:           a.Flags&net.FlagUp != 0,
+		HardwareAddr: append([]byte(nil), a.HardwareAddr...),
+		Type:         l.Type(),
+	}
+}
+
+// ErrLinkNotFound is returned (wrapped) when a named or indexed link is absent.
+var ErrLinkNotFound = errors.New("link not found")
+
+// LinkByName returns the link called name.
+func (h *Handle) LinkByName(name string) (Link, error) {
+	l, err := h.h.LinkByName(name)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return Link{}, fmt.Errorf("finding link %q: %w", name, ErrLinkNotFound)
+		}
+		return Link{}, fmt.Errorf("finding link %q: %w", name, err)
+	}
+	return fromNetlinkLink(l), nil
+}
+
+// LinkByIndex returns the link with the given index.
+func (h *Handle) LinkByIndex(index int) (Link, error) {
+	l, err := h.h.LinkByIndex(index)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return Link{}, fmt.Errorf("finding link #%d: %w", index, ErrLinkNotFound)
+		}
+		return Link{}, fmt.Errorf("finding link #%d: %w", index, err)
+	}
+	return fromNetlinkLink(l), nil
+}
+
+// Links lists every link in the namespace.
+func (h *Handle) Links() ([]Link, error) {
+	ls, err := retryDump(h.h.LinkList)
+	if err != nil {
+		return nil, fmt.Errorf("listing links: %w", err)
+	}
+	out := make([]Link, 0, len(ls))
+	for _, l := range ls {
+		out = append(out, fromNetlinkLink(l))
+	}
+	return out, nil
+}
+
+// Addrs lists the addresses of a link (all links when linkIndex is 0).
+func (h *Handle) Addrs(linkIndex int, family Family) ([]Addr, error) {
+	var link netlink.Link
+	if linkIndex != 0 {
+		l, err := h.h.LinkByIndex(linkIndex)
+		if err != nil {
+			return nil, fmt.Errorf("listing addresses of link #%d: %w", linkIndex, err)
+		}
+		link = l
+	}
+	as, err := retryDump(func() ([]netlink.Addr, error) { return h.h.AddrList(link, int(family)) })
+	if err != nil {
+		return nil, fmt.Errorf("listing addresses: %w", err)
+	}
+	out := make([]Addr, 0, len(as))
+	for _, a := range as {
+		out = append(out, Addr{Prefix: prefixFromIPNet(a.IPNet), LinkIndex: a.LinkIndex})
+	}
+	return out, nil
+}
+
+// RouteEvent is a change the kernel announced to one of its routes.
+type RouteEvent struct {
+	Deleted bool
+	Route   Route
+}
+
+// WatchRoutes calls fn for every route change in the handle's namespace
+// until ctx is done. fn must not block: it is meant to poke a reconciler.
+func (h *Handle) WatchRoutes(ctx context.Context, fn func(RouteEvent)) error {
+	ch := make(chan netlink.RouteUpdate, 256)
+	done := make(chan struct{})
+	defer close(done)
+	subErr := make(chan error, 1)
+	opts := netlink.RouteSubscribeOptions{
+		ErrorCallback: func(err error) {
+			select {
+			case subErr <- err:
+			default:
+			}
+		},
+	}
+	if h.ns >= 0 {
+		ns := h.ns
+		opts.Namespace = &ns
+	}
+	if err := netlink.RouteSubscribeWithOptions(ch, done, opts); err != nil {
+		return fmt.Errorf("subscribing to route updates: %w", err)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-subErr:
+			return fmt.Errorf("receiving route updates: %w", err)
+		case u, ok := <-ch:
+			if !ok {
+				return errors.New("receiving route updates: subscription closed")
+			}
+			if u.Dst == nil {
+				continue
+			}
+			fn(RouteEvent{Deleted: u.Type == unix.RTM_DELROUTE, Route: fromNetlinkRoute(u.Route)})
+		}
+	}
+}

@@ -1,0 +1,34 @@
+// Package owned names every kernel object identity twill claims as its own:
+// the rtnetlink protocol stamped on its routes, its route tables, its policy
+// rule priorities and its iptables chains. Keeping them in one file makes it
+// possible to audit what twill may touch, and what cleanup removes.
+package owned
+
+// RouteProtocol is the rtnetlink protocol number (rtm_protocol) on every
+// route twill installs. Reconcilers list routes filtered by it, so they find
+// and delete their own stale routes without ever touching anyone else's.
+// 167 is not registered in iproute2's rt_protos nor used by the common CNIs.
+const RouteProtocol = 167
+
+// MainTable is the kernel's main routing table (RT_TABLE_MAIN).
+const MainTable = 254
+
+// Policy routing (eni backend and CNI plugin).
+const (
+	// ENIRouteTable is the default route table for a node's ENI.
+	ENIRouteTable = 100
+	// RulePriorityToPod sends traffic addressed to a local pod through main.
+	RulePriorityToPod = 512
+	// RulePriorityFromPod sends traffic from a pod through the ENI table.
+	RulePriorityFromPod = 1536
+)
+
+// iptables chains. Each is jumped to from one built-in chain; cleanup removes
+// the jump, then the chain.
+const (
+	ChainMasquerade = "TWILL-POSTRTG" // nat table, from POSTROUTING
+	ChainForward    = "TWILL-FWD"     // filter table, from FORWARD
+)
+
+// VXLANDevicePrefix is the name prefix of twill's VTEP devices ("twill.<VNI>").
+const VXLANDevicePrefix = "twill."

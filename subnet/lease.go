@@ -1,0 +1,233 @@
+package subnet
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// LeaseAttrs is what a node publishes with its lease. The JSON form uses
+// flannel's field names so that tools reading flannel's registry read ours.
+type LeaseAttrs struct {
+	PublicIP      netip.Addr
+	PublicIPv6    netip.Addr
+	BackendType   string
+	BackendData   json.RawMessage
+	BackendV6Data json.RawMessage
+}
+
+// Lease is one node's hold on a subnet of the cluster Network.
+type Lease struct {
+	Subnet     netip.Prefix // invalid when the cluster is IPv6-only
+	IPv6Subnet netip.Prefix // invalid unless IPv6 is enabled
+	Attrs      LeaseAttrs
+	// Expiration is when the lease lapses unless renewed; zero for leases
+	// that do not expire (reservations, Kubernetes nodes).
+	Expiration time.Time
+	// Reserved marks an operator-made reservation (etcd key with no TTL).
+	Reserved bool
+}
+
+// Key is the lease's name in a registry: "10.244.1.0-24", or for a
+// dual-stack lease "10.244.1.0-24&fd00:1::-64" (flannel's format).
+func (l Lease) Key() string { return SubnetKey(l.Subnet, l.IPv6Subnet) }
+
+// SubnetKey formats the registry name of a subnet pair.
+func SubnetKey(v4, v6 netip.Prefix) string {
+	var parts []string
+	if v4.IsValid() {
+		parts = append(parts, v4.Addr().String()+"-"+strconv.Itoa(v4.Bits()))
+	}
+	if v6.IsValid() {
+		parts = append(parts, v6.Addr().String()+"-"+strconv.Itoa(v6.Bits()))
+	}
+	return strings.Join(parts, "&")
+}
+
+// ParseSubnetKey parses a registry name made by SubnetKey.
+func ParseSubnetKey(key string) (v4, v6 netip.Prefix, err error) {
+	parts := strings.Split(key, "&")
+	if len(parts) > 2 || key == "" {
+		return v4, v6, fmt.Errorf("subnet key %q: want <ip>-<len> or <ip>-<len>&<ipv6>-<len>", key)
+	}
+	for _, part := range parts {
+		i := strings.LastIndexByte(part, '-')
+		if i < 0 {
+			return v4, v6, fmt.Errorf("subnet key %q: %q has no -<len>", key, part)
+		}
+		p, perr := netip.ParsePrefix(part[:i] + "/" + part[i+1:])
+		if perr != nil {
+			return v4, v6, fmt.Errorf("subnet key %q: %w", key, perr)
+		}
+		if p.Masked() != p {
+			return v4, v6, fmt.Errorf("subnet key %q: %s has host bits set", key, p)
+		}
+		switch {
+		case p.Addr().Is4() && !v4.IsValid():
+			v4 = p
+		case p.Addr().Is6() && !p.Addr().Is4In6() && !v6.IsValid():
+			v6 = p
+		default:
+			return netip.Prefix{}, netip.Prefix{}, fmt.Errorf("subnet key %q: more than one subnet of a family", key)
+		}
+	}
+	return v4, v6, nil
+}
+
+type leaseAttrsJSON struct {
+	PublicIP      string          `json:"PublicIP,omitempty"`
+	PublicIPv6    *string         `json:"PublicIPv6"`
+	BackendType   string          `json:"BackendType"`
+	BackendData   json.RawMessage `json:"BackendData"`
+	BackendV6Data json.RawMessage `json:"BackendV6Data"`
+}
+
+// MarshalJSON writes flannel's layout.
+func (a LeaseAttrs) MarshalJSON() ([]byte, error) {
+	j := leaseAttrsJSON{BackendType: a.BackendType, BackendData: a.BackendData, BackendV6Data: a.BackendV6Data}
+	if a.PublicIP.IsValid() {
+		j.PublicIP = a.PublicIP.String()
+	}
+	if a.PublicIPv6.IsValid() {
+		s := a.PublicIPv6.String()
+		j.PublicIPv6 = &s
+	}
+	if len(j.BackendData) == 0 {
+		j.BackendData = json.RawMessage("null")
+	}
+	if len(j.BackendV6Data) == 0 {
+		j.BackendV6Data = json.RawMessage("null")
+	}
+	return json.Marshal(j)
+}
+
+// UnmarshalJSON is ParseLeaseAttrs.
+func (a *LeaseAttrs) UnmarshalJSON(data []byte) error {
+	v, err := ParseLeaseAttrs(data)
+	if err != nil {
+		return err
+	}
+	*a = v
+	return nil
+}
+
+// ParseLeaseAttrs decodes and checks lease JSON written by any node. Unknown
+// keys are tolerated (a newer node may add some); wrong values are not.
+func ParseLeaseAttrs(data []byte) (LeaseAttrs, error) {
+	var j leaseAttrsJSON
+	if err := json.Unmarshal(data, &j); err != nil {
+		return LeaseAttrs{}, fmt.Errorf("lease attributes: decoding: %w", err)
+	}
+	var a LeaseAttrs
+	if j.PublicIP != "" {
+		ip, err := netip.ParseAddr(j.PublicIP)
+		if err != nil || !ip.Is4() {
+			return LeaseAttrs{}, fmt.Errorf("lease attributes: PublicIP %q: not an IPv4 address", j.PublicIP)
+		}
+		if !ip.IsUnspecified() {
+			a.PublicIP = ip
+		}
+	}
+	if j.PublicIPv6 != nil && *j.PublicIPv6 != "" {
+		ip, err := netip.ParseAddr(*j.PublicIPv6)
+		if err != nil || !ip.Is6() || ip.Is4In6() {
+			return LeaseAttrs{}, fmt.Errorf("lease attributes: PublicIPv6 %q: not an IPv6 address", *j.PublicIPv6)
+		}
+		a.PublicIPv6 = ip
+	}
+	if !a.PublicIP.IsValid() && !a.PublicIPv6.IsValid() {
+		return LeaseAttrs{}, errors.New(`lease attributes: PublicIP "": a lease needs a public address`)
+	}
+	if j.BackendType == "" {
+		return LeaseAttrs{}, errors.New(`lease attributes: BackendType "": must not be empty`)
+	}
+	a.BackendType = j.BackendType
+	for _, d := range []struct {
+		name string
+		raw  json.RawMessage
+		dst  *json.RawMessage
+	}{{"BackendData", j.BackendData, &a.BackendData}, {"BackendV6Data", j.BackendV6Data, &a.BackendV6Data}} {
+		raw := bytes.TrimSpace(d.raw)
+		if len(raw) == 0 || string(raw) == "null" {
+			continue
+		}
+		if raw[0] != '{' {
+			return LeaseAttrs{}, fmt.Errorf("lease attributes: %s %s: must be a JSON object", d.name, truncate(string(raw)))
+		}
+		*d.dst = append(json.RawMessage(nil), raw...)
+	}
+	return a, nil
+}
+
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:61] + "..."
+	}
+	return s
+}
+
+// Equal reports whether two attribute sets publish the same thing.
+func (a LeaseAttrs) Equal(b LeaseAttrs) bool {
+	return a.PublicIP == b.PublicIP && a.PublicIPv6 == b.PublicIPv6 && a.BackendType == b.BackendType &&
+		jsonEqual(a.BackendData, b.BackendData) && jsonEqual(a.BackendV6Data, b.BackendV6Data)
+}
+
+func jsonEqual(a, b json.RawMessage) bool {
+	na := len(bytes.TrimSpace(a)) == 0 || string(bytes.TrimSpace(a)) == "null"
+	nb := len(bytes.TrimSpace(b)) == 0 || string(bytes.TrimSpace(b)) == "null"
+	if na || nb {
+		return na == nb
+	}
+	return bytes.Equal(bytes.TrimSpace(a), bytes.TrimSpace(b))
+}
+
+// Refusal is a registry entry that did not become a lease, with the reason.
+type Refusal struct {
+	Key string
+	Err error
+}
+
+// Snapshot is the full set of leases a subnet manager currently knows,
+// including the local node's own, plus the entries it had to refuse.
+type Snapshot struct {
+	Leases  []Lease
+	Refused []Refusal
+}
+
+// CheckPeer reports why a peer lease must not be programmed, or nil. It
+// refuses subnets outside the Network or of the wrong length, subnets that
+// overlap the local node's, and leases without an address to route to.
+func CheckPeer(cfg *Config, local, peer Lease) error {
+	if cfg.EnableIPv4 {
+		if !cfg.Contains(peer.Subnet) {
+			return fmt.Errorf("subnet %s: not a /%d inside Network %s", fmtPrefix(peer.Subnet), cfg.SubnetLen, cfg.Network)
+		}
+		if local.Subnet.IsValid() && peer.Subnet.Overlaps(local.Subnet) {
+			return fmt.Errorf("subnet %s: overlaps the local subnet %s", peer.Subnet, local.Subnet)
+		}
+		if !peer.Attrs.PublicIP.IsValid() {
+			return fmt.Errorf("subnet %s: no PublicIP to route to", peer.Subnet)
+		}
+	}
+	if cfg.EnableIPv6 && peer.IPv6Subnet.IsValid() {
+		if !cfg.ContainsV6(peer.IPv6Subnet) {
+			return fmt.Errorf("IPv6 subnet %s: not a /%d inside IPv6Network %s", peer.IPv6Subnet, cfg.IPv6SubnetLen, cfg.IPv6Network)
+		}
+		if local.IPv6Subnet.IsValid() && peer.IPv6Subnet.Overlaps(local.IPv6Subnet) {
+			return fmt.Errorf("IPv6 subnet %s: overlaps the local IPv6 subnet %s", peer.IPv6Subnet, local.IPv6Subnet)
+		}
+	}
+	return nil
+}
+
+func fmtPrefix(p netip.Prefix) string {
+	if !p.IsValid() {
+		return `""`
+	}
+	return p.String()
+}

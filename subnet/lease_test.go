@@ -1,0 +1,144 @@
+package subnet
+
+import (
+	"encoding/json"
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+func TestLeaseAttrsFlannelLayout(t *testing.T) {
+	a := LeaseAttrs{
+		PublicIP:    netip.MustParseAddr("192.168.0.7"),
+		BackendType: "vxlan",
+		BackendData: json.RawMessage(`{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:ff"}`),
+	}
+	b, err := json.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `{"PublicIP":"192.168.0.7","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:ff"},"BackendV6Data":null}`
+	if string(b) != want {
+		t.Fatalf("got  %s\nwant %s", b, want)
+	}
+	var back LeaseAttrs
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !back.Equal(a) {
+		t.Fatalf("round trip changed attrs: %+v", back)
+	}
+}
+
+func TestParseLeaseAttrsRejects(t *testing.T) {
+	tests := []struct{ name, in, want string }{
+		{"not json", `{"PublicIP":`, "decoding"},
+		{"bad ip", `{"PublicIP":"10.0.0.300","BackendType":"host-gw"}`, `PublicIP "10.0.0.300"`},
+		{"v6 as v4", `{"PublicIP":"fd00::1","BackendType":"host-gw"}`, `PublicIP "fd00::1"`},
+		{"bad v6", `{"PublicIP":"10.0.0.1","PublicIPv6":"1.2.3.4","BackendType":"host-gw"}`, `PublicIPv6 "1.2.3.4"`},
+		{"no address", `{"BackendType":"host-gw"}`, "public address"},
+		{"no type", `{"PublicIP":"10.0.0.1"}`, "BackendType"},
+		{"data not object", `{"PublicIP":"10.0.0.1","BackendType":"vxlan","BackendData":[1]}`, "BackendData [1]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseLeaseAttrs([]byte(tt.in))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want it to mention %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestSubnetKey(t *testing.T) {
+	v4, v6 := netip.MustParsePrefix("10.244.3.0/24"), netip.MustParsePrefix("fd00:1:2:3::/64")
+	for _, tc := range []struct {
+		v4, v6 netip.Prefix
+		key    string
+	}{{v4, netip.Prefix{}, "10.244.3.0-24"}, {v4, v6, "10.244.3.0-24&fd00:1:2:3::-64"}, {netip.Prefix{}, v6, "fd00:1:2:3::-64"}} {
+		if got := SubnetKey(tc.v4, tc.v6); got != tc.key {
+			t.Errorf("SubnetKey = %q, want %q", got, tc.key)
+		}
+		g4, g6, err := ParseSubnetKey(tc.key)
+		if err != nil || g4 != tc.v4 || g6 != tc.v6 {
+			t.Errorf("ParseSubnetKey(%q) = %s %s %v", tc.key, g4, g6, err)
+		}
+	}
+	for _, bad := range []string{"", "10.0.0.0", "10.0.0.1-24", "10.0.0.0-24&10.1.0.0-24", "x-24", "10.0.0.0-33"} {
+		if _, _, err := ParseSubnetKey(bad); err == nil {
+			t.Errorf("ParseSubnetKey(%q) accepted", bad)
+		}
+	}
+}
+
+func TestCheckPeer(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`{"Network":"10.244.0.0/16"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := Lease{Subnet: netip.MustParsePrefix("10.244.1.0/24")}
+	ip := netip.MustParseAddr("192.168.1.2")
+	tests := []struct {
+		name   string
+		subnet string
+		pub    netip.Addr
+		want   string
+	}{
+		{"ok", "10.244.2.0/24", ip, ""},
+		{"outside network", "10.99.2.0/24", ip, "not a /24 inside Network 10.244.0.0/16"},
+		{"wrong length", "10.244.2.0/25", ip, "not a /24"},
+		{"overlaps local", "10.244.1.0/24", ip, "overlaps the local subnet"},
+		{"no public ip", "10.244.2.0/24", netip.Addr{}, "no PublicIP"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := CheckPeer(cfg, local, Lease{Subnet: netip.MustParsePrefix(tt.subnet), Attrs: LeaseAttrs{PublicIP: tt.pub}})
+			if tt.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func FuzzParseLeaseAttrs(f *testing.F) {
+	f.Add([]byte(`{"PublicIP":"192.168.0.7","BackendType":"vxlan","BackendData":{"VNI":1}}`))
+	f.Add([]byte(`{"PublicIP":"10.0.0.1","PublicIPv6":"fd00::1","BackendType":"host-gw","BackendData":null}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		a, err := ParseLeaseAttrs(data)
+		if err != nil {
+			return
+		}
+		b, err := json.Marshal(a)
+		if err != nil {
+			t.Fatalf("accepted attrs do not marshal: %v", err)
+		}
+		back, err := ParseLeaseAttrs(b)
+		if err != nil {
+			t.Fatalf("re-parse of %s: %v", b, err)
+		}
+		if !back.Equal(a) {
+			t.Fatalf("round trip changed %+v into %+v", a, back)
+		}
+	})
+}
+
+func FuzzParseSubnetKey(f *testing.F) {
+	f.Add("10.244.3.0-24")
+	f.Add("10.244.3.0-24&fd00::-64")
+	f.Fuzz(func(t *testing.T, key string) {
+		v4, v6, err := ParseSubnetKey(key)
+		if err != nil {
+			return
+		}
+		back, _, err := ParseSubnetKey(SubnetKey(v4, v6))
+		if err != nil || back != v4 {
+			t.Fatalf("round trip of %q: %s %v", key, back, err)
+		}
+	})
+}
