@@ -1,0 +1,119 @@
+// Package backend defines what a twill backend is and how the daemon finds
+// one. A backend prepares the node (devices, sysctls) and says what the node
+// publishes in its lease; once the lease is held it returns a Network, whose
+// Reconcile makes the kernel match the full set of peer leases.
+//
+// Third-party backends live in their own package, call Register from init(),
+// and are built into a twilld whose main blank-imports that package.
+package backend
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/twill-net/twill/internal/nl"
+	"github.com/twill-net/twill/subnet"
+)
+
+// Backend is one node's instance of a backend type.
+type Backend interface {
+	// Prepare readies the node for this backend and returns the attributes
+	// the node publishes with its lease (public IP, backend data).
+	Prepare(ctx context.Context) (subnet.LeaseAttrs, error)
+	// Attach is called once the node holds lease; the returned Network
+	// programs the peers.
+	Attach(ctx context.Context, lease subnet.Lease) (Network, error)
+}
+
+// Network programs the data plane for a held lease.
+type Network interface {
+	// MTU is the MTU pods on this node must use.
+	MTU() int
+	// Reconcile makes the kernel match peers, the full set of valid peer
+	// leases (the local lease excluded). It is idempotent and cheap when
+	// nothing changed; it adds before it deletes, and on failure returns the
+	// joined errors after applying everything it could.
+	Reconcile(ctx context.Context, peers []subnet.Lease) error
+}
+
+// KernelWatcher is implemented by a Network that can notice changes made
+// behind its back (a route deleted by hand, a device removed). WatchKernel
+// blocks until ctx is done and calls poke, which never blocks, whenever the
+// kernel no longer matches what the Network last programmed.
+type KernelWatcher interface {
+	WatchKernel(ctx context.Context, poke func()) error
+}
+
+// ExternalInterface is the node's underlay interface: where peers are
+// reached and what the node publishes as its address.
+type ExternalInterface struct {
+	Link nl.Link
+	// Addr and AddrV6 are addresses on Link used as the source for the
+	// underlay; either may be invalid.
+	Addr   netip.Addr
+	AddrV6 netip.Addr
+	// PublicIP and PublicIPv6 are published in the lease; they differ from
+	// Addr when the node is behind NAT (--public-ip).
+	PublicIP   netip.Addr
+	PublicIPv6 netip.Addr
+	// OnLink lists the prefixes directly connected through Link.
+	OnLink []netip.Prefix
+}
+
+// Reachable reports whether ip is directly connected through the interface.
+func (e ExternalInterface) Reachable(ip netip.Addr) bool {
+	for _, p := range e.OnLink {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// Options is what a Factory gets. Logger, Netlink, ExtIface and Config are
+// always set.
+type Options struct {
+	Logger   *slog.Logger
+	Netlink  *nl.Handle
+	ExtIface ExternalInterface
+	// Config is the parsed net-conf.json; Config.Backend is this backend's
+	// raw configuration, to be decoded strictly (see DecodeConfig).
+	Config *subnet.Config
+	// StateDir is a directory the backend may keep state in across
+	// restarts (for example a VTEP MAC).
+	StateDir string
+	// FullSyncEvery bounds how long a Network may trust its own record of
+	// the kernel before reading the kernel back.
+	FullSyncEvery time.Duration
+	Metrics       *Metrics
+}
+
+// Metrics are the counters every backend may feed. A nil *Metrics, or a nil
+// field, is valid and records nothing.
+type Metrics struct {
+	// DriftRepairs counts kernel objects fixed because they no longer matched
+	// what twill had programmed (deleted or changed by someone else, or left
+	// from before a restart).
+	DriftRepairs prometheus.Counter
+	// PeersUnroutable is the number of peers the backend refused to program
+	// because it cannot reach them (host-gw: public IP not on-link).
+	PeersUnroutable prometheus.Gauge
+}
+
+// AddDriftRepairs records n repairs.
+func (m *Metrics) AddDriftRepairs(n int) {
+	if m != nil && m.DriftRepairs != nil && n > 0 {
+		m.DriftRepairs.Add(float64(n))
+	}
+}
+
+// SetPeersUnroutable records the current count of unroutable peers.
+func (m *Metrics) SetPeersUnroutable(n int) {
+	if m != nil && m.PeersUnroutable != nil {
+		m.PeersUnroutable.Set(float64(n))
+	}
+}

@@ -1,0 +1,191 @@
+// Package hostgw is the host-gw backend: it routes each peer's subnet via
+// that peer's public IP on the external interface. It needs every node on
+// one L2 segment, and in exchange adds no encapsulation at all.
+//
+// How it works. For each peer lease it keeps one route in the main table:
+//
+//	<peer subnet> via <peer PublicIP> dev <ext iface> proto 167
+//
+// (and the IPv6 counterpart when the lease has one). Routes carry twill's
+// protocol number, so Reconcile finds and removes its own stale routes, for
+// example those of nodes deleted while the daemon was down, and never touches
+// anyone else's. A peer whose public IP is not on a prefix connected to the
+// external interface cannot be reached this way; it is refused, counted and
+// logged, rather than given a route that would blackhole its traffic.
+package hostgw
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/internal/nl"
+	"github.com/twill-net/twill/subnet"
+)
+
+// Type is the name under which the backend registers.
+const Type = "host-gw"
+
+func init() { backend.Register(Type, New) }
+
+// Config is the backend's net-conf.json Backend object. host-gw takes no
+// options beyond Type.
+type Config struct{}
+
+// Backend is host-gw on one node.
+type Backend struct {
+	opts backend.Options
+	log  *slog.Logger
+}
+
+// New is the host-gw Factory.
+func New(opts backend.Options) (backend.Backend, error) {
+	var c Config
+	if err := backend.DecodeConfig(opts.Config.Backend, &c); err != nil {
+		return nil, err
+	}
+	return &Backend{opts: opts, log: opts.Logger.With("backend", Type)}, nil
+}
+
+// Prepare publishes the external interface's public address; host-gw has
+// no backend data.
+func (b *Backend) Prepare(context.Context) (subnet.LeaseAttrs, error) {
+	ext := b.opts.ExtIface
+	if b.opts.Config.EnableIPv4 && !ext.PublicIP.IsValid() {
+		return subnet.LeaseAttrs{}, fmt.Errorf("host-gw: interface %s has no IPv4 address to publish", ext.Link.Name)
+	}
+	return subnet.LeaseAttrs{PublicIP: ext.PublicIP, PublicIPv6: ext.PublicIPv6, BackendType: Type}, nil
+}
+
+// Attach returns the Network that programs peer routes.
+func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Network, error) {
+	return &Network{
+		ext:     b.opts.ExtIface,
+		log:     b.log,
+		metrics: b.opts.Metrics,
+		routes:  &backend.RouteSync{NL: b.opts.Netlink, FullSyncEvery: b.opts.FullSyncEvery, Logger: b.log},
+	}, nil
+}
+
+// Network programs host-gw routes for one lease.
+type Network struct {
+	ext     backend.ExternalInterface
+	log     *slog.Logger
+	metrics *backend.Metrics
+	routes  *backend.RouteSync
+
+	mu          sync.Mutex
+	unreachable []string // guarded by mu; last refused peers, for change-only logging
+}
+
+var _ backend.KernelWatcher = (*Network)(nil)
+
+// MTU is the external interface's: host-gw adds no header.
+func (n *Network) MTU() int { return n.ext.Link.MTU }
+
+// DesiredRoutes is the pure part of Reconcile: the routes peers call for,
+// and the keys of peers that cannot be reached directly.
+func DesiredRoutes(ext backend.ExternalInterface, peers []subnet.Lease) (routes []nl.Route, unreachable []string) {
+	for _, p := range peers {
+		ok := true
+		if p.Subnet.IsValid() {
+			if ext.Reachable(p.Attrs.PublicIP) {
+				routes = append(routes, nl.Route{Dst: p.Subnet, Gw: p.Attrs.PublicIP, LinkIndex: ext.Link.Index})
+			} else {
+				ok = false
+			}
+		}
+		if p.IPv6Subnet.IsValid() && p.Attrs.PublicIPv6.IsValid() {
+			if ext.Reachable(p.Attrs.PublicIPv6) {
+				routes = append(routes, nl.Route{Dst: p.IPv6Subnet, Gw: p.Attrs.PublicIPv6, LinkIndex: ext.Link.Index})
+			} else {
+				ok = false
+			}
+		}
+		if !ok {
+			unreachable = append(unreachable, p.Key()+" via "+p.Attrs.PublicIP.String())
+		}
+	}
+	slices.Sort(unreachable)
+	return routes, unreachable
+}
+
+// Reconcile makes the main table's twill routes match peers.
+func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
+	desired, unreachable := DesiredRoutes(n.ext, peers)
+	n.reportUnreachable(unreachable)
+	st, err := n.routes.Sync(desired)
+	n.metrics.AddDriftRepairs(st.Repaired)
+	if st.Repaired > 0 {
+		n.log.Info("repaired routes that had drifted", "count", st.Repaired)
+	}
+	n.log.Debug("reconciled", "peers", len(peers), "added", st.Added, "replaced", st.Replaced, "deleted", st.Deleted, "dumped", st.Dumped)
+	if err != nil {
+		return fmt.Errorf("host-gw: %w", err)
+	}
+	return nil
+}
+
+// reportUnreachable logs the refused peers once per change of the set, so a
+// steady state does not produce a line per peer per resync.
+func (n *Network) reportUnreachable(keys []string) {
+	n.metrics.SetPeersUnroutable(len(keys))
+	n.mu.Lock()
+	changed := !slices.Equal(keys, n.unreachable)
+	n.unreachable = keys
+	n.mu.Unlock()
+	if !changed || len(keys) == 0 {
+		return
+	}
+	shown := keys
+	if len(shown) > 5 {
+		shown = shown[:5]
+	}
+	n.log.Warn("refusing peers whose public IP is not on-link: host-gw needs all nodes on one L2 segment; use vxlan (or DirectRouting) across routers",
+		"count", len(keys), "iface", n.ext.Link.Name, "on_link", prefixes(n.ext.OnLink), "peers", strings.Join(shown, ", "))
+}
+
+func prefixes(ps []netip.Prefix) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ",")
+}
+
+// WatchKernel pokes when one of twill's routes changes behind its back.
+// A lost subscription is re-established after a pause, and counts as a
+// change because events may have been missed.
+func (n *Network) WatchKernel(ctx context.Context, poke func()) error {
+	const pause = time.Second
+	for {
+		err := n.routes.NL.WatchRoutes(ctx, func(ev nl.RouteEvent) {
+			if n.routes.Observe(ev) {
+				poke()
+			}
+		})
+		if ctx.Err() != nil {
+			return nil
+		}
+		n.log.Warn("route watch lost; re-reading routes", "err", err)
+		n.routes.Invalidate()
+		poke()
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		if err != nil && errors.Is(err, context.Canceled) {
+			return nil
+		}
+	}
+}

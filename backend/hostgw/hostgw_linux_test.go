@@ -1,0 +1,163 @@
+package hostgw
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/internal/netnstest"
+	"github.com/twill-net/twill/internal/nl"
+	"github.com/twill-net/twill/subnet"
+)
+
+// node makes a namespace whose eth0 sits on 192.168.77.0/24 and returns a
+// host-gw Network attached in it.
+func node(t *testing.T) (string, *nl.Handle, *Network) {
+	ns := netnstest.New(t, "hgw")
+	netnstest.IP(t, ns, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0")
+	netnstest.IP(t, ns, "link", "set", "peer0", "up")
+	netnstest.IP(t, ns, "link", "set", "eth0", "up")
+	netnstest.IP(t, ns, "addr", "add", "192.168.77.1/24", "dev", "eth0")
+	h, err := nl.Open(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	link, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ext := backend.ExternalInterface{Link: link, Addr: netip.MustParseAddr("192.168.77.1"), PublicIP: netip.MustParseAddr("192.168.77.1"),
+		OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}}
+	b, err := New(backend.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Netlink: h, ExtIface: ext, Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nw, err := b.Attach(context.Background(), subnet.Lease{Subnet: netip.MustParsePrefix("10.244.1.0/24")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns, h, nw.(*Network)
+}
+
+// kernelRoutes renders the main table's IPv4 routes as `ip route` does,
+// so assertions read like what an operator would see.
+func kernelRoutes(t *testing.T, ns string) string {
+	return netnstest.IP(t, ns, "-4", "route", "show", "table", "main")
+}
+
+func requireRoutes(t *testing.T, ns string, present, absent []string) {
+	t.Helper()
+	got := kernelRoutes(t, ns)
+	for _, p := range present {
+		if !strings.Contains(got, p) {
+			t.Errorf("route %q missing; table is:\n%s", p, got)
+		}
+	}
+	for _, a := range absent {
+		if strings.Contains(got, a) {
+			t.Errorf("route %q present; table is:\n%s", a, got)
+		}
+	}
+}
+
+func TestPrivilegedReconcile(t *testing.T) {
+	ns, _, nw := node(t)
+	ctx := context.Background()
+	// Left over from before a restart (owned, stale), owned but wrong, and
+	// someone else's route in the same table.
+	netnstest.IP(t, ns, "route", "add", "10.244.50.0/24", "via", "192.168.77.50", "proto", "167")
+	netnstest.IP(t, ns, "route", "add", "10.244.3.0/24", "via", "192.168.77.33", "proto", "167")
+	netnstest.IP(t, ns, "route", "add", "10.244.99.0/24", "via", "192.168.77.99", "proto", "static")
+
+	peers := []subnet.Lease{peer("10.244.2.0/24", "192.168.77.2"), peer("10.244.3.0/24", "192.168.77.3"), peer("10.244.4.0/24", "172.16.0.4")}
+	if err := nw.Reconcile(ctx, peers); err != nil {
+		t.Fatal(err)
+	}
+	requireRoutes(t, ns,
+		[]string{"10.244.2.0/24 via 192.168.77.2 dev eth0 proto 167", "10.244.3.0/24 via 192.168.77.3 dev eth0 proto 167", "10.244.99.0/24 via 192.168.77.99 dev eth0 proto static"},
+		[]string{"10.244.50.0", "192.168.77.33", "10.244.4.0"})
+
+	t.Run("idempotent", func(t *testing.T) {
+		before := kernelRoutes(t, ns)
+		nw.routes.Invalidate() // force a kernel read, not just the record
+		if err := nw.Reconcile(ctx, peers); err != nil {
+			t.Fatal(err)
+		}
+		if after := kernelRoutes(t, ns); after != before {
+			t.Fatalf("second reconcile changed the table:\n%s\nto\n%s", before, after)
+		}
+	})
+	t.Run("peer changes public IP", func(t *testing.T) {
+		peers[0] = peer("10.244.2.0/24", "192.168.77.22")
+		if err := nw.Reconcile(ctx, peers); err != nil {
+			t.Fatal(err)
+		}
+		requireRoutes(t, ns, []string{"10.244.2.0/24 via 192.168.77.22"}, []string{"192.168.77.2 "})
+	})
+	t.Run("peer removed", func(t *testing.T) {
+		if err := nw.Reconcile(ctx, peers[1:]); err != nil {
+			t.Fatal(err)
+		}
+		requireRoutes(t, ns, []string{"10.244.3.0/24", "10.244.99.0/24"}, []string{"10.244.2.0/24"})
+	})
+	t.Run("foreign route holding a peer destination is left alone", func(t *testing.T) {
+		netnstest.IP(t, ns, "route", "add", "10.244.5.0/24", "via", "192.168.77.55", "proto", "static")
+		err := nw.Reconcile(ctx, append(peers[1:], peer("10.244.5.0/24", "192.168.77.5")))
+		if err == nil || !strings.Contains(err.Error(), "10.244.5.0/24") {
+			t.Fatalf("error %v: want a conflict naming 10.244.5.0/24", err)
+		}
+		requireRoutes(t, ns, []string{"10.244.5.0/24 via 192.168.77.55 dev eth0 proto static", "10.244.3.0/24 via 192.168.77.3"}, nil)
+	})
+}
+
+func TestPrivilegedRepairsHandDeletedRoute(t *testing.T) {
+	ns, _, nw := node(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	peers := []subnet.Lease{peer("10.244.2.0/24", "192.168.77.2")}
+	if err := nw.Reconcile(ctx, peers); err != nil {
+		t.Fatal(err)
+	}
+	pokes := make(chan struct{}, 1)
+	watchErr := make(chan error, 1)
+	go func() {
+		watchErr <- nw.WatchKernel(ctx, func() {
+			select {
+			case pokes <- struct{}{}:
+			default:
+			}
+		})
+	}()
+	time.Sleep(100 * time.Millisecond) // let the subscription start
+	netnstest.IP(t, ns, "route", "del", "10.244.2.0/24")
+	select {
+	case <-pokes:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no poke within 5s of deleting a twill route by hand")
+	}
+	if err := nw.Reconcile(ctx, peers); err != nil {
+		t.Fatal(err)
+	}
+	requireRoutes(t, ns, []string{"10.244.2.0/24 via 192.168.77.2 dev eth0 proto 167"}, nil)
+	// A foreign route change is not twill's business: no poke.
+	netnstest.IP(t, ns, "route", "add", "10.244.99.0/24", "via", "192.168.77.99")
+	select {
+	case <-pokes:
+		t.Fatal("poked for a route twill does not own")
+	case <-time.After(300 * time.Millisecond):
+	}
+	cancel()
+	if err := <-watchErr; err != nil {
+		t.Fatal(err)
+	}
+}

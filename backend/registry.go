@@ -1,0 +1,78 @@
+package backend
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// Factory builds a backend for this node. It decodes opts.Config.Backend and
+// rejects unknown keys; it must not touch the kernel (Prepare does).
+type Factory func(opts Options) (Backend, error)
+
+// Registry maps backend type names to factories. The zero value is empty and
+// ready to use; it is safe for concurrent use.
+type Registry struct {
+	mu        sync.Mutex
+	factories map[string]Factory // guarded by mu
+}
+
+// Register adds a factory under name. It panics on an empty name, a nil
+// factory or a name already taken: these are programming errors found at
+// start-up, not conditions to handle.
+func (r *Registry) Register(name string, f Factory) {
+	if strings.TrimSpace(name) == "" {
+		panic("backend: Register with an empty name")
+	}
+	if f == nil {
+		panic(fmt.Sprintf("backend: Register %q with a nil factory", name))
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.factories[name]; dup {
+		panic(fmt.Sprintf("backend: Register called twice for %q", name))
+	}
+	if r.factories == nil {
+		r.factories = map[string]Factory{}
+	}
+	r.factories[name] = f
+}
+
+// Names lists the registered backend names, sorted.
+func (r *Registry) Names() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	names := make([]string, 0, len(r.factories))
+	for n := range r.factories {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// ErrUnknown is returned (wrapped) by New for a name nobody registered.
+var ErrUnknown = errors.New("unknown backend type")
+
+// New builds the backend registered under name.
+func (r *Registry) New(name string, opts Options) (Backend, error) {
+	r.mu.Lock()
+	f, ok := r.factories[name]
+	r.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("net-conf.json: Backend.Type %q: %w (registered: %s)", name, ErrUnknown, strings.Join(r.Names(), ", "))
+	}
+	b, err := f(opts)
+	if err != nil {
+		return nil, fmt.Errorf("creating %s backend: %w", name, err)
+	}
+	return b, nil
+}
+
+// Default is the registry that init() functions register into and that
+// twilld's main hands to the daemon. Tests build their own Registry.
+var Default = &Registry{}
+
+// Register adds a factory to the Default registry; call it from init().
+func Register(name string, f Factory) { Default.Register(name, f) }
