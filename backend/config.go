@@ -2,8 +2,8 @@ package backend
 
 import (
 	"bytes"
-	"errors"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"

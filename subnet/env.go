@@ -30,7 +30,6 @@ type Env struct {
 
 const envPrefix = "TWILL_"
 
-
 // Marshal renders e in KEY=VALUE form with a stable key order.
 func (e Env) Marshal() []byte {
 	var b bytes.Buffer
