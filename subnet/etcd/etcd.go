@@ -1,0 +1,590 @@
+// Package etcd is the subnet manager for clusters without Kubernetes. Each
+// node allocates its own subnet in etcd v3 and watches everyone else's.
+//
+// Layout, under a prefix (default /twill.io/network):
+//
+//	<prefix>/config                 net-conf.json
+//	<prefix>/subnets/<ip>-<len>     lease attributes JSON (flannel's layout)
+//
+// A lease key is created by a transaction that succeeds only if the key does
+// not exist, and is bound to an etcd lease with a TTL that the node renews
+// ahead of expiry. A key with no etcd lease is an operator's reservation: it
+// never expires, is never handed to another node, and is taken by the node
+// whose public IP it names. Listing leases is a single range read.
+package etcd
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/twill-net/twill/subnet"
+)
+
+// Defaults.
+const (
+	DefaultPrefix      = "/twill.io/network"
+	DefaultTTL         = 24 * time.Hour
+	DefaultRenewMargin = time.Hour
+)
+
+// ClientOptions says how to reach etcd.
+type ClientOptions struct {
+	Endpoints          []string
+	CAFile             string
+	CertFile, KeyFile  string
+	Username, Password string
+	DialTimeout        time.Duration
+}
+
+// NewClient connects to etcd. The client's own logging is silenced: twill
+// reports what matters through its logger.
+func NewClient(o ClientOptions) (*clientv3.Client, error) {
+	if len(o.Endpoints) == 0 {
+		return nil, errors.New("etcd: no endpoints given (--etcd-endpoints)")
+	}
+	var tlsCfg *tls.Config
+	if o.CAFile != "" || o.CertFile != "" || o.KeyFile != "" {
+		info := transport.TLSInfo{TrustedCAFile: o.CAFile, CertFile: o.CertFile, KeyFile: o.KeyFile}
+		c, err := info.ClientConfig()
+		if err != nil {
+			return nil, fmt.Errorf("etcd: loading TLS files: %w", err)
+		}
+		tlsCfg = c
+	}
+	if o.DialTimeout == 0 {
+		o.DialTimeout = 5 * time.Second
+	}
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints:   o.Endpoints,
+		TLS:         tlsCfg,
+		Username:    o.Username,
+		Password:    o.Password,
+		DialTimeout: o.DialTimeout,
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("etcd: connecting to %s: %w", strings.Join(o.Endpoints, ","), err)
+	}
+	return c, nil
+}
+
+// Options configure a Manager. Client and Logger are required.
+type Options struct {
+	Client      *clientv3.Client
+	Logger      *slog.Logger
+	Prefix      string        // default DefaultPrefix
+	TTL         time.Duration // default DefaultTTL
+	RenewMargin time.Duration // default DefaultRenewMargin
+	// Rand picks among free subnets; default: seeded randomly.
+	Rand *rand.Rand
+}
+
+// Manager allocates this node's subnet and reports every lease.
+type Manager struct {
+	cli    *clientv3.Client
+	log    *slog.Logger
+	prefix string
+	ttl    time.Duration
+	margin time.Duration
+
+	mu   sync.Mutex
+	rand *rand.Rand // guarded by mu
+	own  ownLease   // guarded by mu
+}
+
+type ownLease struct {
+	key      string // full etcd key; "" until acquired
+	lease    subnet.Lease
+	attrs    []byte
+	etcdID   clientv3.LeaseID // 0 for a reservation
+	expires  time.Time
+	reserved bool
+}
+
+// New returns a Manager.
+func New(o Options) *Manager {
+	m := &Manager{cli: o.Client, log: o.Logger.With("subnet-manager", "etcd"), prefix: strings.TrimRight(o.Prefix, "/"),
+		ttl: o.TTL, margin: o.RenewMargin, rand: o.Rand}
+	if m.prefix == "" {
+		m.prefix = DefaultPrefix
+	}
+	if m.ttl <= 0 {
+		m.ttl = DefaultTTL
+	}
+	if m.margin <= 0 || m.margin >= m.ttl {
+		m.margin = min(DefaultRenewMargin, m.ttl/2)
+	}
+	if m.rand == nil {
+		m.rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	}
+	return m
+}
+
+// ConfigKey is where net-conf.json lives.
+func (m *Manager) ConfigKey() string { return m.prefix + "/config" }
+
+// SubnetsPrefix is the key prefix of lease keys.
+func (m *Manager) SubnetsPrefix() string { return m.prefix + "/subnets/" }
+
+// NetworkConfig reads and validates net-conf.json from etcd.
+func (m *Manager) NetworkConfig(ctx context.Context) (*subnet.Config, error) {
+	resp, err := m.cli.Get(ctx, m.ConfigKey())
+	if err != nil {
+		return nil, fmt.Errorf("reading %s from etcd: %w", m.ConfigKey(), err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, fmt.Errorf("reading %s from etcd: %w", m.ConfigKey(), ErrNoConfig)
+	}
+	cfg, err := subnet.ParseConfig(resp.Kvs[0].Value)
+	if err != nil {
+		return nil, fmt.Errorf("etcd key %s: %w", m.ConfigKey(), err)
+	}
+	return cfg, nil
+}
+
+// Errors callers may check with errors.Is.
+var (
+	ErrNoConfig     = errors.New("no network configuration: put net-conf.json there first")
+	ErrExhausted    = errors.New("subnet range exhausted")
+	ErrLeaseRevoked = errors.New("this node's lease was deleted from etcd")
+)
+
+type entry struct {
+	lease subnet.Lease
+	err   error
+	kvRev int64
+	etcd  int64 // etcd lease ID; 0 for a reservation
+}
+
+func (m *Manager) parse(key string, value []byte, etcdLease int64) entry {
+	name := strings.TrimPrefix(key, m.SubnetsPrefix())
+	v4, v6, err := subnet.ParseSubnetKey(name)
+	if err != nil {
+		return entry{err: err}
+	}
+	attrs, err := subnet.ParseLeaseAttrs(value)
+	if err != nil {
+		return entry{err: fmt.Errorf("etcd key %s: %w", key, err), lease: subnet.Lease{Subnet: v4, IPv6Subnet: v6}}
+	}
+	return entry{lease: subnet.Lease{Subnet: v4, IPv6Subnet: v6, Attrs: attrs, Reserved: etcdLease == 0}, etcd: etcdLease}
+}
+
+// list reads every lease key in one range request.
+func (m *Manager) list(ctx context.Context) (map[string]entry, int64, error) {
+	resp, err := m.cli.Get(ctx, m.SubnetsPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, 0, fmt.Errorf("listing %s: %w", m.SubnetsPrefix(), err)
+	}
+	out := make(map[string]entry, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		e := m.parse(string(kv.Key), kv.Value, kv.Lease)
+		e.kvRev = kv.ModRevision
+		out[string(kv.Key)] = e
+	}
+	return out, resp.Header.Revision, nil
+}
+
+// maxAcquireAttempts bounds allocation retries lost to other nodes' races.
+const maxAcquireAttempts = 16
+
+// AcquireLease obtains this node's subnet. In order of preference it takes
+// the reservation naming attrs.PublicIP, re-binds the lease that already
+// carries attrs.PublicIP (a restart), takes hint (the subnet from an earlier
+// subnet.env) if it is free, or else a random free subnet.
+func (m *Manager) AcquireLease(ctx context.Context, cfg *subnet.Config, attrs subnet.LeaseAttrs, hint subnet.Lease) (subnet.Lease, error) {
+	value, err := json.Marshal(attrs)
+	if err != nil {
+		return subnet.Lease{}, fmt.Errorf("encoding lease attributes: %w", err)
+	}
+	for range maxAcquireAttempts {
+		entries, _, err := m.list(ctx)
+		if err != nil {
+			return subnet.Lease{}, err
+		}
+		l, ok, err := m.tryAcquire(ctx, cfg, attrs, value, hint, entries)
+		if err != nil {
+			return subnet.Lease{}, err
+		}
+		if ok {
+			return l, nil
+		}
+		m.log.Debug("lost an allocation race; retrying")
+	}
+	return subnet.Lease{}, fmt.Errorf("acquiring a subnet: lost %d allocation races in a row", maxAcquireAttempts)
+}
+
+func (m *Manager) tryAcquire(ctx context.Context, cfg *subnet.Config, attrs subnet.LeaseAttrs, value []byte, hint subnet.Lease, entries map[string]entry) (subnet.Lease, bool, error) {
+	mine := func(e entry) bool {
+		if e.err != nil || !inRange(cfg, e.lease) {
+			return false
+		}
+		a := e.lease.Attrs
+		return (attrs.PublicIP.IsValid() && a.PublicIP == attrs.PublicIP) || (!attrs.PublicIP.IsValid() && a.PublicIPv6 == attrs.PublicIPv6)
+	}
+	// A reservation for this node, then a lease from before a restart.
+	for _, reserved := range []bool{true, false} {
+		for key, e := range entries {
+			if e.lease.Reserved == reserved && mine(e) {
+				return m.rebind(ctx, key, e, value)
+			}
+		}
+	}
+	used4 := map[netip.Addr]bool{}
+	used6 := map[netip.Addr]bool{}
+	for _, e := range entries {
+		if e.lease.Subnet.IsValid() {
+			used4[e.lease.Subnet.Addr()] = true
+		}
+		if e.lease.IPv6Subnet.IsValid() {
+			used6[e.lease.IPv6Subnet.Addr()] = true
+		}
+	}
+	var want subnet.Lease
+	if hint.Subnet.IsValid() || hint.IPv6Subnet.IsValid() {
+		free := (!cfg.EnableIPv4 || (inRangeV4(cfg, hint.Subnet) && !used4[hint.Subnet.Addr()])) &&
+			(!cfg.EnableIPv6 || (inRangeV6(cfg, hint.IPv6Subnet) && !used6[hint.IPv6Subnet.Addr()]))
+		if free {
+			want = subnet.Lease{Subnet: hint.Subnet, IPv6Subnet: hint.IPv6Subnet}
+			if !cfg.EnableIPv4 {
+				want.Subnet = netip.Prefix{}
+			}
+			if !cfg.EnableIPv6 {
+				want.IPv6Subnet = netip.Prefix{}
+			}
+		}
+	}
+	if !want.Subnet.IsValid() && !want.IPv6Subnet.IsValid() {
+		if cfg.EnableIPv4 {
+			a, err := m.pickFree(cfg.SubnetMin, cfg.SubnetMax, cfg.SubnetLen, used4)
+			if err != nil {
+				return subnet.Lease{}, false, fmt.Errorf("allocating from Network %s (SubnetMin %s, SubnetMax %s, SubnetLen %d): %w",
+					cfg.Network, cfg.SubnetMin, cfg.SubnetMax, cfg.SubnetLen, err)
+			}
+			want.Subnet = netip.PrefixFrom(a, cfg.SubnetLen)
+		}
+		if cfg.EnableIPv6 {
+			a, err := m.pickFree(cfg.IPv6SubnetMin, cfg.IPv6SubnetMax, cfg.IPv6SubnetLen, used6)
+			if err != nil {
+				return subnet.Lease{}, false, fmt.Errorf("allocating from IPv6Network %s: %w", cfg.IPv6Network, err)
+			}
+			want.IPv6Subnet = netip.PrefixFrom(a, cfg.IPv6SubnetLen)
+		}
+	}
+	key := m.SubnetsPrefix() + want.Key()
+	grant, err := m.cli.Grant(ctx, int64(m.ttl/time.Second))
+	if err != nil {
+		return subnet.Lease{}, false, fmt.Errorf("granting an etcd lease: %w", err)
+	}
+	resp, err := m.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(value), clientv3.WithLease(grant.ID))).
+		Commit()
+	if err != nil {
+		return subnet.Lease{}, false, fmt.Errorf("creating %s: %w", key, err)
+	}
+	if !resp.Succeeded {
+		_, _ = m.cli.Revoke(ctx, grant.ID)
+		return subnet.Lease{}, false, nil
+	}
+	want.Attrs, _ = subnet.ParseLeaseAttrs(value)
+	return m.hold(key, want, value, grant.ID, time.Duration(grant.TTL)*time.Second, false), true, nil
+}
+
+// rebind takes over an existing key with our attributes: a reservation
+// stays without TTL, a lease gets a fresh etcd lease.
+func (m *Manager) rebind(ctx context.Context, key string, e entry, value []byte) (subnet.Lease, bool, error) {
+	var (
+		opts []clientv3.OpOption
+		id   clientv3.LeaseID
+		ttl  time.Duration
+	)
+	if !e.lease.Reserved {
+		grant, err := m.cli.Grant(ctx, int64(m.ttl/time.Second))
+		if err != nil {
+			return subnet.Lease{}, false, fmt.Errorf("granting an etcd lease: %w", err)
+		}
+		id, ttl = grant.ID, time.Duration(grant.TTL)*time.Second
+		opts = append(opts, clientv3.WithLease(id))
+	}
+	resp, err := m.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(key), "=", e.kvRev)).
+		Then(clientv3.OpPut(key, string(value), opts...)).
+		Commit()
+	if err != nil {
+		return subnet.Lease{}, false, fmt.Errorf("updating %s: %w", key, err)
+	}
+	if !resp.Succeeded {
+		if id != 0 {
+			_, _ = m.cli.Revoke(ctx, id)
+		}
+		return subnet.Lease{}, false, nil
+	}
+	if e.etcd != 0 && !e.lease.Reserved {
+		// The previous etcd lease now holds nothing; let it go now rather
+		// than at its expiry.
+		_, _ = m.cli.Revoke(ctx, clientv3.LeaseID(e.etcd))
+	}
+	l := e.lease
+	l.Attrs, _ = subnet.ParseLeaseAttrs(value)
+	m.log.Info("reusing subnet", "subnet", l.Key(), "reservation", l.Reserved)
+	return m.hold(key, l, value, id, ttl, l.Reserved), true, nil
+}
+
+func (m *Manager) hold(key string, l subnet.Lease, value []byte, id clientv3.LeaseID, ttl time.Duration, reserved bool) subnet.Lease {
+	if !reserved {
+		l.Expiration = time.Now().Add(ttl)
+	}
+	m.mu.Lock()
+	m.own = ownLease{key: key, lease: l, attrs: value, etcdID: id, expires: l.Expiration, reserved: reserved}
+	m.mu.Unlock()
+	return l
+}
+
+func inRange(cfg *subnet.Config, l subnet.Lease) bool {
+	return (!cfg.EnableIPv4 || inRangeV4(cfg, l.Subnet)) && (!cfg.EnableIPv6 || inRangeV6(cfg, l.IPv6Subnet))
+}
+
+func inRangeV4(cfg *subnet.Config, p netip.Prefix) bool {
+	return cfg.Contains(p) && !p.Addr().Less(cfg.SubnetMin) && !cfg.SubnetMax.Less(p.Addr())
+}
+
+func inRangeV6(cfg *subnet.Config, p netip.Prefix) bool {
+	return cfg.ContainsV6(p) && !p.Addr().Less(cfg.IPv6SubnetMin) && !cfg.IPv6SubnetMax.Less(p.Addr())
+}
+
+// scanLimit is the largest range searched exhaustively; larger ranges are
+// probed at random, which finds a free subnet quickly unless nearly full.
+const (
+	scanLimit   = 1 << 20
+	probeLimits = 4096
+)
+
+func (m *Manager) pickFree(minA, maxA netip.Addr, bits int, used map[netip.Addr]bool) (netip.Addr, error) {
+	n := subnetCount(minA, maxA, bits)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if n <= scanLimit {
+		var free []uint64
+		for i := range n {
+			if !used[subnet.NthSubnet(minA, i, bits)] {
+				free = append(free, i)
+			}
+		}
+		if len(free) == 0 {
+			return netip.Addr{}, fmt.Errorf("%w: all %d /%d subnets are leased or reserved", ErrExhausted, n, bits)
+		}
+		return subnet.NthSubnet(minA, free[m.rand.Uint64N(uint64(len(free)))], bits), nil
+	}
+	for range probeLimits {
+		a := subnet.NthSubnet(minA, m.rand.Uint64N(n), bits)
+		if !used[a] {
+			return a, nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("%w: no free /%d found in %d random probes", ErrExhausted, bits, probeLimits)
+}
+
+func subnetCount(minA, maxA netip.Addr, bits int) uint64 {
+	c := subnet.Config{SubnetMin: minA, SubnetMax: maxA, SubnetLen: bits}
+	return c.SubnetCount()
+}
+
+// Run watches every lease and calls publish with a full snapshot after the
+// first listing and after every batch of changes; it also renews this
+// node's lease. It blocks until ctx is done, and returns ErrLeaseRevoked if
+// this node's lease key is deleted (flannel does the same: a node whose
+// lease an operator removed must not go on using the subnet).
+func (m *Manager) Run(ctx context.Context, publish func(subnet.Snapshot)) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return m.watch(ctx, publish) })
+	g.Go(func() error { return m.renew(ctx) })
+	return g.Wait()
+}
+
+// backoff grows a retry delay between bounds.
+type backoff struct{ d time.Duration }
+
+func (b *backoff) next() time.Duration {
+	const lo, hi = 100 * time.Millisecond, 10 * time.Second
+	b.d = min(max(b.d*2, lo), hi)
+	return b.d
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func (m *Manager) watch(ctx context.Context, publish func(subnet.Snapshot)) error {
+	var (
+		entries map[string]entry
+		rev     int64
+		bo      backoff
+	)
+	for ctx.Err() == nil {
+		if entries == nil {
+			var err error
+			entries, rev, err = m.list(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				m.log.Warn("listing leases failed; retrying", "err", err)
+				sleep(ctx, bo.next())
+				continue
+			}
+			publish(snapshot(entries))
+		}
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		wch := m.cli.Watch(wctx, m.SubnetsPrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithProgressNotify())
+		relist, err := m.consume(wch, entries, &rev, publish, &bo)
+		cancel()
+		if err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if relist {
+			m.log.Info("watch revision compacted; listing leases again", "revision", rev)
+			entries = nil
+			continue
+		}
+		sleep(ctx, bo.next())
+	}
+	return nil
+}
+
+// consume applies watch responses until the channel ends. It reports
+// whether a fresh listing is needed (compaction).
+func (m *Manager) consume(wch clientv3.WatchChan, entries map[string]entry, rev *int64, publish func(subnet.Snapshot), bo *backoff) (bool, error) {
+	for resp := range wch {
+		if resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted) {
+			return true, nil
+		}
+		if err := resp.Err(); err != nil {
+			m.log.Warn("lease watch failed; resuming", "revision", *rev, "err", err)
+			return false, nil
+		}
+		bo.d = 0
+		if resp.IsProgressNotify() {
+			*rev = resp.Header.Revision
+			continue
+		}
+		m.mu.Lock()
+		ownKey := m.own.key
+		m.mu.Unlock()
+		for _, ev := range resp.Events {
+			key := string(ev.Kv.Key)
+			switch ev.Type {
+			case clientv3.EventTypeDelete:
+				delete(entries, key)
+				if key == ownKey {
+					return false, fmt.Errorf("%w (%s)", ErrLeaseRevoked, key)
+				}
+			default:
+				e := m.parse(key, ev.Kv.Value, ev.Kv.Lease)
+				e.kvRev = ev.Kv.ModRevision
+				entries[key] = e
+			}
+			*rev = ev.Kv.ModRevision
+		}
+		publish(snapshot(entries))
+	}
+	return false, nil
+}
+
+func snapshot(entries map[string]entry) subnet.Snapshot {
+	s := subnet.Snapshot{Leases: make([]subnet.Lease, 0, len(entries))}
+	for key, e := range entries {
+		if e.err != nil {
+			s.Refused = append(s.Refused, subnet.Refusal{Key: key, Err: e.err})
+			continue
+		}
+		s.Leases = append(s.Leases, e.lease)
+	}
+	return s
+}
+
+// renew keeps this node's etcd lease alive, renewing it RenewMargin before
+// it would expire. If etcd lost the lease (expired while unreachable), the
+// key is created again with the same subnet.
+func (m *Manager) renew(ctx context.Context) error {
+	var bo backoff
+	for {
+		m.mu.Lock()
+		own := m.own
+		m.mu.Unlock()
+		if own.key == "" || own.reserved {
+			<-ctx.Done()
+			return nil
+		}
+		if !sleep(ctx, time.Until(own.expires.Add(-m.margin))) {
+			return nil
+		}
+		resp, err := m.cli.KeepAliveOnce(ctx, own.etcdID)
+		switch {
+		case err == nil:
+			bo.d = 0
+			m.mu.Lock()
+			m.own.expires = time.Now().Add(time.Duration(resp.TTL) * time.Second)
+			m.own.lease.Expiration = m.own.expires
+			m.mu.Unlock()
+			m.log.Debug("renewed lease", "key", own.key, "ttl", resp.TTL)
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			m.log.Warn("etcd lost this node's lease; creating it again", "key", own.key)
+			if err := m.recreate(ctx, own); err != nil {
+				return err
+			}
+		default:
+			if ctx.Err() != nil {
+				return nil
+			}
+			d := bo.next()
+			m.log.Warn("renewing lease failed; retrying", "key", own.key, "in", d, "err", err)
+			m.mu.Lock()
+			m.own.expires = time.Now().Add(m.margin + d) // retry after d
+			m.mu.Unlock()
+		}
+	}
+}
+
+func (m *Manager) recreate(ctx context.Context, own ownLease) error {
+	grant, err := m.cli.Grant(ctx, int64(m.ttl/time.Second))
+	if err != nil {
+		return fmt.Errorf("granting an etcd lease: %w", err)
+	}
+	resp, err := m.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(own.key), "=", 0)).
+		Then(clientv3.OpPut(own.key, string(own.attrs), clientv3.WithLease(grant.ID))).
+		Commit()
+	if err != nil {
+		return fmt.Errorf("re-creating %s: %w", own.key, err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("re-creating %s: another node took the subnet: %w", own.key, ErrLeaseRevoked)
+	}
+	m.hold(own.key, own.lease, own.attrs, grant.ID, time.Duration(grant.TTL)*time.Second, false)
+	return nil
+}
