@@ -94,6 +94,7 @@ const (
 // RouteFilter narrows a route listing. Zero fields match anything, except
 // Table, where 0 means the main table.
 type RouteFilter struct {
+	AllTables bool // every table; Table is ignored
 	Table     int
 	Protocol  int
 	LinkIndex int
@@ -104,7 +105,10 @@ type RouteFilter struct {
 func (h *Handle) Routes(family Family, f RouteFilter) ([]Route, error) {
 	filter := &netlink.Route{Table: f.Table, Protocol: netlink.RouteProtocol(f.Protocol), LinkIndex: f.LinkIndex}
 	mask := netlink.RT_FILTER_TABLE
-	if filter.Table == 0 {
+	switch {
+	case f.AllTables:
+		filter.Table = unix.RT_TABLE_UNSPEC
+	case filter.Table == 0:
 		filter.Table = unix.RT_TABLE_MAIN
 	}
 	if f.Protocol != 0 {
@@ -331,4 +335,20 @@ func (h *Handle) WatchRoutes(ctx context.Context, fn func(RouteEvent)) error {
 			fn(RouteEvent{Deleted: u.Type == unix.RTM_DELROUTE, Route: fromNetlinkRoute(u.Route)})
 		}
 	}
+}
+
+// LinkDel deletes the link with the given index; a missing link is fine.
+func (h *Handle) LinkDel(index int) error {
+	l, err := h.h.LinkByIndex(index)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil
+		}
+		return fmt.Errorf("deleting link #%d: %w", index, err)
+	}
+	if err := h.h.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("deleting link %s: %w", l.Attrs().Name, err)
+	}
+	return nil
 }

@@ -1,0 +1,378 @@
+// Package daemon is twilld's engine: it reads the network configuration,
+// builds the chosen backend, holds this node's lease, writes subnet.env,
+// keeps the iptables chains, and runs the level-triggered loop that hands
+// every snapshot of peer leases to the backend.
+//
+// Events only signal: the subnet manager stores the latest snapshot and
+// pokes a buffered-1 channel, as do kernel watchers; one goroutine
+// reconciles the full desired state, and a ticker repairs drift.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/internal/nl"
+	"github.com/twill-net/twill/network"
+	"github.com/twill-net/twill/subnet"
+)
+
+// SubnetManager is what the daemon needs from a subnet manager.
+type SubnetManager interface {
+	// NetworkConfig returns the cluster's net-conf.json.
+	NetworkConfig(ctx context.Context) (*subnet.Config, error)
+	// AcquireLease obtains this node's lease; hint is the lease recorded in
+	// an earlier subnet.env, if any.
+	AcquireLease(ctx context.Context, cfg *subnet.Config, attrs subnet.LeaseAttrs, hint subnet.Lease) (subnet.Lease, error)
+	// Run publishes lease snapshots (the local lease included) and keeps
+	// the local lease alive until ctx is done.
+	Run(ctx context.Context, publish func(subnet.Snapshot)) error
+}
+
+// Options configure the daemon. Logger, Registry, Subnets and Netlink are
+// required.
+type Options struct {
+	Logger   *slog.Logger
+	Registry *backend.Registry
+	Subnets  SubnetManager
+	Netlink  *nl.Handle
+	Iface    network.IfaceOptions
+
+	SubnetFile     string
+	StateDir       string
+	IPMasq         bool
+	IPTablesResync time.Duration
+	// Resync is the period of the full reconcile that repairs drift.
+	Resync time.Duration
+	// HealthAddr serves /healthz, /readyz and /metrics; empty disables.
+	HealthAddr string
+	// OnReady, if set, is called once the daemon is ready.
+	OnReady func()
+}
+
+// Daemon is one twilld.
+type Daemon struct {
+	o       Options
+	log     *slog.Logger
+	metrics *metrics
+	poke    chan struct{}
+
+	ready     atomic.Bool
+	heartbeat atomic.Int64 // unix nanos of the reconcile loop's last turn
+
+	mu       sync.Mutex
+	snap     subnet.Snapshot   // guarded by mu
+	haveSnap bool              // guarded by mu
+	refused  map[string]string // guarded by mu; key -> reason already logged
+}
+
+// New returns a daemon; Run starts it.
+func New(o Options) *Daemon {
+	if o.Resync <= 0 {
+		o.Resync = 30 * time.Second
+	}
+	if o.IPTablesResync <= 0 {
+		o.IPTablesResync = 5 * time.Second
+	}
+	return &Daemon{o: o, log: o.Logger, metrics: newMetrics(), poke: make(chan struct{}, 1), refused: map[string]string{}}
+}
+
+// Ready reports whether the daemon holds its lease, has its rules in place,
+// has written subnet.env and has reconciled once.
+func (d *Daemon) Ready() bool { return d.ready.Load() }
+
+// Run blocks until ctx is done or the daemon fails. Stopping leaves the
+// data plane as it is, so pods keep talking across a restart.
+func (d *Daemon) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	d.heartbeat.Store(time.Now().UnixNano())
+	if d.o.HealthAddr != "" {
+		ln, err := net.Listen("tcp", d.o.HealthAddr)
+		if err != nil {
+			return fmt.Errorf("listening on --healthz-ip/--healthz-port %s: %w", d.o.HealthAddr, err)
+		}
+		g.Go(func() error { return d.serveHealth(ctx, ln) })
+	}
+	g.Go(func() error { return d.run(ctx, g) })
+	return g.Wait()
+}
+
+func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
+	cfg, err := d.networkConfig(ctx)
+	if err != nil || cfg == nil {
+		return err
+	}
+	ext, err := network.ChooseExternal(d.o.Netlink, withFamilies(d.o.Iface, cfg))
+	if err != nil {
+		return err
+	}
+	d.log.Info("using external interface", "iface", ext.Link.Name, "addr", ext.Addr, "public_ip", ext.PublicIP, "mtu", ext.Link.MTU)
+	be, err := d.o.Registry.New(cfg.BackendType, backend.Options{
+		Logger: d.log, Netlink: d.o.Netlink, ExtIface: ext, Config: cfg, StateDir: d.o.StateDir,
+		FullSyncEvery: d.o.Resync, Metrics: &backend.Metrics{DriftRepairs: d.metrics.driftRepairs, PeersUnroutable: d.metrics.unroutable},
+	})
+	if err != nil {
+		return err
+	}
+	attrs, err := be.Prepare(ctx)
+	if err != nil {
+		return fmt.Errorf("preparing the %s backend: %w", cfg.BackendType, err)
+	}
+	var hint subnet.Lease
+	if env, err := subnet.ReadEnv(d.o.SubnetFile); err == nil {
+		hint = subnet.Lease{Subnet: env.Subnet, IPv6Subnet: env.IPv6Subnet}
+	}
+	lease, err := d.o.Subnets.AcquireLease(ctx, cfg, attrs, hint)
+	if err != nil {
+		return fmt.Errorf("acquiring a subnet lease: %w", err)
+	}
+	d.log.Info("holding lease", "subnet", lease.Subnet, "ipv6_subnet", lease.IPv6Subnet, "backend", cfg.BackendType)
+	nw, err := be.Attach(ctx, lease)
+	if err != nil {
+		return fmt.Errorf("attaching the %s backend to %s: %w", cfg.BackendType, lease.Key(), err)
+	}
+	if err := network.EnableForwarding(cfg.EnableIPv4, cfg.EnableIPv6); err != nil {
+		return err
+	}
+	chains := &network.Chains{Logger: d.log, IPMasq: d.o.IPMasq, Resync: d.o.IPTablesResync}
+	if cfg.EnableIPv4 {
+		chains.Networks = append(chains.Networks, network.NetworkPair{Cluster: cfg.Network, Local: lease.Subnet})
+	}
+	if cfg.EnableIPv6 && lease.IPv6Subnet.IsValid() {
+		chains.Networks = append(chains.Networks, network.NetworkPair{Cluster: cfg.IPv6Network, Local: lease.IPv6Subnet})
+	}
+	if err := chains.Sync(); err != nil {
+		return fmt.Errorf("installing iptables rules: %w", err)
+	}
+	env := subnet.Env{MTU: nw.MTU(), IPMasq: d.o.IPMasq, Backend: cfg.BackendType}
+	if cfg.EnableIPv4 {
+		env.Network, env.Subnet = cfg.Network, lease.Subnet
+	}
+	if cfg.EnableIPv6 && lease.IPv6Subnet.IsValid() {
+		env.IPv6Network, env.IPv6Subnet = cfg.IPv6Network, lease.IPv6Subnet
+	}
+	if err := subnet.WriteEnv(d.o.SubnetFile, env); err != nil {
+		return err
+	}
+
+	g.Go(func() error { return d.o.Subnets.Run(ctx, d.publish) })
+	g.Go(func() error { return chains.Run(ctx) })
+	if w, ok := nw.(backend.KernelWatcher); ok {
+		g.Go(func() error { return w.WatchKernel(ctx, d.signal) })
+	}
+	return d.reconcileLoop(ctx, cfg, lease, nw)
+}
+
+func withFamilies(o network.IfaceOptions, cfg *subnet.Config) network.IfaceOptions {
+	o.IPv4, o.IPv6 = cfg.EnableIPv4, cfg.EnableIPv6
+	return o
+}
+
+// networkConfig waits for the configuration, retrying with backoff and a
+// clear message: a node may start before the operator has written it.
+func (d *Daemon) networkConfig(ctx context.Context) (*subnet.Config, error) {
+	delay := 500 * time.Millisecond
+	for {
+		cfg, err := d.o.Subnets.NetworkConfig(ctx)
+		if err == nil {
+			return cfg, nil
+		}
+		var cerr *subnet.ConfigError
+		if errors.As(err, &cerr) || strings.Contains(err.Error(), "net-conf.json") {
+			// A configuration that is there but wrong will not fix itself
+			// by waiting; say so and stop.
+			return nil, err
+		}
+		d.log.Warn("waiting for the network configuration", "err", err, "retry_in", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, nil
+		case <-t.C:
+		}
+		delay = min(delay*2, 10*time.Second)
+	}
+}
+
+// publish stores the latest snapshot and pokes the loop; it never blocks.
+func (d *Daemon) publish(s subnet.Snapshot) {
+	d.mu.Lock()
+	d.snap, d.haveSnap = s, true
+	d.mu.Unlock()
+	d.signal()
+}
+
+func (d *Daemon) signal() {
+	select {
+	case d.poke <- struct{}{}:
+	default:
+	}
+}
+
+func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local subnet.Lease, nw backend.Network) error {
+	tick := time.NewTicker(d.o.Resync)
+	defer tick.Stop()
+	var (
+		retry      *time.Timer
+		retryC     <-chan time.Time
+		retryDelay time.Duration
+	)
+	for {
+		d.heartbeat.Store(time.Now().UnixNano())
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-d.poke:
+		case <-tick.C:
+		case <-retryC:
+		}
+		d.mu.Lock()
+		snap, have := d.snap, d.haveSnap
+		d.mu.Unlock()
+		if !have {
+			continue // never reconcile before the first listing: it would delete every route
+		}
+		peers := d.peers(cfg, local, snap)
+		start := time.Now()
+		err := nw.Reconcile(ctx, peers)
+		d.metrics.reconcileDuration.Observe(time.Since(start).Seconds())
+		d.metrics.leases.Set(float64(len(peers)))
+		if err != nil {
+			d.metrics.reconcileErrors.Inc()
+			retryDelay = min(max(retryDelay*2, 200*time.Millisecond), 30*time.Second)
+			d.log.Warn("reconcile failed; retrying", "err", err, "retry_in", retryDelay)
+			if retry != nil {
+				retry.Stop()
+			}
+			retry = time.NewTimer(retryDelay)
+			retryC = retry.C
+			continue
+		}
+		retryDelay, retryC = 0, nil
+		if !d.ready.Load() {
+			d.ready.Store(true)
+			d.log.Info("ready", "peers", len(peers), "took_reconcile", time.Since(start).Round(time.Millisecond))
+			if d.o.OnReady != nil {
+				d.o.OnReady()
+			}
+		}
+	}
+}
+
+// peers turns a snapshot into the valid peer set, refusing (once logged per
+// key and reason) leases that must not be programmed.
+func (d *Daemon) peers(cfg *subnet.Config, local subnet.Lease, snap subnet.Snapshot) []subnet.Lease {
+	refused := map[string]string{}
+	for _, r := range snap.Refused {
+		refused[r.Key] = r.Err.Error()
+	}
+	peers := make([]subnet.Lease, 0, len(snap.Leases))
+	for _, l := range snap.Leases {
+		if l.Key() == local.Key() {
+			continue
+		}
+		if err := subnet.CheckPeer(cfg, local, l); err != nil {
+			refused[l.Key()] = err.Error()
+			continue
+		}
+		if l.Attrs.BackendType != cfg.BackendType {
+			refused[l.Key()] = fmt.Sprintf("backend type %q, but this cluster runs %q", l.Attrs.BackendType, cfg.BackendType)
+			continue
+		}
+		peers = append(peers, l)
+	}
+	d.metrics.refused.Set(float64(len(refused)))
+	d.mu.Lock()
+	var fresh []string
+	for k, why := range refused {
+		if d.refused[k] != why {
+			fresh = append(fresh, k)
+		}
+	}
+	old := d.refused
+	d.refused = refused
+	d.mu.Unlock()
+	sort.Strings(fresh)
+	for _, k := range fresh {
+		// One line per newly refused lease: a refusal is an anomaly the
+		// operator must see, and it is not repeated at every resync.
+		d.log.Warn("refusing lease; no route will be programmed from it", "lease", k, "reason", refused[k])
+	}
+	for k := range old {
+		if _, still := refused[k]; !still {
+			d.log.Info("lease no longer refused", "lease", k)
+		}
+	}
+	return peers
+}
+
+func (d *Daemon) serveHealth(ctx context.Context, ln net.Listener) error {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		last := time.Unix(0, d.heartbeat.Load())
+		if since := time.Since(last); since > 3*d.o.Resync+10*time.Second {
+			http.Error(w, fmt.Sprintf("reconcile loop stalled for %s", since.Round(time.Second)), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !d.ready.Load() {
+			http.Error(w, "not ready: lease, rules, subnet.env or first reconcile pending", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serving health endpoints: %w", err)
+	}
+	return nil
+}
+
+type metrics struct {
+	reg               *prometheus.Registry
+	leases            prometheus.Gauge
+	refused           prometheus.Gauge
+	unroutable        prometheus.Gauge
+	reconcileDuration prometheus.Histogram
+	reconcileErrors   prometheus.Counter
+	driftRepairs      prometheus.Counter
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		reg:        prometheus.NewRegistry(),
+		leases:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "twill_leases", Help: "Valid peer leases handed to the backend."}),
+		refused:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "twill_leases_refused", Help: "Leases refused (malformed, outside Network, overlapping, wrong backend)."}),
+		unroutable: prometheus.NewGauge(prometheus.GaugeOpts{Name: "twill_peers_unroutable", Help: "Peers the backend cannot reach (host-gw: public IP not on-link)."}),
+		reconcileDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "twill_reconcile_duration_seconds", Help: "Time to reconcile the backend with the lease set.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+		reconcileErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "twill_reconcile_errors_total", Help: "Reconciles that returned an error."}),
+		driftRepairs:    prometheus.NewCounter(prometheus.CounterOpts{Name: "twill_drift_repairs_total", Help: "Kernel objects repaired because they drifted from what twill programmed."}),
+	}
+	m.reg.MustRegister(m.leases, m.refused, m.unroutable, m.reconcileDuration, m.reconcileErrors, m.driftRepairs)
+	return m
+}

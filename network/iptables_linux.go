@@ -1,0 +1,172 @@
+package network
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coreos/go-iptables/iptables"
+)
+
+// Chains keeps twill's iptables chains equal to the desired rules, for each
+// address family in use, and repairs them periodically.
+type Chains struct {
+	Logger *slog.Logger
+	// Families maps each address family's cluster Network to the local
+	// node's subnet in it.
+	Networks []NetworkPair
+	IPMasq   bool
+	Resync   time.Duration
+
+	mu       sync.Mutex
+	observed map[string][]string // guarded by mu; chain listing as iptables printed it after the last write
+}
+
+// NetworkPair is the cluster Network and this node's subnet in it.
+type NetworkPair struct {
+	Cluster, Local netip.Prefix
+}
+
+func protocolOf(p netip.Prefix) iptables.Protocol {
+	if p.Addr().Is6() {
+		return iptables.ProtocolIPv6
+	}
+	return iptables.ProtocolIPv4
+}
+
+// Sync makes every chain match once.
+func (c *Chains) Sync() error {
+	var errs []error
+	for _, np := range c.Networks {
+		ipt, err := iptables.New(iptables.IPFamily(protocolOf(np.Cluster)), iptables.Timeout(5))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("opening iptables: %w", err))
+			continue
+		}
+		rules := DesiredRules(np.Cluster, np.Local, c.IPMasq)
+		for _, j := range Jumps {
+			var mine []Rule
+			for _, r := range rules {
+				if r.Chain == j.To {
+					mine = append(mine, r)
+				}
+			}
+			if err := c.syncChain(ipt, np.Cluster.Addr().Is6(), j, mine); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Chains) syncChain(ipt *iptables.IPTables, v6 bool, j Jump, rules []Rule) error {
+	key := fmt.Sprintf("%v/%s/%s", v6, j.Table, j.To)
+	exists, err := ipt.ChainExists(j.Table, j.To)
+	if err != nil {
+		return fmt.Errorf("checking chain %s/%s: %w", j.Table, j.To, err)
+	}
+	if !exists {
+		if err := ipt.NewChain(j.Table, j.To); err != nil {
+			return fmt.Errorf("creating chain %s/%s: %w", j.Table, j.To, err)
+		}
+	}
+	got, err := ipt.List(j.Table, j.To)
+	if err != nil {
+		return fmt.Errorf("listing chain %s/%s: %w", j.Table, j.To, err)
+	}
+	c.mu.Lock()
+	want, known := c.observed[key]
+	c.mu.Unlock()
+	if !known || !slices.Equal(got, want) {
+		// Unknown or changed behind our back: write the chain afresh. A
+		// missing rule is appended by ClearChain+Append in order, so the
+		// order stays the one DesiredRules gives.
+		if known {
+			c.Logger.Info("iptables chain drifted; rewriting", "table", j.Table, "chain", j.To)
+		}
+		if err := ipt.ClearChain(j.Table, j.To); err != nil {
+			return fmt.Errorf("flushing chain %s/%s: %w", j.Table, j.To, err)
+		}
+		for _, r := range rules {
+			if err := ipt.Append(r.Table, r.Chain, r.Spec...); err != nil {
+				return fmt.Errorf("adding rule to %s/%s (%s): %w", r.Table, r.Chain, strings.Join(r.Spec, " "), err)
+			}
+		}
+		got, err = ipt.List(j.Table, j.To)
+		if err != nil {
+			return fmt.Errorf("listing chain %s/%s: %w", j.Table, j.To, err)
+		}
+		c.mu.Lock()
+		if c.observed == nil {
+			c.observed = map[string][]string{}
+		}
+		c.observed[key] = got
+		c.mu.Unlock()
+	}
+	jump := []string{"-m", "comment", "--comment", "twill", "-j", j.To}
+	ok, err := ipt.Exists(j.Table, j.From, jump...)
+	if err != nil {
+		return fmt.Errorf("checking jump %s/%s -> %s: %w", j.Table, j.From, j.To, err)
+	}
+	if !ok {
+		if err := ipt.Insert(j.Table, j.From, 1, jump...); err != nil {
+			return fmt.Errorf("adding jump %s/%s -> %s: %w", j.Table, j.From, j.To, err)
+		}
+	}
+	return nil
+}
+
+// Run syncs now and then every Resync until ctx is done. Failures are
+// logged and retried at the next tick; they do not stop the daemon.
+func (c *Chains) Run(ctx context.Context) error {
+	resync := c.Resync
+	if resync <= 0 {
+		resync = 5 * time.Second
+	}
+	t := time.NewTicker(resync)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if err := c.Sync(); err != nil {
+				c.Logger.Warn("iptables resync failed", "err", err)
+			}
+		}
+	}
+}
+
+// CleanupChains removes twill's jumps and chains for both families. Chains
+// that do not exist, or an iptables binary missing for a family, are fine.
+func CleanupChains() error {
+	var errs []error
+	for _, proto := range []iptables.Protocol{iptables.ProtocolIPv4, iptables.ProtocolIPv6} {
+		ipt, err := iptables.New(iptables.IPFamily(proto), iptables.Timeout(5))
+		if err != nil {
+			if proto == iptables.ProtocolIPv4 {
+				errs = append(errs, fmt.Errorf("opening iptables: %w", err))
+			}
+			continue
+		}
+		for _, j := range Jumps {
+			jump := []string{"-m", "comment", "--comment", "twill", "-j", j.To}
+			if err := ipt.DeleteIfExists(j.Table, j.From, jump...); err != nil {
+				var e *iptables.Error
+				if !errors.As(err, &e) || !e.IsNotExist() {
+					errs = append(errs, fmt.Errorf("removing jump %s/%s -> %s: %w", j.Table, j.From, j.To, err))
+				}
+			}
+			if err := ipt.ClearAndDeleteChain(j.Table, j.To); err != nil {
+				errs = append(errs, fmt.Errorf("removing chain %s/%s: %w", j.Table, j.To, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
