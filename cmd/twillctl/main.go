@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -41,9 +42,9 @@ func newRootCommand() *cobra.Command {
 }
 
 type etcdOptions struct {
-	dataDir   string
-	clientURL string
-	peerURL   string
+	dataDir    string
+	clientURLs []string
+	peerURL    string
 }
 
 func newEtcdCommand() *cobra.Command {
@@ -52,24 +53,24 @@ func newEtcdCommand() *cobra.Command {
 		Use:   "etcd",
 		Short: "Run a single-member embedded etcd (for labs and tests, not production)",
 		Example: `  # inside a lab namespace, reachable from the node namespaces
-  ip netns exec lab-underlay twillctl etcd --data-dir /tmp/lab/etcd --listen-client-url http://10.99.0.254:2379`,
+  ip netns exec lab-underlay twillctl etcd --data-dir /tmp/lab/etcd --listen-client-urls http://10.99.0.254:2379,unix:///tmp/lab/etcd.sock`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runEtcd(cmd.Context(), o) },
 	}
 	cmd.Flags().StringVar(&o.dataDir, "data-dir", "", "data directory (required)")
-	cmd.Flags().StringVar(&o.clientURL, "listen-client-url", "http://127.0.0.1:2379", "client URL to listen on and advertise")
+	cmd.Flags().StringSliceVar(&o.clientURLs, "listen-client-urls", []string{"http://127.0.0.1:2379"}, "client URLs to listen on and advertise (http://IP:PORT or unix:///path)")
 	cmd.Flags().StringVar(&o.peerURL, "listen-peer-url", "", "peer URL (default: a free loopback port)")
 	_ = cmd.MarkFlagRequired("data-dir")
 	return cmd
 }
 
 func runEtcd(ctx context.Context, o etcdOptions) error {
-	srv, err := etcdserver.Start(ctx, etcdserver.Config{Dir: o.dataDir, ClientURL: o.clientURL, PeerURL: o.peerURL})
+	srv, err := etcdserver.Start(ctx, etcdserver.Config{Dir: o.dataDir, ClientURLs: o.clientURLs, PeerURL: o.peerURL})
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
-	fmt.Fprintln(os.Stderr, "etcd ready on", o.clientURL)
+	fmt.Fprintln(os.Stderr, "etcd ready on", strings.Join(o.clientURLs, ", "))
 	select {
 	case <-ctx.Done():
 		return nil

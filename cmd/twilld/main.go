@@ -111,13 +111,13 @@ for example TWILLD_ETCD_ENDPOINTS.`,
 	f.StringVar(&o.publicIP, "public-ip", "", "IPv4 address peers should use to reach this node (default: the interface's)")
 	f.StringVar(&o.publicIPv6, "public-ipv6", "", "IPv6 address peers should use to reach this node")
 	f.BoolVar(&o.ipMasq, "ip-masq", false, "masquerade traffic leaving the cluster Network")
-	f.StringVar(&o.subnetFile, "subnet-file", "/run/twill/subnet.env", "where to write subnet.env for the CNI plugin")
+	cmd.PersistentFlags().StringVar(&o.subnetFile, "subnet-file", "/run/twill/subnet.env", "where to write subnet.env for the CNI plugin")
 	f.StringVar(&o.stateDir, "state-dir", "/var/lib/twill", "directory for state kept across restarts")
 	f.StringVar(&o.healthzIP, "healthz-ip", "0.0.0.0", "address for /healthz, /readyz and /metrics")
 	f.IntVar(&o.healthzPort, "healthz-port", 0, "port for /healthz, /readyz and /metrics (0 disables)")
 	f.DurationVar(&o.iptablesResync, "iptables-resync", 5*time.Second, "period of the iptables rules check")
 	f.DurationVar(&o.resync, "resync", 30*time.Second, "period of the full reconcile that repairs drift")
-	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	cmd.PersistentFlags().StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 
 	cmd.AddCommand(newCleanupCommand(&o), &cobra.Command{
 		Use:   "version",

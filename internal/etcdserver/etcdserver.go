@@ -16,9 +16,11 @@ import (
 
 // Config says where the member keeps data and listens.
 type Config struct {
-	Dir       string
-	ClientURL string // e.g. http://10.0.0.1:2379
-	PeerURL   string // default: 127.0.0.1 on a free port
+	Dir string
+	// ClientURLs are listened on and advertised, e.g. http://10.0.0.1:2379
+	// and unix:///run/lab/etcd.sock.
+	ClientURLs []string
+	PeerURL    string // default: 127.0.0.1 on a free port
 	// SnapshotCount and the quota are left at etcd's defaults.
 }
 
@@ -33,9 +35,16 @@ func Start(ctx context.Context, c Config) (*Server, error) {
 	cfg.Dir = c.Dir
 	cfg.LogLevel = "error"
 	cfg.Name = "twill-lab"
-	cu, err := url.Parse(c.ClientURL)
-	if err != nil {
-		return nil, fmt.Errorf("etcd client URL %q: %w", c.ClientURL, err)
+	if len(c.ClientURLs) == 0 {
+		return nil, errors.New("etcd: no client URL")
+	}
+	var cus []url.URL
+	for _, s := range c.ClientURLs {
+		cu, err := url.Parse(s)
+		if err != nil {
+			return nil, fmt.Errorf("etcd client URL %q: %w", s, err)
+		}
+		cus = append(cus, *cu)
 	}
 	peer := c.PeerURL
 	if peer == "" {
@@ -49,7 +58,7 @@ func Start(ctx context.Context, c Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("etcd peer URL %q: %w", peer, err)
 	}
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = cus, cus
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	cfg.InitialCluster = cfg.Name + "=" + pu.String()
 	e, err := embed.StartEtcd(cfg)

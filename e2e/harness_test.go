@@ -1,0 +1,267 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/twill-net/twill/internal/netnstest"
+	"github.com/twill-net/twill/internal/topology"
+	"github.com/twill-net/twill/subnet"
+	etcdsm "github.com/twill-net/twill/subnet/etcd"
+)
+
+var built struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+// binaries builds twilld and twillctl once per test process.
+func binaries(t *testing.T) string {
+	t.Helper()
+	built.once.Do(func() {
+		built.dir, built.err = os.MkdirTemp("", "twill-e2e-bin")
+		if built.err != nil {
+			return
+		}
+		cmd := exec.Command("go", "build", "-o", built.dir+"/", "../cmd/twilld", "../cmd/twillctl")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build: %w: %s", err, out)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.dir
+}
+
+// proc is a process the test started inside a namespace; it is stopped by
+// PID at cleanup.
+type proc struct {
+	cmd  *exec.Cmd
+	Log  string
+	done chan struct{}
+	err  error
+}
+
+func start(t *testing.T, ns, logPath string, name string, args ...string) *proc {
+	t.Helper()
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// `ip netns exec` execs the command in place: cmd.Process.Pid is the
+	// daemon's own PID.
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, name}, args...)...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, Log: logPath, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+	t.Cleanup(func() { p.Stop(t) })
+	return p
+}
+
+// Stop sends SIGTERM, waits up to 10s, then SIGKILLs.
+func (p *proc) Stop(t *testing.T) {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		t.Errorf("pid %d ignored SIGTERM for 10s; killing it", p.cmd.Process.Pid)
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// Exited reports whether the process has ended, and its error.
+func (p *proc) Exited() (bool, error) {
+	select {
+	case <-p.done:
+		return true, p.err
+	default:
+		return false, nil
+	}
+}
+
+func (p *proc) Output() string {
+	b, _ := os.ReadFile(p.Log)
+	return string(b)
+}
+
+// waitFor polls cond every 10ms until it holds or timeout passes, and
+// returns how long it took.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		if cond() {
+			return time.Since(start)
+		}
+		if time.Since(start) > timeout {
+			t.Fatalf("%s: not within %s", what, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// cluster is a topology with a real etcd in its underlay and twilld in
+// each node.
+type cluster struct {
+	t       *testing.T
+	bin     string
+	dir     string
+	topo    *topology.Topology
+	etcdURL string
+	cli     *clientv3.Client
+	daemons map[int]*proc
+}
+
+const netConfHostGW = `{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"}}`
+
+func newCluster(t *testing.T, nodes int) *cluster {
+	t.Helper()
+	netnstest.RequireRoot(t)
+	bin := binaries(t)
+	dir := t.TempDir()
+	topo, err := topology.Build(topology.Options{
+		Prefix: fmt.Sprintf("tw%s-e%d", netnstest.RunID(), time.Now().UnixNano()%100000), Nodes: nodes,
+		Underlay: netip.MustParsePrefix("10.99.0.0/24"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := topo.Destroy(); err != nil {
+			t.Error(err)
+		}
+	})
+	c := &cluster{t: t, bin: bin, dir: dir, topo: topo, daemons: map[int]*proc{}}
+	c.etcdURL = fmt.Sprintf("http://%s:2379", topo.BridgeAddr)
+	sock := filepath.Join(dir, "etcd.sock")
+	start(t, topo.Underlay, filepath.Join(dir, "etcd.log"), bin+"/twillctl", "etcd",
+		"--data-dir", filepath.Join(dir, "etcd"), "--listen-client-urls", c.etcdURL+",unix://"+sock)
+	waitFor(t, 30*time.Second, "etcd socket", func() bool { _, err := os.Stat(sock); return err == nil })
+	cli, err := etcdsm.NewClient(etcdsm.ClientOptions{Endpoints: []string{"unix://" + sock}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	c.cli = cli
+	waitFor(t, 30*time.Second, "etcd answering", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := cli.Get(ctx, "ping")
+		return err == nil
+	})
+	return c
+}
+
+func (c *cluster) put(key, value string) {
+	c.t.Helper()
+	if _, err := c.cli.Put(context.Background(), key, value); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *cluster) del(key string) {
+	c.t.Helper()
+	if _, err := c.cli.Delete(context.Background(), key); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *cluster) subnetFile(i int) string { return filepath.Join(c.dir, fmt.Sprintf("node%d", i), "subnet.env") }
+
+// startDaemon runs the built twilld in node i (0-based).
+func (c *cluster) startDaemon(i int, extra ...string) *proc {
+	c.t.Helper()
+	n := c.topo.Nodes[i]
+	state := filepath.Join(c.dir, n.Name)
+	if err := os.MkdirAll(state, 0o755); err != nil {
+		c.t.Fatal(err)
+	}
+	args := append([]string{"--etcd-endpoints", c.etcdURL, "--iface", "eth0", "--subnet-file", c.subnetFile(i),
+		"--state-dir", state}, extra...)
+	p := start(c.t, n.NS, filepath.Join(c.dir, n.Name+".log"), c.bin+"/twilld", args...)
+	c.daemons[i] = p
+	return p
+}
+
+// env waits for node i's subnet.env and returns it.
+func (c *cluster) env(i int) subnet.Env {
+	c.t.Helper()
+	var env subnet.Env
+	waitFor(c.t, 10*time.Second, fmt.Sprintf("node%d subnet.env", i+1), func() bool {
+		var err error
+		env, err = subnet.ReadEnv(c.subnetFile(i))
+		return err == nil
+	})
+	return env
+}
+
+func (c *cluster) routes(i int) string {
+	out, err := exec.Command("ip", "-n", c.topo.Nodes[i].NS, "-4", "route", "show").CombinedOutput()
+	if err != nil {
+		c.t.Fatalf("ip route in node%d: %v: %s", i+1, err, out)
+	}
+	return string(out)
+}
+
+// routeLine is how `ip route` prints the host-gw route on a node to node j.
+func (c *cluster) hostgwRoute(j int, s netip.Prefix) string {
+	return fmt.Sprintf("%s via %s dev eth0 proto 167", s, c.topo.Nodes[j].Addr.Addr())
+}
+
+func ping(ns string, dst netip.Addr) error {
+	out, err := exec.Command("ip", "netns", "exec", ns, "ping", "-c", "2", "-i", "0.2", "-W", "2", dst.String()).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ping %s from %s: %w: %s", dst, ns, err, out)
+	}
+	return nil
+}
+
+func errorsIsExit(err error) bool {
+	var ee *exec.ExitError
+	return errors.As(err, &ee)
+}
+
+func contains(s string, subs ...string) bool {
+	for _, x := range subs {
+		if !strings.Contains(s, x) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,227 @@
+// Package topology builds simulated clusters out of network namespaces: an
+// underlay namespace holding a bridge, node namespaces whose eth0 is a veth
+// on that bridge, and pod namespaces behind nodes. The e2e tests, the
+// benchmarks and the lab use it. It only ever creates namespaces under the
+// caller's name prefix and never changes the namespace it runs in.
+package topology
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"sync"
+)
+
+// Options describe the cluster to build.
+type Options struct {
+	// Prefix starts every namespace name; it must be unique per run.
+	Prefix string
+	Nodes  int
+	// Underlay is the nodes' L2 segment; nodes get .1, .2, ... and the
+	// underlay namespace's bridge the last usable address.
+	Underlay netip.Prefix
+	// MTU of the underlay links; 0 keeps the default (1500).
+	MTU int
+}
+
+// Topology is a built cluster.
+type Topology struct {
+	Underlay   string     // namespace holding the bridge
+	BridgeAddr netip.Addr // reachable from every node (etcd listens here)
+	Nodes      []Node
+
+	mu      sync.Mutex
+	created []string // guarded by mu; namespaces to delete, in creation order
+}
+
+// Node is a simulated host.
+type Node struct {
+	Name string
+	NS   string
+	Addr netip.Prefix // eth0's address with the underlay prefix length
+}
+
+// IP runs `ip -n ns args...`.
+func IP(ns string, args ...string) error {
+	out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip -n %s %s: %w: %s", ns, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// Exec runs a command inside ns and returns its combined output.
+func Exec(ns, name string, args ...string) (string, error) {
+	out, err := exec.Command("ip", append([]string{"netns", "exec", ns, name}, args...)...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("in %s: %s %s: %w: %s", ns, name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// Build creates the cluster. On failure it removes what it created.
+func Build(o Options) (_ *Topology, err error) {
+	if o.Nodes < 1 || o.Nodes > 200 {
+		return nil, fmt.Errorf("topology: %d nodes: want 1..200", o.Nodes)
+	}
+	if o.Underlay.Addr().Is6() || o.Underlay.Bits() > 24 {
+		return nil, fmt.Errorf("topology: underlay %s: want an IPv4 /24 or larger", o.Underlay)
+	}
+	t := &Topology{Underlay: o.Prefix + "-ul"}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, t.Destroy())
+		}
+	}()
+	if err := t.addNS(t.Underlay); err != nil {
+		return nil, err
+	}
+	last := lastUsable(o.Underlay)
+	t.BridgeAddr = last
+	steps := [][]string{
+		{"link", "add", "br0", "type", "bridge"},
+		{"link", "set", "br0", "up"},
+		{"addr", "add", netip.PrefixFrom(last, o.Underlay.Bits()).String(), "dev", "br0"},
+	}
+	for _, s := range steps {
+		if err := IP(t.Underlay, s...); err != nil {
+			return nil, err
+		}
+	}
+	addr := o.Underlay.Addr()
+	for i := 1; i <= o.Nodes; i++ {
+		addr = addr.Next()
+		n := Node{Name: fmt.Sprintf("node%d", i), NS: fmt.Sprintf("%s-n%d", o.Prefix, i), Addr: netip.PrefixFrom(addr, o.Underlay.Bits())}
+		if err := t.addNS(n.NS); err != nil {
+			return nil, err
+		}
+		port := fmt.Sprintf("n%d", i)
+		steps := [][]string{
+			{"link", "add", "eth0", "type", "veth", "peer", "name", port, "netns", t.Underlay},
+			{"addr", "add", n.Addr.String(), "dev", "eth0"},
+			{"link", "set", "eth0", "up"},
+		}
+		if o.MTU != 0 {
+			steps = append(steps, []string{"link", "set", "eth0", "mtu", fmt.Sprint(o.MTU)})
+		}
+		for _, s := range steps {
+			if err := IP(n.NS, s...); err != nil {
+				return nil, err
+			}
+		}
+		uSteps := [][]string{{"link", "set", port, "master", "br0"}, {"link", "set", port, "up"}}
+		if o.MTU != 0 {
+			uSteps = append(uSteps, []string{"link", "set", port, "mtu", fmt.Sprint(o.MTU)})
+		}
+		for _, s := range uSteps {
+			if err := IP(t.Underlay, s...); err != nil {
+				return nil, err
+			}
+		}
+		t.Nodes = append(t.Nodes, n)
+	}
+	return t, nil
+}
+
+func lastUsable(p netip.Prefix) netip.Addr {
+	a := p.Masked().Addr().As4()
+	host := uint32(1)<<(32-p.Bits()) - 2
+	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+	v += host
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+func (t *Topology) addNS(name string) error {
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		return fmt.Errorf("ip netns add %s: %w: %s", name, err, strings.TrimSpace(string(out)))
+	}
+	t.mu.Lock()
+	t.created = append(t.created, name)
+	t.mu.Unlock()
+	return IP(name, "link", "set", "lo", "up")
+}
+
+// Pod is a namespace behind a node, wired the way the twill CNI plugin
+// wires pods: a /32 address, a default route via 169.254.1.1, and a proxy-ARP
+// host veth with a /32 route to the pod.
+type Pod struct {
+	NS   string
+	Node Node
+	Addr netip.Addr
+}
+
+// AddPod creates a pod namespace behind node with address addr. It is used
+// by tests that exercise the daemon without the CNI plugin.
+func (t *Topology) AddPod(node Node, name string, addr netip.Addr) (Pod, error) {
+	p := Pod{NS: node.NS + "-" + name, Node: node, Addr: addr}
+	if err := t.addNS(p.NS); err != nil {
+		return p, err
+	}
+	host := "v" + name
+	if len(host) > 15 {
+		return p, fmt.Errorf("pod name %q too long", name)
+	}
+	for _, s := range []struct {
+		ns   string
+		args []string
+	}{
+		{node.NS, []string{"link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", p.NS}},
+		{node.NS, []string{"link", "set", host, "up"}},
+		{node.NS, []string{"route", "add", addr.String() + "/32", "dev", host}},
+		{p.NS, []string{"addr", "add", addr.String() + "/32", "dev", "eth0"}},
+		{p.NS, []string{"link", "set", "eth0", "up"}},
+		{p.NS, []string{"route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"}},
+		{p.NS, []string{"neigh", "add", "169.254.1.1", "lladdr", "HOSTMAC", "dev", "eth0", "nud", "permanent"}},
+		{p.NS, []string{"route", "add", "default", "via", "169.254.1.1", "dev", "eth0"}},
+	} {
+		for i, a := range s.args {
+			if a == "HOSTMAC" {
+				mac, err := linkMAC(node.NS, host)
+				if err != nil {
+					return p, err
+				}
+				s.args[i] = mac
+			}
+		}
+		if err := IP(s.ns, s.args...); err != nil {
+			return p, err
+		}
+	}
+	if _, err := Exec(node.NS, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/conf/"+host+"/proxy_arp"); err != nil {
+		return p, err
+	}
+	return p, nil
+}
+
+// Destroy deletes every namespace the topology created, newest first.
+// Missing namespaces are fine, so it can run twice.
+func (t *Topology) Destroy() error {
+	t.mu.Lock()
+	names := t.created
+	t.created = nil
+	t.mu.Unlock()
+	var errs []error
+	for i := len(names) - 1; i >= 0; i-- {
+		out, err := exec.Command("ip", "netns", "del", names[i]).CombinedOutput()
+		if err != nil && !strings.Contains(string(out), "No such file") {
+			errs = append(errs, fmt.Errorf("ip netns del %s: %w: %s", names[i], err, out))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func linkMAC(ns, dev string) (string, error) {
+	out, err := exec.Command("ip", "-n", ns, "-o", "link", "show", "dev", dev).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("ip -n %s link show %s: %w: %s", ns, dev, err, out)
+	}
+	f := strings.Fields(string(out))
+	for i, w := range f {
+		if w == "link/ether" && i+1 < len(f) {
+			return f[i+1], nil
+		}
+	}
+	return "", fmt.Errorf("no MAC address for %s in %s", dev, ns)
+}
