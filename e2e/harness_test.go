@@ -202,7 +202,9 @@ func (c *cluster) del(key string) {
 	}
 }
 
-func (c *cluster) subnetFile(i int) string { return filepath.Join(c.dir, fmt.Sprintf("node%d", i), "subnet.env") }
+func (c *cluster) subnetFile(i int) string {
+	return filepath.Join(c.dir, fmt.Sprintf("node%d", i), "subnet.env")
+}
 
 // startDaemon runs the built twilld in node i (0-based).
 func (c *cluster) startDaemon(i int, extra ...string) *proc {

@@ -157,7 +157,7 @@ func TestEtcdBadInput(t *testing.T) {
 		"10.250.1.0-24":   `{"PublicIP":"10.99.0.9","BackendType":"host-gw"}`, // outside Network
 		"10.244.200.0-24": `{"PublicIP":"10.99.0.9"`,                          // does not parse
 		strings.Replace(local.Masked().String(), "/24", "-25", 1): `{"PublicIP":"10.99.0.9","BackendType":"host-gw"}`, // overlaps local
-		"10.244.201.0-24": `{"PublicIP":"10.99.0.9","BackendType":"vxlan","BackendData":{"VNI":1}}`,                     // other backend
+		"10.244.201.0-24": `{"PublicIP":"10.99.0.9","BackendType":"vxlan","BackendData":{"VNI":1}}`, // other backend
 	}
 	for k, v := range bad {
 		c.put("/twill.io/network/subnets/"+k, v)
