@@ -40,9 +40,17 @@ func ChooseExternal(h *nl.Handle, o IfaceOptions) (backend.ExternalInterface, er
 	for _, a := range addrs {
 		byIndex[a.LinkIndex] = append(byIndex[a.LinkIndex], a.Prefix)
 	}
+	// Only links with an address of a family in use can carry the
+	// underlay, so links without one never match.
+	usable := func(as []netip.Prefix) bool {
+		return slices.ContainsFunc(as, func(p netip.Prefix) bool {
+			a := p.Addr()
+			return (a.IsGlobalUnicast() || a.IsPrivate()) && ((a.Is4() && o.IPv4) || (a.Is6() && o.IPv6))
+		})
+	}
 	find := func(match func(l nl.Link, addrs []netip.Prefix) bool) (nl.Link, bool) {
 		for _, l := range links {
-			if match(l, byIndex[l.Index]) {
+			if usable(byIndex[l.Index]) && match(l, byIndex[l.Index]) {
 				return l, true
 			}
 		}

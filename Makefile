@@ -1,0 +1,71 @@
+# twill — run `make help` for the targets.
+SHELL := /bin/bash
+GO    ?= go
+BIN   ?= bin
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X github.com/twill-net/twill/internal/version.Version=$(VERSION)
+# Debian packages the tests, the lab and the benchmarks run.
+APT_PACKAGES := iproute2 iptables iputils-ping iperf3
+# The command each package provides, to check before installing.
+APT_COMMANDS := ip iptables ping iperf3
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## Build twilld and twillctl into bin/
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+
+.PHONY: setup
+setup: ## Install what a fresh machine lacks (iproute2, iptables, ping, iperf3); only what is missing
+	@missing=""; for c in $(APT_COMMANDS); do command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
+	if [ -z "$$missing" ]; then echo "setup: all tools present"; exit 0; fi; \
+	echo "setup: missing:$$missing; installing $(APT_PACKAGES)"; \
+	if [ "$$(id -u)" != 0 ]; then echo "setup: need root to apt-get install; run: sudo make setup" >&2; exit 1; fi; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	apt-get update -qq && apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) >/dev/null
+	$(GO) mod download
+
+.PHONY: test
+test: setup lint ## Everything this machine can run, as root: unit, privileged, e2e, fuzz seeds, benchmarks once
+	$(GO) test -race -count=1 -timeout 30m ./...
+	$(MAKE) --no-print-directory bench-smoke
+
+.PHONY: test-unit
+test-unit: ## Unit tier: no root needed (privileged tests skip themselves in -short)
+	$(GO) test -race -short -count=1 ./...
+
+.PHONY: test-privileged
+test-privileged: setup ## Privileged tier: real netns, netlink, iptables (root)
+	$(GO) test -race -count=1 -run 'Privileged' ./backend/... ./network/... ./internal/... ./subnet/...
+
+.PHONY: e2e
+e2e: setup ## Multi-node clusters in network namespaces with the built binaries (root)
+	$(GO) test -count=1 -timeout 20m -v ./e2e/...
+
+.PHONY: fuzz
+fuzz: ## Fuzz every parser of untrusted input for FUZZTIME each (default 30s)
+	@for f in FuzzParseConfig FuzzParseLeaseAttrs FuzzParseEnv FuzzParseSubnetKey; do \
+		$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $${FUZZTIME:-30s} ./subnet/ || exit 1; done
+
+.PHONY: lint
+lint: ## gofmt, go vet, and the rule that netlink is used only through internal/nl
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	@bad=$$(grep -rln --include='*.go' '"github.com/vishvananda/netlink"' . | grep -v '^./internal/nl/' || true); \
+	if [ -n "$$bad" ]; then echo "netlink used outside internal/nl (use the seam):"; echo "$$bad"; exit 1; fi
+
+.PHONY: bench
+bench: setup ## Benchmarks with full output (root); figures go in Documentation/benchmarks.md
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m -v ./...
+
+.PHONY: bench-smoke
+bench-smoke: ## Run every benchmark once so none rots (part of make test)
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./...
+
+.PHONY: clean
+clean: ## Remove build output
+	rm -rf $(BIN)

@@ -1,0 +1,208 @@
+package daemon_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/internal/daemon"
+	"github.com/twill-net/twill/internal/netnstest"
+	"github.com/twill-net/twill/internal/nl"
+	"github.com/twill-net/twill/network"
+	"github.com/twill-net/twill/subnet"
+)
+
+// registry is this test's own registry: the test package registers a
+// backend from init(), as a third-party package would, without touching
+// backend.Default.
+var registry = &backend.Registry{}
+
+func init() { registry.Register("recorder", newRecorder) }
+
+// recorder is a backend that writes down what the daemon handed it.
+type recorder struct {
+	cfg struct{ Greeting string }
+	out string
+}
+
+type record struct {
+	Greeting string
+	Local    string
+	Peers    []string
+}
+
+func newRecorder(o backend.Options) (backend.Backend, error) {
+	r := &recorder{out: os.Getenv("TWILL_RECORD")}
+	if err := backend.DecodeConfig(o.Config.Backend, &r.cfg); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *recorder) Prepare(context.Context) (subnet.LeaseAttrs, error) {
+	return subnet.LeaseAttrs{PublicIP: netip.MustParseAddr("192.168.80.1"), BackendType: "recorder"}, nil
+}
+
+func (r *recorder) Attach(_ context.Context, l subnet.Lease) (backend.Network, error) {
+	return &recorderNet{r: r, local: l}, nil
+}
+
+type recorderNet struct {
+	r     *recorder
+	local subnet.Lease
+}
+
+func (n *recorderNet) MTU() int { return 1234 }
+
+func (n *recorderNet) Reconcile(_ context.Context, peers []subnet.Lease) error {
+	rec := record{Greeting: n.r.cfg.Greeting, Local: n.local.Subnet.String()}
+	for _, p := range peers {
+		rec.Peers = append(rec.Peers, p.Subnet.String())
+	}
+	b, _ := json.Marshal(rec)
+	return os.WriteFile(n.r.out, b, 0o644)
+}
+
+// static is a subnet manager serving fixed leases (pure logic, no etcd).
+type static struct {
+	conf   string
+	leases []subnet.Lease
+}
+
+var _ daemon.SubnetManager = (*static)(nil)
+
+func (s *static) NetworkConfig(context.Context) (*subnet.Config, error) {
+	return subnet.ParseConfig([]byte(s.conf))
+}
+
+func (s *static) AcquireLease(_ context.Context, _ *subnet.Config, a subnet.LeaseAttrs, _ subnet.Lease) (subnet.Lease, error) {
+	return subnet.Lease{Subnet: netip.MustParsePrefix("10.244.1.0/24"), Attrs: a}, nil
+}
+
+func (s *static) Run(ctx context.Context, publish func(subnet.Snapshot)) error {
+	publish(subnet.Snapshot{Leases: s.leases})
+	<-ctx.Done()
+	return nil
+}
+
+func TestMain(m *testing.M) {
+	if os.Getenv("TWILL_DAEMON_CHILD") == "1" {
+		os.Exit(runChild())
+	}
+	os.Exit(m.Run())
+}
+
+// runChild is the daemon side, executed by the test inside a namespace it
+// made (so sysctls and iptables land there).
+func runChild() int {
+	h, err := nl.Open("")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	peer := func(s string) subnet.Lease {
+		return subnet.Lease{Subnet: netip.MustParsePrefix(s), Attrs: subnet.LeaseAttrs{PublicIP: netip.MustParseAddr("192.168.80.9"), BackendType: "recorder"}}
+	}
+	sm := &static{
+		conf:   `{"Network":"10.244.0.0/16","Backend":{"Type":"recorder","Greeting":"hello"}}`,
+		leases: []subnet.Lease{peer("10.244.1.0/24"), peer("10.244.2.0/24"), peer("10.99.0.0/24")},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	d := daemon.New(daemon.Options{
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)), Registry: registry, Subnets: sm, Netlink: h,
+		Iface: network.IfaceOptions{Ifaces: []string{"eth0"}}, SubnetFile: os.Getenv("TWILL_SUBNET_FILE"),
+	})
+	if err := d.Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+func TestPrivilegedDaemonSelectsRegisteredBackend(t *testing.T) {
+	ns := netnstest.New(t, "dmn")
+	netnstest.IP(t, ns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
+	netnstest.IP(t, ns, "link", "set", "eth0", "up")
+	netnstest.IP(t, ns, "addr", "add", "192.168.80.1/24", "dev", "eth0")
+	dir := t.TempDir()
+	recordFile, envFile := filepath.Join(dir, "record.json"), filepath.Join(dir, "subnet.env")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("ip", "netns", "exec", ns, self, "-test.run=^$")
+	cmd.Env = append(os.Environ(), "TWILL_DAEMON_CHILD=1", "TWILL_RECORD="+recordFile, "TWILL_SUBNET_FILE="+envFile)
+	logs := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		_ = cmd.Process.Kill() // by PID: the child we started
+		<-exited
+	}()
+	var rec record
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		b, err := os.ReadFile(recordFile)
+		if err == nil && json.Unmarshal(b, &rec) == nil {
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("daemon exited early (%v):\n%s", err, logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the registered backend never reconciled:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if rec.Greeting != "hello" || rec.Local != "10.244.1.0/24" {
+		t.Errorf("backend got config %q and lease %q", rec.Greeting, rec.Local)
+	}
+	if strings.Join(rec.Peers, ",") != "10.244.2.0/24" {
+		t.Errorf("backend got peers %v; want only the valid peer (own lease and the one outside Network dropped)", rec.Peers)
+	}
+	env, err := subnet.ReadEnv(envFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env.Backend != "recorder" || env.MTU != 1234 || env.Subnet.String() != "10.244.1.0/24" {
+		t.Errorf("subnet.env %+v", env)
+	}
+	if !strings.Contains(logs.String(), "refusing lease") || !strings.Contains(logs.String(), "10.99.0.0-24") {
+		t.Errorf("the refused lease was not logged:\n%s", logs.String())
+	}
+}
+
+// lockedBuffer collects a child's output while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

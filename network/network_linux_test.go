@@ -1,0 +1,114 @@
+package network
+
+import (
+	"io"
+	"log/slog"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/twill-net/twill/internal/netnstest"
+	"github.com/twill-net/twill/internal/nl"
+)
+
+func iptablesSave(t *testing.T, name string) string {
+	out, err := exec.Command("ip", "netns", "exec", name, "iptables-save").CombinedOutput()
+	if err != nil {
+		t.Fatalf("iptables-save: %v: %s", err, out)
+	}
+	return string(out)
+}
+
+func TestPrivilegedChainsRepairAndCleanup(t *testing.T) {
+	name := netnstest.New(t, "ipt")
+	target, err := ns.GetNS("/var/run/netns/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	c := &Chains{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), IPMasq: true,
+		Networks: []NetworkPair{{Cluster: netip.MustParsePrefix("10.244.0.0/16"), Local: netip.MustParsePrefix("10.244.3.0/24")}}}
+	// go-iptables runs the iptables binary; inside ns.Do the child inherits
+	// the target namespace, so the test never touches the caller's rules.
+	inNS := func(f func() error) {
+		t.Helper()
+		if err := target.Do(func(ns.NetNS) error { return f() }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inNS(c.Sync)
+	first := iptablesSave(t, name)
+	for _, want := range []string{"-A POSTROUTING -m comment --comment twill -j TWILL-POSTRTG", "-A FORWARD -m comment --comment twill -j TWILL-FWD", "MASQUERADE --random-fully", "-A TWILL-FWD -s 10.244.0.0/16"} {
+		if !strings.Contains(first, want) {
+			t.Fatalf("after Sync, rules lack %q:\n%s", want, first)
+		}
+	}
+	// Someone deletes a rule and the jump; the next Sync restores both.
+	if out, err := exec.Command("ip", "netns", "exec", name, "sh", "-c", "iptables -t filter -D TWILL-FWD 1 && iptables -t nat -D POSTROUTING 1").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	inNS(c.Sync)
+	if again := iptablesSave(t, name); countRules(again) != countRules(first) {
+		t.Fatalf("Sync did not repair the rules:\nbefore\n%s\nafter\n%s", first, again)
+	}
+	inNS(CleanupChains)
+	if left := iptablesSave(t, name); strings.Contains(left, "TWILL") {
+		t.Fatalf("rules left after cleanup:\n%s", left)
+	}
+}
+
+func countRules(save string) int { return strings.Count(save, "\n-A ") }
+
+func TestPrivilegedChooseExternal(t *testing.T) {
+	name := netnstest.New(t, "ifc")
+	netnstest.IP(t, name, "link", "add", "ext0", "type", "veth", "peer", "name", "ext0p")
+	netnstest.IP(t, name, "link", "add", "data1", "type", "veth", "peer", "name", "data1p")
+	for _, l := range []string{"ext0", "ext0p", "data1", "data1p"} {
+		netnstest.IP(t, name, "link", "set", l, "up")
+	}
+	netnstest.IP(t, name, "addr", "add", "192.168.5.2/24", "dev", "ext0")
+	netnstest.IP(t, name, "addr", "add", "10.7.0.2/16", "dev", "data1")
+	netnstest.IP(t, name, "route", "add", "default", "via", "192.168.5.1")
+	h, err := nl.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	tests := []struct {
+		name     string
+		o        IfaceOptions
+		want     string
+		wantPub  string
+		wantFail string
+	}{
+		{"default route", IfaceOptions{}, "ext0", "192.168.5.2", ""},
+		{"by name", IfaceOptions{Ifaces: []string{"nope", "data1"}}, "data1", "10.7.0.2", ""},
+		{"by address", IfaceOptions{Ifaces: []string{"10.7.0.2"}}, "data1", "10.7.0.2", ""},
+		{"by regex", IfaceOptions{IfaceRegex: []string{"^data"}}, "data1", "10.7.0.2", ""},
+		{"can reach", IfaceOptions{CanReach: netip.MustParseAddr("10.7.9.9")}, "data1", "10.7.0.2", ""},
+		{"public ip override", IfaceOptions{PublicIP: netip.MustParseAddr("203.0.113.9")}, "ext0", "203.0.113.9", ""},
+		{"no match", IfaceOptions{Ifaces: []string{"wlan9"}}, "", "", "--iface [wlan9]: no interface matches"},
+		{"bad regex", IfaceOptions{IfaceRegex: []string{"("}}, "", "", `--iface-regex "("`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.o.IPv4 = true
+			ext, err := ChooseExternal(h, tt.o)
+			if tt.wantFail != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantFail) {
+					t.Fatalf("error %v, want %q", err, tt.wantFail)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ext.Link.Name != tt.want || ext.PublicIP.String() != tt.wantPub {
+				t.Fatalf("chose %s publishing %s, want %s publishing %s", ext.Link.Name, ext.PublicIP, tt.want, tt.wantPub)
+			}
+		})
+	}
+}
