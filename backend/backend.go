@@ -36,7 +36,8 @@ type Network interface {
 	// Reconcile makes the kernel match peers, the full set of valid peer
 	// leases (the local lease excluded). It is idempotent and cheap when
 	// nothing changed; it adds before it deletes, and on failure returns the
-	// joined errors after applying everything it could.
+	// joined errors after applying everything it could. peers is valid only
+	// during the call: the daemon reuses it.
 	Reconcile(ctx context.Context, peers []subnet.Lease) error
 }
 

@@ -20,8 +20,14 @@ func (p RoutePlan) Empty() bool { return len(p.Add)+len(p.Replace)+len(p.Delete)
 // DiffRoutes compares desired routes with the owned routes the kernel holds.
 // Output slices are sorted by destination so plans are deterministic.
 func DiffRoutes(desired, actual map[nl.Key]nl.Route) RoutePlan {
+	return diffRoutes(desired, func(r nl.Route) nl.Route { return r }, actual)
+}
+
+// diffRoutes is DiffRoutes over any map of desired entries.
+func diffRoutes[V any](desired map[nl.Key]V, route func(V) nl.Route, actual map[nl.Key]nl.Route) RoutePlan {
 	var p RoutePlan
-	for k, want := range desired {
+	for k, v := range desired {
+		want := route(v)
 		have, ok := actual[k]
 		switch {
 		case !ok:

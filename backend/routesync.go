@@ -20,6 +20,10 @@ import (
 // it programmed. The record is replaced by a kernel dump whenever it may be
 // wrong: at the first Sync, after FullSyncEvery, after a failed change, and
 // as soon as Observe sees a kernel event that contradicts it.
+//
+// The desired set is also kept between calls and updated in place, with a
+// generation stamp per route, so that a lease event with thousands of peers
+// allocates almost nothing.
 type RouteSync struct {
 	NL            *nl.Handle
 	Table         int // 0 means main
@@ -29,97 +33,126 @@ type RouteSync struct {
 	mu       sync.Mutex
 	known    map[nl.Key]nl.Route // guarded by mu; nil until read from the kernel
 	lastDump time.Time           // guarded by mu
-	applied  map[nl.Key]nl.Route // guarded by mu; the last desired set fully applied
+
+	// Used only inside Sync, which callers do not run concurrently.
+	desired map[nl.Key]stamped
+	gen     uint64
+}
+
+// stamped is a desired route with the generation that last confirmed it
+// (seen) and the one that set its current value (set).
+type stamped struct {
+	route     nl.Route
+	seen, set uint64
 }
 
 // SyncStats says what one Sync changed.
 type SyncStats struct {
 	Added, Replaced, Deleted int
-	// Repaired counts changes to routes twill had already programmed or
-	// never wanted: drift, as opposed to lease changes.
+	// Repaired counts changes to routes whose desired value had not
+	// changed, and deletions of routes nobody asked for in this process's
+	// life: drift, as opposed to lease changes.
 	Repaired int
 	// Dumped is true when the kernel was read back.
 	Dumped bool
 }
 
-// Sync makes the owned routes match desired.
-func (s *RouteSync) Sync(desired []nl.Route) (SyncStats, error) {
+// Sync makes the owned routes match the routes desired emits. Callers run
+// one Sync at a time.
+func (s *RouteSync) Sync(desired func(emit func(nl.Route))) (SyncStats, error) {
 	var st SyncStats
-	want := RouteMap(desired)
-	for k, r := range want {
-		r.Protocol = owned.RouteProtocol
-		r.Table = s.table()
-		want[k] = r
+	if s.desired == nil {
+		s.desired = map[nl.Key]stamped{}
+	}
+	s.gen++
+	gen := s.gen
+	table := s.table()
+	desired(func(r nl.Route) {
+		r.Protocol, r.Table = owned.RouteProtocol, table
+		k := r.Key()
+		e, ok := s.desired[k]
+		if !ok || !e.route.Equal(r) {
+			s.desired[k] = stamped{route: r, seen: gen, set: gen}
+			return
+		}
+		e.seen = gen
+		s.desired[k] = e
+	})
+	var dropped map[nl.Key]bool // desired last time, not any more
+	for k, e := range s.desired {
+		if e.seen != gen {
+			if dropped == nil {
+				dropped = map[nl.Key]bool{}
+			}
+			dropped[k] = true
+			delete(s.desired, k)
+		}
 	}
 
 	s.mu.Lock()
 	if s.known == nil || (s.FullSyncEvery > 0 && time.Since(s.lastDump) >= s.FullSyncEvery) {
 		s.mu.Unlock()
-		have, err := s.NL.Routes(nl.FamilyAll, nl.RouteFilter{Table: s.table(), Protocol: owned.RouteProtocol})
+		have, err := s.NL.Routes(nl.FamilyAll, nl.RouteFilter{Table: table, Protocol: owned.RouteProtocol})
 		if err != nil {
-			return st, fmt.Errorf("reading owned routes of table %d: %w", s.table(), err)
+			return st, fmt.Errorf("reading owned routes of table %d: %w", table, err)
 		}
 		s.mu.Lock()
 		s.known = RouteMap(have)
 		s.lastDump = time.Now()
 		st.Dumped = true
 	}
-	plan := DiffRoutes(want, s.known)
-	applied := s.applied
+	plan := diffRoutes(s.desired, func(e stamped) nl.Route { return e.route }, s.known)
 	s.mu.Unlock()
 
+	// A change is drift unless the desired route was set by this very Sync.
+	drift := func(r nl.Route) bool { return s.desired[r.Key()].set != gen }
 	var errs []error
-	drift := func(r nl.Route) bool {
-		prev, ok := applied[r.Key()]
-		return !ok || prev.Equal(want[r.Key()])
-	}
 	// Add and replace first, then delete: a route never disappears before
-	// its successor is in place.
-	for _, r := range plan.Add {
-		s.record(r, true)
-		if err := s.NL.RouteAdd(r); err != nil {
-			s.record(r, false)
-			if errors.Is(err, unix.EEXIST) {
-				err = fmt.Errorf("%w (a route twill does not own holds this destination; leaving it alone)", err)
+	// its successor is in place. Each phase is one batch.
+	for _, phase := range []struct {
+		op     nl.Op
+		routes []nl.Route
+	}{{nl.OpAdd, plan.Add}, {nl.OpReplace, plan.Replace}, {nl.OpDel, plan.Delete}} {
+		if len(phase.routes) == 0 {
+			continue
+		}
+		ops := make([]nl.RouteOp, len(phase.routes))
+		for i, r := range phase.routes {
+			ops[i] = nl.RouteOp{Op: phase.op, Route: r}
+			s.record(r, phase.op != nl.OpDel)
+		}
+		for i, err := range s.NL.RouteBatch(ops) {
+			r := phase.routes[i]
+			if err != nil {
+				s.record(r, phase.op == nl.OpDel) // undo: the kernel did not change
+				if phase.op == nl.OpAdd && errors.Is(err, unix.EEXIST) {
+					err = fmt.Errorf("%w (a route twill does not own holds this destination; leaving it alone)", err)
+				}
+				errs = append(errs, err)
+				continue
 			}
-			errs = append(errs, err)
-			continue
-		}
-		st.Added++
-		if _, ok := applied[r.Key()]; ok && drift(r) {
-			st.Repaired++
-		}
-	}
-	for _, r := range plan.Replace {
-		s.record(r, true)
-		if err := s.NL.RouteReplace(r); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		st.Replaced++
-		if drift(r) {
-			st.Repaired++
-		}
-	}
-	for _, r := range plan.Delete {
-		s.record(r, false)
-		if err := s.NL.RouteDel(r); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		st.Deleted++
-		if _, ok := applied[r.Key()]; !ok {
-			st.Repaired++ // stale: nobody asked for it since this process started
+			switch phase.op {
+			case nl.OpAdd:
+				st.Added++
+				if drift(r) {
+					st.Repaired++
+				}
+			case nl.OpReplace:
+				st.Replaced++
+				if drift(r) {
+					st.Repaired++
+				}
+			case nl.OpDel:
+				st.Deleted++
+				if !dropped[r.Key()] {
+					st.Repaired++ // stale: not desired at any time by this process
+				}
+			}
 		}
 	}
-
-	s.mu.Lock()
 	if len(errs) > 0 {
-		s.known = nil // re-read the kernel next time
-	} else {
-		s.applied = want
+		s.Invalidate() // re-read the kernel next time
 	}
-	s.mu.Unlock()
 	return st, errors.Join(errs...)
 }
 

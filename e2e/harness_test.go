@@ -37,14 +37,16 @@ func TestMain(m *testing.M) {
 }
 
 // binaries builds twilld and twillctl once per test process.
-func binaries(t *testing.T) string {
+func binaries(t testing.TB) string {
 	t.Helper()
 	built.once.Do(func() {
 		built.dir, built.err = os.MkdirTemp("", "twill-e2e-bin")
 		if built.err != nil {
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", built.dir+"/", "../cmd/twilld", "../cmd/twillctl")
+		// Built as `make build` builds them, so benchmarks measure what ships.
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", built.dir+"/", "../cmd/twilld", "../cmd/twillctl")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			built.err = fmt.Errorf("go build: %w: %s", err, out)
 		}
@@ -64,7 +66,7 @@ type proc struct {
 	err  error
 }
 
-func start(t *testing.T, ns, logPath string, name string, args ...string) *proc {
+func start(t testing.TB, ns, logPath string, name string, args ...string) *proc {
 	t.Helper()
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -89,7 +91,7 @@ func start(t *testing.T, ns, logPath string, name string, args ...string) *proc 
 }
 
 // Stop sends SIGTERM, waits up to 10s, then SIGKILLs.
-func (p *proc) Stop(t *testing.T) {
+func (p *proc) Stop(t testing.TB) {
 	select {
 	case <-p.done:
 		return
@@ -122,7 +124,7 @@ func (p *proc) Output() string {
 
 // waitFor polls cond every 10ms until it holds or timeout passes, and
 // returns how long it took.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
 	for {
@@ -139,7 +141,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 // cluster is a topology with a real etcd in its underlay and twilld in
 // each node.
 type cluster struct {
-	t       *testing.T
+	t       testing.TB
 	bin     string
 	dir     string
 	topo    *topology.Topology
@@ -150,14 +152,20 @@ type cluster struct {
 
 const netConfHostGW = `{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"}}`
 
-func newCluster(t *testing.T, nodes int) *cluster {
+func newCluster(t testing.TB, nodes int) *cluster {
+	t.Helper()
+	return newClusterOn(t, nodes, netip.MustParsePrefix("10.99.0.0/24"))
+}
+
+// newClusterOn is newCluster with the nodes on the given underlay.
+func newClusterOn(t testing.TB, nodes int, underlay netip.Prefix) *cluster {
 	t.Helper()
 	netnstest.RequireRoot(t)
 	bin := binaries(t)
 	dir := t.TempDir()
 	topo, err := topology.Build(topology.Options{
 		Prefix: fmt.Sprintf("tw%s-e%d", netnstest.RunID(), time.Now().UnixNano()%100000), Nodes: nodes,
-		Underlay: netip.MustParsePrefix("10.99.0.0/24"),
+		Underlay: underlay,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -90,21 +90,21 @@ var _ backend.KernelWatcher = (*Network)(nil)
 // MTU is the external interface's: host-gw adds no header.
 func (n *Network) MTU() int { return n.ext.Link.MTU }
 
-// DesiredRoutes is the pure part of Reconcile: the routes peers call for,
-// and the keys of peers that cannot be reached directly.
-func DesiredRoutes(ext backend.ExternalInterface, peers []subnet.Lease) (routes []nl.Route, unreachable []string) {
+// DesiredRoutes is the pure part of Reconcile: it emits the routes peers
+// call for, and returns the keys of peers that cannot be reached directly.
+func DesiredRoutes(ext backend.ExternalInterface, peers []subnet.Lease, emit func(nl.Route)) (unreachable []string) {
 	for _, p := range peers {
 		ok := true
 		if p.Subnet.IsValid() {
 			if ext.Reachable(p.Attrs.PublicIP) {
-				routes = append(routes, nl.Route{Dst: p.Subnet, Gw: p.Attrs.PublicIP, LinkIndex: ext.Link.Index})
+				emit(nl.Route{Dst: p.Subnet, Gw: p.Attrs.PublicIP, LinkIndex: ext.Link.Index})
 			} else {
 				ok = false
 			}
 		}
 		if p.IPv6Subnet.IsValid() && p.Attrs.PublicIPv6.IsValid() {
 			if ext.Reachable(p.Attrs.PublicIPv6) {
-				routes = append(routes, nl.Route{Dst: p.IPv6Subnet, Gw: p.Attrs.PublicIPv6, LinkIndex: ext.Link.Index})
+				emit(nl.Route{Dst: p.IPv6Subnet, Gw: p.Attrs.PublicIPv6, LinkIndex: ext.Link.Index})
 			} else {
 				ok = false
 			}
@@ -114,14 +114,14 @@ func DesiredRoutes(ext backend.ExternalInterface, peers []subnet.Lease) (routes 
 		}
 	}
 	slices.Sort(unreachable)
-	return routes, unreachable
+	return unreachable
 }
 
 // Reconcile makes the main table's twill routes match peers.
 func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
-	desired, unreachable := DesiredRoutes(n.ext, peers)
+	var unreachable []string
+	st, err := n.routes.Sync(func(emit func(nl.Route)) { unreachable = DesiredRoutes(n.ext, peers, emit) })
 	n.reportUnreachable(unreachable)
-	st, err := n.routes.Sync(desired)
 	n.metrics.AddDriftRepairs(st.Repaired)
 	if st.Repaired > 0 {
 		n.log.Info("repaired routes that had drifted", "count", st.Repaired)
@@ -161,12 +161,15 @@ func prefixes(ps []netip.Prefix) string {
 }
 
 // WatchKernel pokes when one of twill's routes changes behind its back.
-// A lost subscription is re-established after a pause, and counts as a
-// change because events may have been missed.
+// Every (re)subscription counts as a change, because events before it were
+// not seen: the next reconcile re-reads the kernel.
 func (n *Network) WatchKernel(ctx context.Context, poke func()) error {
 	const pause = time.Second
 	for {
-		err := n.routes.NL.WatchRoutes(ctx, func(ev nl.RouteEvent) {
+		err := n.routes.NL.WatchRoutes(ctx, func() {
+			n.routes.Invalidate()
+			poke()
+		}, func(ev nl.RouteEvent) {
 			if n.routes.Observe(ev) {
 				poke()
 			}

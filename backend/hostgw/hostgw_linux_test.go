@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/internal/netnstest"
 	"github.com/twill-net/twill/internal/nl"
@@ -122,6 +125,8 @@ func TestPrivilegedReconcile(t *testing.T) {
 
 func TestPrivilegedRepairsHandDeletedRoute(t *testing.T) {
 	ns, _, nw := node(t)
+	repairs := prometheus.NewCounter(prometheus.CounterOpts{Name: "repairs"})
+	nw.metrics = &backend.Metrics{DriftRepairs: repairs}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	peers := []subnet.Lease{peer("10.244.2.0/24", "192.168.77.2")}
@@ -138,7 +143,12 @@ func TestPrivilegedRepairsHandDeletedRoute(t *testing.T) {
 			}
 		})
 	}()
-	time.Sleep(100 * time.Millisecond) // let the subscription start
+	// The subscription itself pokes once (events before it were not seen).
+	select {
+	case <-pokes:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no poke when the route watch subscribed")
+	}
 	netnstest.IP(t, ns, "route", "del", "10.244.2.0/24")
 	select {
 	case <-pokes:
@@ -149,6 +159,16 @@ func TestPrivilegedRepairsHandDeletedRoute(t *testing.T) {
 		t.Fatal(err)
 	}
 	requireRoutes(t, ns, []string{"10.244.2.0/24 via 192.168.77.2 dev eth0 proto 167"}, nil)
+	if got := testutil.ToFloat64(repairs); got != 1 {
+		t.Errorf("drift repairs metric %v, want 1", got)
+	}
+	// A lease change is not drift.
+	if err := nw.Reconcile(ctx, append(peers, peer("10.244.3.0/24", "192.168.77.3"))); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(repairs); got != 1 {
+		t.Errorf("drift repairs metric %v after a lease change, want still 1", got)
+	}
 	// A foreign route change is not twill's business: no poke.
 	netnstest.IP(t, ns, "route", "add", "10.244.99.0/24", "via", "192.168.77.99")
 	select {
@@ -159,5 +179,61 @@ func TestPrivilegedRepairsHandDeletedRoute(t *testing.T) {
 	cancel()
 	if err := <-watchErr; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// benchNetwork programs n peers in a fresh namespace and returns the
+// Network and the peers.
+func benchNetwork(b *testing.B, n int) (*Network, []subnet.Lease) {
+	ns := netnstest.New(b, "hgwb")
+	netnstest.IP(b, ns, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0")
+	netnstest.IP(b, ns, "link", "set", "peer0", "up")
+	netnstest.IP(b, ns, "link", "set", "eth0", "up")
+	netnstest.IP(b, ns, "addr", "add", "192.168.0.1/16", "dev", "eth0")
+	h, err := nl.Open(ns)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(h.Close)
+	link, err := h.LinkByName("eth0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	ext := backend.ExternalInterface{Link: link, OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.0.0/16")}}
+	nw := &Network{ext: ext, log: slog.New(slog.NewTextHandler(io.Discard, nil)), routes: &backend.RouteSync{NL: h}}
+	peers := make([]subnet.Lease, n)
+	for i := range peers {
+		dst := netip.PrefixFrom(subnet.NthSubnet(netip.MustParseAddr("100.64.0.0"), uint64(i+1), 24), 24)
+		peers[i] = subnet.Lease{Subnet: dst, Attrs: subnet.LeaseAttrs{PublicIP: netip.AddrFrom4([4]byte{192, 168, byte(1 + i/250), byte(1 + i%250)})}}
+	}
+	if err := nw.Reconcile(context.Background(), peers); err != nil {
+		b.Fatal(err)
+	}
+	return nw, peers
+}
+
+// BenchmarkResyncNoChange5000 is the periodic full resync with nothing to
+// do: read 5,000 owned routes back from the kernel and diff them.
+func BenchmarkResyncNoChange5000(b *testing.B) {
+	nw, peers := benchNetwork(b, 5000)
+	b.ResetTimer()
+	for range b.N {
+		nw.routes.Invalidate()
+		if err := nw.Reconcile(context.Background(), peers); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkReconcileOnEvent5000 is what a lease event costs with 5,000
+// peers programmed and the kernel record trusted: no dump, a diff, no
+// kernel change.
+func BenchmarkReconcileOnEvent5000(b *testing.B) {
+	nw, peers := benchNetwork(b, 5000)
+	b.ResetTimer()
+	for range b.N {
+		if err := nw.Reconcile(context.Background(), peers); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

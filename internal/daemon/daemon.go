@@ -72,6 +72,10 @@ type Daemon struct {
 	poke    chan struct{}
 
 	ready     atomic.Bool
+	// afterFirstReconcile is set before the loop starts and called by it.
+	afterFirstReconcile func()
+	// peerBuf is reused by every reconcile (owned by the loop goroutine).
+	peerBuf []subnet.Lease
 	heartbeat atomic.Int64 // unix nanos of the reconcile loop's last turn
 
 	mu       sync.Mutex
@@ -172,7 +176,12 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 	g.Go(func() error { return d.o.Subnets.Run(ctx, d.publish) })
 	g.Go(func() error { return chains.Run(ctx) })
 	if w, ok := nw.(backend.KernelWatcher); ok {
-		g.Go(func() error { return w.WatchKernel(ctx, d.signal) })
+		// Watching starts once the first reconcile is done, so that the
+		// watcher does not decode thousands of events about our own
+		// initial programming. WatchKernel pokes as soon as it subscribes,
+		// which makes the next reconcile re-read the kernel: nothing that
+		// changed before the subscription goes unnoticed.
+		d.afterFirstReconcile = func() { g.Go(func() error { return w.WatchKernel(ctx, d.signal) }) }
 	}
 	return d.reconcileLoop(ctx, cfg, lease, nw)
 }
@@ -247,10 +256,13 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 		if !have {
 			continue // never reconcile before the first listing: it would delete every route
 		}
-		peers := d.peers(cfg, local, snap)
 		start := time.Now()
+		peers := d.peers(cfg, local, snap)
+		filtered := time.Since(start)
 		err := nw.Reconcile(ctx, peers)
-		d.metrics.reconcileDuration.Observe(time.Since(start).Seconds())
+		took := time.Since(start)
+		d.metrics.reconcileDuration.Observe(took.Seconds())
+		d.log.Debug("reconciled", "peers", len(peers), "filter", filtered, "took", took)
 		d.metrics.leases.Set(float64(len(peers)))
 		if err != nil {
 			d.metrics.reconcileErrors.Inc()
@@ -265,6 +277,9 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 		}
 		retryDelay, retryC = 0, nil
 		if !d.ready.Load() {
+			if d.afterFirstReconcile != nil {
+				d.afterFirstReconcile()
+			}
 			d.ready.Store(true)
 			d.log.Info("ready", "peers", len(peers), "took_reconcile", time.Since(start).Round(time.Millisecond))
 			if d.o.OnReady != nil {
@@ -277,36 +292,46 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 // peers turns a snapshot into the valid peer set, refusing (once logged per
 // key and reason) leases that must not be programmed.
 func (d *Daemon) peers(cfg *subnet.Config, local subnet.Lease, snap subnet.Snapshot) []subnet.Lease {
-	refused := map[string]string{}
-	for _, r := range snap.Refused {
-		refused[r.Key] = r.Err.Error()
+	var refused map[string]string // built only when something is refused
+	refuse := func(key, why string) {
+		if refused == nil {
+			refused = map[string]string{}
+		}
+		refused[key] = why
 	}
-	peers := make([]subnet.Lease, 0, len(snap.Leases))
+	for _, r := range snap.Refused {
+		refuse(r.Key, r.Err.Error())
+	}
+	peers := d.peerBuf[:0]
 	for _, l := range snap.Leases {
-		if l.Key() == local.Key() {
+		if l.Subnet == local.Subnet && l.IPv6Subnet == local.IPv6Subnet {
 			continue
 		}
 		if err := subnet.CheckPeer(cfg, local, l); err != nil {
-			refused[l.Key()] = err.Error()
+			refuse(l.Key(), err.Error())
 			continue
 		}
 		if l.Attrs.BackendType != cfg.BackendType {
-			refused[l.Key()] = fmt.Sprintf("backend type %q, but this cluster runs %q", l.Attrs.BackendType, cfg.BackendType)
+			refuse(l.Key(), fmt.Sprintf("backend type %q, but this cluster runs %q", l.Attrs.BackendType, cfg.BackendType))
 			continue
 		}
 		peers = append(peers, l)
 	}
+	d.peerBuf = peers
 	d.metrics.refused.Set(float64(len(refused)))
 	d.mu.Lock()
-	var fresh []string
-	for k, why := range refused {
-		if d.refused[k] != why {
-			fresh = append(fresh, k)
-		}
-	}
 	old := d.refused
 	d.refused = refused
 	d.mu.Unlock()
+	if len(old) == 0 && len(refused) == 0 {
+		return peers
+	}
+	var fresh []string
+	for k, why := range refused {
+		if old[k] != why {
+			fresh = append(fresh, k)
+		}
+	}
 	sort.Strings(fresh)
 	for _, k := range fresh {
 		// One line per newly refused lease: a refusal is an anomaly the

@@ -18,8 +18,9 @@ const dumpAttempts = 8
 
 // Handle is a netlink socket set bound to one network namespace.
 type Handle struct {
-	h  *netlink.Handle
-	ns netns.NsHandle // -1 when bound to the caller's namespace
+	h     *netlink.Handle
+	ns    netns.NsHandle // -1 when bound to the caller's namespace
+	batch batcher
 }
 
 // Open returns a Handle for the named network namespace (as listed by
@@ -30,7 +31,7 @@ func Open(name string) (*Handle, error) {
 		if err != nil {
 			return nil, fmt.Errorf("opening netlink handle: %w", err)
 		}
-		return &Handle{h: h, ns: -1}, nil
+		return &Handle{h: h, ns: -1, batch: batcher{fd: -1}}, nil
 	}
 	ns, err := netns.GetFromName(name)
 	if err != nil {
@@ -55,11 +56,14 @@ func openAt(ns netns.NsHandle, name string) (*Handle, error) {
 		ns.Close()
 		return nil, fmt.Errorf("opening netlink handle in %q: %w", name, err)
 	}
-	return &Handle{h: h, ns: ns}, nil
+	return &Handle{h: h, ns: ns, batch: batcher{fd: -1}}, nil
 }
 
 // Close releases the handle's sockets.
 func (h *Handle) Close() {
+	h.batch.mu.Lock()
+	h.batch.closeLocked()
+	h.batch.mu.Unlock()
 	h.h.Close()
 	if h.ns >= 0 {
 		h.ns.Close()
@@ -297,9 +301,10 @@ type RouteEvent struct {
 	Route   Route
 }
 
-// WatchRoutes calls fn for every route change in the handle's namespace
-// until ctx is done. fn must not block: it is meant to poke a reconciler.
-func (h *Handle) WatchRoutes(ctx context.Context, fn func(RouteEvent)) error {
+// WatchRoutes calls subscribed once the subscription is in place, then fn
+// for every route change in the handle's namespace, until ctx is done.
+// Neither may block: they are meant to poke a reconciler.
+func (h *Handle) WatchRoutes(ctx context.Context, subscribed func(), fn func(RouteEvent)) error {
 	ch := make(chan netlink.RouteUpdate, 256)
 	done := make(chan struct{})
 	defer close(done)
@@ -318,6 +323,9 @@ func (h *Handle) WatchRoutes(ctx context.Context, fn func(RouteEvent)) error {
 	}
 	if err := netlink.RouteSubscribeWithOptions(ch, done, opts); err != nil {
 		return fmt.Errorf("subscribing to route updates: %w", err)
+	}
+	if subscribed != nil {
+		subscribed()
 	}
 	for {
 		select {

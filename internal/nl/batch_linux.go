@@ -1,0 +1,269 @@
+package nl
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// Batched route changes.
+//
+// Programming thousands of routes one request at a time through the netlink
+// library costs a round trip and a 64 KiB receive buffer per route. A batch
+// instead writes many route messages, each asking for its own ack, in one
+// sendto, and reads the acks back into one reused buffer. The kernel still
+// applies each message on its own, so one failing route does not stop the
+// others, and each gets its own error.
+
+// Op is a kind of route change.
+type Op int
+
+// Route changes.
+const (
+	OpAdd     Op = iota // fail with EEXIST if the key is taken
+	OpReplace           // add or replace the route with the same key
+	OpDel               // a missing route is not an error
+)
+
+// RouteOp is one change in a batch.
+type RouteOp struct {
+	Op    Op
+	Route Route
+}
+
+// batchSize bounds the messages in flight, keeping well under the socket's
+// receive buffer for the acks.
+const batchSize = 256
+
+type batcher struct {
+	mu  sync.Mutex
+	fd  int    // guarded by mu; -1 until opened
+	seq uint32 // guarded by mu
+	buf []byte // guarded by mu
+	rcv []byte // guarded by mu
+}
+
+// RouteBatch applies ops in order and returns one error (or nil) per op.
+func (h *Handle) RouteBatch(ops []RouteOp) []error {
+	errs := make([]error, len(ops))
+	b := &h.batch
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.fd < 0 {
+		fd, err := h.socket()
+		if err != nil {
+			for i := range errs {
+				errs[i] = err
+			}
+			return errs
+		}
+		b.fd = fd
+	}
+	for start := 0; start < len(ops); start += batchSize {
+		end := min(start+batchSize, len(ops))
+		b.runLocked(ops[start:end], errs[start:end])
+	}
+	return errs
+}
+
+// socket opens a NETLINK_ROUTE socket in the handle's namespace. Creating a
+// socket binds it to the namespace of the creating thread, so the thread
+// switches there and back while locked; if it cannot switch back, the
+// goroutine exits locked and the runtime discards the thread.
+func (h *Handle) socket() (int, error) {
+	type result struct {
+		fd  int
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		var restore func() error
+		if h.ns >= 0 {
+			cur, err := netns.Get()
+			if err != nil {
+				ch <- result{-1, fmt.Errorf("reading current netns: %w", err)}
+				runtime.UnlockOSThread()
+				return
+			}
+			defer cur.Close()
+			if err := netns.Set(h.ns); err != nil {
+				ch <- result{-1, fmt.Errorf("entering netns: %w", err)}
+				runtime.UnlockOSThread()
+				return
+			}
+			restore = func() error { return netns.Set(cur) }
+		}
+		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+		if err == nil {
+			err = unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+			if err == nil {
+				// Acks without the echoed request, and room for a full
+				// batch of them.
+				_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1)
+				_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 1<<20)
+			} else {
+				unix.Close(fd)
+			}
+		}
+		if restore != nil {
+			if rerr := restore(); rerr != nil {
+				if err == nil {
+					unix.Close(fd)
+				}
+				ch <- result{-1, fmt.Errorf("leaving netns: %w", rerr)}
+				return // exit locked: the thread is not reused
+			}
+		}
+		runtime.UnlockOSThread()
+		if err != nil {
+			ch <- result{-1, fmt.Errorf("opening netlink socket: %w", err)}
+			return
+		}
+		ch <- result{fd, nil}
+	}()
+	r := <-ch
+	return r.fd, r.err
+}
+
+func (b *batcher) closeLocked() {
+	if b.fd >= 0 {
+		unix.Close(b.fd)
+		b.fd = -1
+	}
+}
+
+func (b *batcher) runLocked(ops []RouteOp, errs []error) {
+	b.buf = b.buf[:0]
+	first := b.seq + 1
+	for _, op := range ops {
+		b.seq++
+		b.buf = appendRouteMsg(b.buf, op, b.seq)
+	}
+	if err := unix.Sendto(b.fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		for i := range errs {
+			errs[i] = fmt.Errorf("sending route batch: %w", err)
+		}
+		return
+	}
+	if cap(b.rcv) == 0 {
+		b.rcv = make([]byte, 64<<10)
+	}
+	pending := len(ops)
+	for pending > 0 {
+		n, _, err := unix.Recvfrom(b.fd, b.rcv[:cap(b.rcv)], 0)
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			for i := range errs {
+				if errs[i] == nil {
+					errs[i] = fmt.Errorf("reading route batch acks: %w", err)
+				}
+			}
+			b.closeLocked() // the stream is out of step; start afresh next time
+			return
+		}
+		msg := b.rcv[:n]
+		for len(msg) >= unix.NLMSG_HDRLEN {
+			l := int(binary.NativeEndian.Uint32(msg[0:4]))
+			typ := binary.NativeEndian.Uint16(msg[4:6])
+			seq := binary.NativeEndian.Uint32(msg[8:12])
+			if l < unix.NLMSG_HDRLEN || l > len(msg) {
+				break
+			}
+			if typ == unix.NLMSG_ERROR && l >= unix.NLMSG_HDRLEN+4 && seq >= first && seq < first+uint32(len(ops)) {
+				i := int(seq - first)
+				code := int32(binary.NativeEndian.Uint32(msg[unix.NLMSG_HDRLEN:]))
+				if code != 0 {
+					errno := unix.Errno(-code)
+					if !(ops[i].Op == OpDel && errno == unix.ESRCH) {
+						errs[i] = opError(ops[i], errno)
+					}
+				}
+				pending--
+			}
+			adv := (l + unix.NLMSG_ALIGNTO - 1) &^ (unix.NLMSG_ALIGNTO - 1)
+			if adv > len(msg) {
+				break
+			}
+			msg = msg[adv:]
+		}
+	}
+}
+
+func opError(op RouteOp, err error) error {
+	switch op.Op {
+	case OpAdd:
+		return fmt.Errorf("adding route %s: %w", op.Route, err)
+	case OpReplace:
+		return fmt.Errorf("replacing route %s: %w", op.Route, err)
+	default:
+		return fmt.Errorf("deleting route %s: %w", op.Route, err)
+	}
+}
+
+// appendRouteMsg encodes one RTM_NEWROUTE / RTM_DELROUTE request.
+func appendRouteMsg(buf []byte, op RouteOp, seq uint32) []byte {
+	r := op.Route
+	start := len(buf)
+	typ := uint16(unix.RTM_NEWROUTE)
+	flags := uint16(unix.NLM_F_REQUEST | unix.NLM_F_ACK)
+	switch op.Op {
+	case OpAdd:
+		flags |= unix.NLM_F_CREATE | unix.NLM_F_EXCL
+	case OpReplace:
+		flags |= unix.NLM_F_CREATE | unix.NLM_F_REPLACE
+	case OpDel:
+		typ = unix.RTM_DELROUTE
+	}
+	buf = binary.NativeEndian.AppendUint32(buf, 0) // length, patched below
+	buf = binary.NativeEndian.AppendUint16(buf, typ)
+	buf = binary.NativeEndian.AppendUint16(buf, flags)
+	buf = binary.NativeEndian.AppendUint32(buf, seq)
+	buf = binary.NativeEndian.AppendUint32(buf, 0) // port id: the kernel
+	family := byte(unix.AF_INET)
+	if r.Dst.Addr().Is6() {
+		family = unix.AF_INET6
+	}
+	table := r.table()
+	rtTable := byte(unix.RT_TABLE_UNSPEC)
+	if table < 256 {
+		rtTable = byte(table)
+	}
+	var rtFlags uint32
+	if r.OnLink {
+		rtFlags |= unix.RTNH_F_ONLINK
+	}
+	buf = append(buf, family, byte(r.Dst.Bits()), 0, 0, rtTable, byte(r.Protocol), byte(r.Scope), unix.RTN_UNICAST)
+	buf = binary.NativeEndian.AppendUint32(buf, rtFlags)
+	buf = appendAttr(buf, unix.RTA_DST, r.Dst.Addr().AsSlice())
+	if r.Gw.IsValid() {
+		buf = appendAttr(buf, unix.RTA_GATEWAY, r.Gw.AsSlice())
+	}
+	if r.Src.IsValid() {
+		buf = appendAttr(buf, unix.RTA_PREFSRC, r.Src.AsSlice())
+	}
+	if r.LinkIndex != 0 {
+		buf = appendAttr(buf, unix.RTA_OIF, binary.NativeEndian.AppendUint32(nil, uint32(r.LinkIndex)))
+	}
+	buf = appendAttr(buf, unix.RTA_TABLE, binary.NativeEndian.AppendUint32(nil, uint32(table)))
+	binary.NativeEndian.PutUint32(buf[start:], uint32(len(buf)-start))
+	return buf
+}
+
+func appendAttr(buf []byte, typ uint16, data []byte) []byte {
+	l := 4 + len(data)
+	buf = binary.NativeEndian.AppendUint16(buf, uint16(l))
+	buf = binary.NativeEndian.AppendUint16(buf, typ)
+	buf = append(buf, data...)
+	for pad := (4 - l%4) % 4; pad > 0; pad-- {
+		buf = append(buf, 0)
+	}
+	return buf
+}
