@@ -71,11 +71,11 @@ type Daemon struct {
 	metrics *metrics
 	poke    chan struct{}
 
-	ready     atomic.Bool
+	ready atomic.Bool
 	// afterFirstReconcile is set before the loop starts and called by it.
 	afterFirstReconcile func()
 	// peerBuf is reused by every reconcile (owned by the loop goroutine).
-	peerBuf []subnet.Lease
+	peerBuf   []subnet.Lease
 	heartbeat atomic.Int64 // unix nanos of the reconcile loop's last turn
 
 	mu       sync.Mutex
