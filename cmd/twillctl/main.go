@@ -4,15 +4,21 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/spf13/cobra"
 
 	"github.com/twill-net/twill/internal/etcdserver"
 	"github.com/twill-net/twill/internal/version"
+	"github.com/twill-net/twill/subnet"
+	etcdsm "github.com/twill-net/twill/subnet/etcd"
 )
 
 func main() {
@@ -32,7 +38,7 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	cmd.AddCommand(newEtcdCommand(), &cobra.Command{
+	cmd.AddCommand(newEtcdCommand(), newConfigCommand(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
@@ -77,4 +83,86 @@ func runEtcd(ctx context.Context, o etcdOptions) error {
 	case err := <-srv.Err():
 		return fmt.Errorf("etcd stopped: %w", err)
 	}
+}
+
+type configOptions struct {
+	endpoints []string
+	prefix    string
+	caFile    string
+	certFile  string
+	keyFile   string
+}
+
+func newConfigCommand() *cobra.Command {
+	var o configOptions
+	cmd := &cobra.Command{
+		Use:   "config",
+		Short: "Read or write the cluster's net-conf.json in etcd",
+	}
+	fs := cmd.PersistentFlags()
+	fs.StringSliceVar(&o.endpoints, "etcd-endpoints", []string{"http://127.0.0.1:2379"}, "etcd endpoints")
+	fs.StringVar(&o.prefix, "etcd-prefix", etcdsm.DefaultPrefix, "etcd key prefix")
+	fs.StringVar(&o.caFile, "etcd-cafile", "", "CA bundle for etcd")
+	fs.StringVar(&o.certFile, "etcd-certfile", "", "client certificate for etcd")
+	fs.StringVar(&o.keyFile, "etcd-keyfile", "", "client key for etcd")
+	cmd.AddCommand(&cobra.Command{
+		Use:   "put FILE",
+		Short: "Validate net-conf.json and store it at <prefix>/config (- reads standard input)",
+		Example: `  twillctl config put --etcd-endpoints http://10.0.0.1:2379 net-conf.json
+  echo '{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"}}' | twillctl config put -`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var data []byte
+			var err error
+			if args[0] == "-" {
+				data, err = io.ReadAll(cmd.InOrStdin())
+			} else {
+				data, err = os.ReadFile(args[0])
+			}
+			if err != nil {
+				return fmt.Errorf("reading net-conf.json: %w", err)
+			}
+			if _, err := subnet.ParseConfig(data); err != nil {
+				return err // nothing is written
+			}
+			return withEtcd(cmd.Context(), o, func(ctx context.Context, cli *clientv3.Client) error {
+				key := strings.TrimRight(o.prefix, "/") + "/config"
+				if _, err := cli.Put(ctx, key, string(data)); err != nil {
+					return fmt.Errorf("writing %s: %w", key, err)
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), "stored", key)
+				return nil
+			})
+		},
+	}, &cobra.Command{
+		Use:   "get",
+		Short: "Print the net-conf.json stored in etcd",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withEtcd(cmd.Context(), o, func(ctx context.Context, cli *clientv3.Client) error {
+				key := strings.TrimRight(o.prefix, "/") + "/config"
+				resp, err := cli.Get(ctx, key)
+				if err != nil {
+					return fmt.Errorf("reading %s: %w", key, err)
+				}
+				if len(resp.Kvs) == 0 {
+					return fmt.Errorf("%s: no configuration stored", key)
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), string(resp.Kvs[0].Value))
+				return nil
+			})
+		},
+	})
+	return cmd
+}
+
+func withEtcd(ctx context.Context, o configOptions, f func(context.Context, *clientv3.Client) error) error {
+	cli, err := etcdsm.NewClient(etcdsm.ClientOptions{Endpoints: o.endpoints, CAFile: o.caFile, CertFile: o.certFile, KeyFile: o.keyFile})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return f(ctx, cli)
 }

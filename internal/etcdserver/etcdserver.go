@@ -21,6 +21,9 @@ type Config struct {
 	// and unix:///run/lab/etcd.sock.
 	ClientURLs []string
 	PeerURL    string // default: 127.0.0.1 on a free port
+	// LogLevel is etcd's own (debug, info, warn, error, panic, fatal);
+	// default error.
+	LogLevel string
 	// SnapshotCount and the quota are left at etcd's defaults.
 }
 
@@ -34,6 +37,9 @@ func Start(ctx context.Context, c Config) (*Server, error) {
 	cfg := embed.NewConfig()
 	cfg.Dir = c.Dir
 	cfg.LogLevel = "error"
+	if c.LogLevel != "" {
+		cfg.LogLevel = c.LogLevel
+	}
 	cfg.Name = "twill-lab"
 	if len(c.ClientURLs) == 0 {
 		return nil, errors.New("etcd: no client URL")

@@ -42,7 +42,7 @@ func runWithEtcd(m *testing.M) int {
 		return 1
 	}
 	endpoint = fmt.Sprintf("http://127.0.0.1:%d", port)
-	srv, err := etcdserver.Start(context.Background(), etcdserver.Config{Dir: dir, ClientURLs: []string{endpoint}})
+	srv, err := etcdserver.Start(context.Background(), etcdserver.Config{Dir: dir, ClientURLs: []string{endpoint}, LogLevel: "fatal"})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
