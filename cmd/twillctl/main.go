@@ -3,6 +3,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/twill-net/twill/internal/cnidriver"
 	"github.com/twill-net/twill/internal/etcdserver"
 	"github.com/twill-net/twill/internal/version"
 	"github.com/twill-net/twill/subnet"
@@ -38,7 +40,7 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	cmd.AddCommand(newEtcdCommand(), newConfigCommand(), &cobra.Command{
+	cmd.AddCommand(newEtcdCommand(), newConfigCommand(), newCNICommand(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
@@ -165,4 +167,33 @@ func withEtcd(ctx context.Context, o configOptions, f func(context.Context, *cli
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	return f(ctx, cli)
+}
+
+func newCNICommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "cni",
+		Short: "Drive CNI plugins through libcni, as a container runtime does",
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "run",
+		Short: "Run the CNI operations described by a JSON request on standard input",
+		Long: `run reads a request (op add|check|del|gc|status, confList, binDirs, cacheDir,
+attachments [{containerID, ifName, netns}], parallel, valid) on standard input,
+carries it out with libcni in the current network namespace, and prints one
+outcome per attachment as JSON. Run it inside a node's namespace:
+ip netns exec NODE twillctl cni run < request.json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var req cnidriver.Request
+			if err := json.NewDecoder(cmd.InOrStdin()).Decode(&req); err != nil {
+				return fmt.Errorf("decoding request: %w", err)
+			}
+			resp, err := cnidriver.Run(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			return json.NewEncoder(cmd.OutOrStdout()).Encode(resp)
+		},
+	})
+	return cmd
 }

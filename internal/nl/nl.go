@@ -81,6 +81,17 @@ type Link struct {
 	Up           bool
 	HardwareAddr []byte
 	Type         string
+	Alias        string
+	// PeerIndex is a veth's peer link index (in the peer's namespace).
+	PeerIndex int
+}
+
+// Neigh is a neighbour (ARP/NDP) entry.
+type Neigh struct {
+	LinkIndex    int
+	IP           netip.Addr
+	HardwareAddr []byte
+	Permanent    bool
 }
 
 // Addr is an address assigned to a link.

@@ -229,6 +229,8 @@ func fromNetlinkLink(l netlink.Link) Link {
 		Up:           a.Flags&net.FlagUp != 0,
 		HardwareAddr: append([]byte(nil), a.HardwareAddr...),
 		Type:         l.Type(),
+		Alias:        a.Alias,
+		PeerIndex:    a.ParentIndex,
 	}
 }
 
@@ -359,4 +361,94 @@ func (h *Handle) LinkDel(index int) error {
 		return fmt.Errorf("deleting link %s: %w", l.Attrs().Name, err)
 	}
 	return nil
+}
+
+// VethAdd creates a veth pair whose host end is called name (in the handle's
+// namespace) and whose other end, peerName, is created directly inside the
+// namespace at peerNSPath, so it never appears in the host namespace. The
+// host end gets alias (which GC uses to find twill's links).
+func (h *Handle) VethAdd(name, peerName, peerNSPath string, mtu int, alias string) (Link, error) {
+	peerNS, err := netns.GetFromPath(peerNSPath)
+	if err != nil {
+		return Link{}, fmt.Errorf("opening netns %q: %w", peerNSPath, err)
+	}
+	defer peerNS.Close()
+	la := netlink.NewLinkAttrs()
+	la.Name, la.MTU = name, mtu
+	veth := &netlink.Veth{LinkAttrs: la, PeerName: peerName, PeerNamespace: netlink.NsFd(int(peerNS))}
+	if err := h.h.LinkAdd(veth); err != nil {
+		return Link{}, fmt.Errorf("creating veth %s (peer %s in %s): %w", name, peerName, peerNSPath, err)
+	}
+	l, err := h.h.LinkByName(name)
+	if err != nil {
+		return Link{}, fmt.Errorf("finding new veth %s: %w", name, err)
+	}
+	if alias != "" {
+		if err := h.h.LinkSetAlias(l, alias); err != nil {
+			return Link{}, fmt.Errorf("setting alias of %s: %w", name, err)
+		}
+	}
+	return h.LinkByName(name)
+}
+
+// LinkSetUp brings a link up.
+func (h *Handle) LinkSetUp(index int) error {
+	l, err := h.h.LinkByIndex(index)
+	if err != nil {
+		return fmt.Errorf("finding link #%d: %w", index, err)
+	}
+	if err := h.h.LinkSetUp(l); err != nil {
+		return fmt.Errorf("setting %s up: %w", l.Attrs().Name, err)
+	}
+	return nil
+}
+
+// AddrAdd assigns an address (with its prefix length) to a link.
+func (h *Handle) AddrAdd(index int, p netip.Prefix) error {
+	l, err := h.h.LinkByIndex(index)
+	if err != nil {
+		return fmt.Errorf("finding link #%d: %w", index, err)
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
+	if p.Addr().Is6() {
+		addr.Flags = unix.IFA_F_NODAD
+	}
+	if err := h.h.AddrAdd(l, addr); err != nil {
+		return fmt.Errorf("adding address %s to %s: %w", p, l.Attrs().Name, err)
+	}
+	return nil
+}
+
+// NeighSet adds or replaces a neighbour entry.
+func (h *Handle) NeighSet(n Neigh) error {
+	state := netlink.NUD_REACHABLE
+	if n.Permanent {
+		state = netlink.NUD_PERMANENT
+	}
+	family := unix.AF_INET
+	if n.IP.Is6() {
+		family = unix.AF_INET6
+	}
+	err := h.h.NeighSet(&netlink.Neigh{LinkIndex: n.LinkIndex, Family: family, State: state, IP: n.IP.AsSlice(), HardwareAddr: n.HardwareAddr})
+	if err != nil {
+		return fmt.Errorf("setting neighbour %s on link #%d: %w", n.IP, n.LinkIndex, err)
+	}
+	return nil
+}
+
+// Neighs lists the neighbour entries of a link.
+func (h *Handle) Neighs(index int, family Family) ([]Neigh, error) {
+	ns, err := retryDump(func() ([]netlink.Neigh, error) { return h.h.NeighList(index, int(family)) })
+	if err != nil {
+		return nil, fmt.Errorf("listing neighbours of link #%d: %w", index, err)
+	}
+	out := make([]Neigh, 0, len(ns))
+	for _, n := range ns {
+		ip, ok := netip.AddrFromSlice(n.IP)
+		if !ok {
+			continue
+		}
+		out = append(out, Neigh{LinkIndex: n.LinkIndex, IP: ip.Unmap(), HardwareAddr: append([]byte(nil), n.HardwareAddr...), Permanent: n.State&netlink.NUD_PERMANENT != 0})
+	}
+	return out, nil
 }

@@ -10,6 +10,19 @@ package owned
 // 167 is not registered in iproute2's rt_protos nor used by the common CNIs.
 const RouteProtocol = 167
 
+// PodRouteProtocol marks the /32 (/128) routes the CNI plugin installs
+// towards its pods. It differs from RouteProtocol because the daemon's
+// reconcilers delete every RouteProtocol route no lease backs; pod routes
+// belong to the plugin and are removed by CNI DEL and GC.
+const PodRouteProtocol = 168
+
+// PodLinkPrefix starts the name of every host-side pod veth ("tw" + hash).
+const PodLinkPrefix = "tw"
+
+// PodLinkAliasPrefix starts the alias of every host-side pod veth:
+// "twill/<network>/<container ID>/<ifname>". GC finds stale links by it.
+const PodLinkAliasPrefix = "twill/"
+
 // MainTable is the kernel's main routing table (RT_TABLE_MAIN).
 const MainTable = 254
 

@@ -1,0 +1,120 @@
+package plugin
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/allocator"
+	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
+)
+
+// store opens host-local's on-disk store for the network: one file per
+// address under <dataDir>/<network>, holding "<container>\r\n<ifname>".
+func store(c *NetConf) (*disk.Store, error) {
+	s, err := disk.New(c.Name, c.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("twill: opening allocation store %s: %w", filepath.Join(c.DataDir, c.Name), err)
+	}
+	return s, nil
+}
+
+func rangeSet(subnet netip.Prefix) (*allocator.RangeSet, error) {
+	r := allocator.Range{Subnet: types.IPNet{IP: subnet.Addr().AsSlice(), Mask: net.CIDRMask(subnet.Bits(), subnet.Addr().BitLen())}}
+	if err := r.Canonicalize(); err != nil {
+		return nil, fmt.Errorf("twill: subnet %s: %w", subnet, err)
+	}
+	rs := allocator.RangeSet{r}
+	return &rs, nil
+}
+
+// allocate reserves one address in each subnet for the attachment. On
+// failure nothing stays reserved.
+func allocate(c *NetConf, containerID, ifName string, subnets ...netip.Prefix) (_ []netip.Addr, err error) {
+	s, err := store(c)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	if err := s.Lock(); err != nil {
+		return nil, fmt.Errorf("twill: locking allocation store: %w", err)
+	}
+	defer s.Unlock()
+	var out []netip.Addr
+	defer func() {
+		if err != nil && len(out) > 0 {
+			_ = s.ReleaseByID(containerID, ifName)
+		}
+	}()
+	for i, subnet := range subnets {
+		rs, err := rangeSet(subnet)
+		if err != nil {
+			return nil, err
+		}
+		ipc, err := allocator.NewIPAllocator(rs, s, i).Get(containerID, ifName, nil)
+		if err != nil {
+			return nil, fmt.Errorf("twill: allocating an address in %s: %w", subnet, err)
+		}
+		a, _ := netip.AddrFromSlice(ipc.Address.IP)
+		out = append(out, a.Unmap())
+	}
+	return out, nil
+}
+
+// release frees the attachment's addresses; none reserved is fine.
+func release(c *NetConf, containerID, ifName string) error {
+	s, err := store(c)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if err := s.Lock(); err != nil {
+		return fmt.Errorf("twill: locking allocation store: %w", err)
+	}
+	defer s.Unlock()
+	if err := s.ReleaseByID(containerID, ifName); err != nil {
+		return fmt.Errorf("twill: releasing addresses of %s/%s: %w", containerID, ifName, err)
+	}
+	return nil
+}
+
+// reservation is one allocation file.
+type reservation struct {
+	IP          netip.Addr
+	ContainerID string
+	IfName      string
+	path        string
+}
+
+// reservations lists the allocation files of the network (the caller holds
+// the store lock when it matters).
+func reservations(c *NetConf) ([]reservation, error) {
+	dir := filepath.Join(c.DataDir, c.Name)
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("twill: reading %s: %w", dir, err)
+	}
+	var out []reservation
+	for _, e := range ents {
+		ip, err := netip.ParseAddr(e.Name())
+		if err != nil || e.IsDir() {
+			continue // lock, last_reserved_ip.*, or not ours
+		}
+		path := filepath.Join(dir, e.Name())
+		data, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		id, ifn, _ := strings.Cut(strings.TrimSpace(string(data)), disk.LineBreak)
+		out = append(out, reservation{IP: ip, ContainerID: strings.TrimSpace(id), IfName: strings.TrimSpace(ifn), path: path})
+	}
+	return out, nil
+}
