@@ -16,7 +16,7 @@ help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
-build: ## Build twilld and twillctl into bin/
+build: ## Build twilld, twillctl and the twill CNI plugin into bin/
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
 .PHONY: setup
@@ -50,6 +50,7 @@ e2e: setup ## Multi-node clusters in network namespaces with the built binaries 
 fuzz: ## Fuzz every parser of untrusted input for FUZZTIME each (default 30s)
 	@for f in FuzzParseConfig FuzzParseLeaseAttrs FuzzParseEnv FuzzParseSubnetKey; do \
 		$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $${FUZZTIME:-30s} ./subnet/ || exit 1; done
+	$(GO) test -run '^$$' -fuzz '^FuzzParseConf$$' -fuzztime $${FUZZTIME:-30s} ./plugin/
 
 .PHONY: lint
 lint: ## gofmt, go vet, and the rule that netlink is used only through internal/nl

@@ -1,0 +1,63 @@
+package plugin
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseConf(t *testing.T) {
+	c, err := ParseConf([]byte(`{"cniVersion":"1.1.0","name":"pods","type":"twill","mtu":1400}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.SubnetFile != DefaultSubnetFile || c.DataDir != DefaultDataDir || c.MTU != 1400 {
+		t.Fatalf("defaults not applied: %+v", c)
+	}
+	for _, tt := range []struct{ in, want string }{
+		{`{"cniVersion":"1.1.0","name":"pods","type":"twill","subnetfile":"/x"}`, `unknown key "subnetfile"`},
+		{`{"cniVersion":"1.1.0","name":"pods","type":"twill","mtu":70000}`, "mtu 70000"},
+		{`{"cniVersion":"1.1.0","name":"","type":"twill"}`, `name ""`},
+		{`{"cniVersion":"1.1.0","name":"a/b","type":"twill"}`, `name "a/b"`},
+		{`{"cniVersion":`, "decoding"},
+	} {
+		if _, err := ParseConf([]byte(tt.in)); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("ParseConf(%s) error %v, want %q", tt.in, err, tt.want)
+		}
+	}
+}
+
+func TestHostVethNameAndAlias(t *testing.T) {
+	a, b := HostVethName("c1", "eth0"), HostVethName("c1", "eth1")
+	if len(a) != 15 || !strings.HasPrefix(a, "tw") || a == b {
+		t.Fatalf("names %q %q: want distinct 15-character tw names", a, b)
+	}
+	att, ok := ParseLinkAlias("pods", LinkAlias("pods", "c1/with/slashes", "eth0"))
+	if !ok || att.ContainerID != "c1/with/slashes" || att.IfName != "eth0" {
+		t.Fatalf("alias round trip: %+v %v", att, ok)
+	}
+	if _, ok := ParseLinkAlias("other", LinkAlias("pods", "c1", "eth0")); ok {
+		t.Fatal("an alias of another network matched")
+	}
+}
+
+func TestCheckIfName(t *testing.T) {
+	for name, ok := range map[string]bool{"eth0": true, "": false, "..": false, "a/b": false, "sixteen-chars-xx": false} {
+		if err := CheckIfName(name); (err == nil) != ok {
+			t.Errorf("CheckIfName(%q) = %v", name, err)
+		}
+	}
+}
+
+func FuzzParseConf(f *testing.F) {
+	f.Add([]byte(`{"cniVersion":"1.1.0","name":"pods","type":"twill","subnetFile":"/run/twill/subnet.env","mtu":1450}`))
+	f.Add([]byte(`{"cniVersion":"0.3.1","name":"pods","type":"twill","ipam":{"type":"host-local"}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := ParseConf(data)
+		if err != nil {
+			return
+		}
+		if c.Name == "" || c.SubnetFile == "" || c.DataDir == "" || c.MTU < 0 {
+			t.Fatalf("accepted an incomplete configuration: %+v", c)
+		}
+	})
+}
