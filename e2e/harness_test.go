@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -16,6 +17,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/twill-net/twill/internal/cnidriver"
 	"github.com/twill-net/twill/internal/netnstest"
 	"github.com/twill-net/twill/internal/topology"
 	"github.com/twill-net/twill/subnet"
@@ -45,7 +47,7 @@ func binaries(t testing.TB) string {
 			return
 		}
 		// Built as `make build` builds them, so benchmarks measure what ships.
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", built.dir+"/", "../cmd/twilld", "../cmd/twillctl")
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", built.dir+"/", "../cmd/twilld", "../cmd/twillctl", "../cmd/twill")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			built.err = fmt.Errorf("go build: %w: %s", err, out)
@@ -274,4 +276,62 @@ func contains(s string, subs ...string) bool {
 		}
 	}
 	return true
+}
+
+// addPod creates a pod namespace behind node i and wires it with the twill
+// CNI plugin through libcni (run inside the node's namespace).
+func (c *cluster) addPod(i int, name string) (string, netip.Addr) {
+	c.t.Helper()
+	podNS := fmt.Sprintf("%s-%s", c.topo.Nodes[i].NS, name)
+	if out, err := exec.Command("ip", "netns", "add", podNS).CombinedOutput(); err != nil {
+		c.t.Fatalf("ip netns add %s: %v: %s", podNS, err, out)
+	}
+	c.t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", podNS).Run() })
+	state := filepath.Join(c.dir, c.topo.Nodes[i].Name)
+	list := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"pods","plugins":[{"type":"twill","subnetFile":%q,"dataDir":%q}]}`,
+		c.subnetFile(i), filepath.Join(state, "networks"))
+	req := cnidriver.Request{Op: "add", ConfList: json.RawMessage(list), BinDirs: []string{c.bin}, CacheDir: filepath.Join(state, "cni-cache"),
+		Attachments: []cnidriver.Attachment{{ContainerID: name, IfName: "eth0", Netns: "/var/run/netns/" + podNS}}}
+	body, _ := json.Marshal(req)
+	cmd := exec.Command("ip", "netns", "exec", c.topo.Nodes[i].NS, c.bin+"/twillctl", "cni", "run")
+	cmd.Stdin = strings.NewReader(string(body))
+	out, err := cmd.Output()
+	if err != nil {
+		c.t.Fatalf("cni add %s on node%d: %v", name, i+1, err)
+	}
+	var resp cnidriver.Response
+	if err := json.Unmarshal(out, &resp); err != nil || len(resp.Outcomes) != 1 || resp.Outcomes[0].Error != "" {
+		c.t.Fatalf("cni add %s on node%d: %s (%v)", name, i+1, out, err)
+	}
+	var res struct {
+		IPs []struct{ Address string } `json:"ips"`
+	}
+	if err := json.Unmarshal(resp.Outcomes[0].Result, &res); err != nil || len(res.IPs) == 0 {
+		c.t.Fatalf("cni add %s: result %s", name, resp.Outcomes[0].Result)
+	}
+	p, err := netip.ParsePrefix(res.IPs[0].Address)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return podNS, p.Addr()
+}
+
+// tcp runs an iperf3 exchange from client to server's address: a real TCP
+// connection carrying data, not just an echo.
+func (c *cluster) tcp(serverNS string, server netip.Addr, clientNS string, extra ...string) string {
+	c.t.Helper()
+	p := start(c.t, serverNS, filepath.Join(c.dir, "iperf-"+serverNS+".log"), "iperf3", "-s", "-1", "-p", "5201")
+	defer p.Stop(c.t)
+	var out []byte
+	var err error
+	for range 50 { // the server needs a moment to listen
+		args := append([]string{"netns", "exec", clientNS, "iperf3", "-c", server.String(), "-p", "5201", "-n", "1M", "--connect-timeout", "1000"}, extra...)
+		out, err = exec.Command("ip", args...).CombinedOutput()
+		if err == nil {
+			return string(out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.t.Fatalf("TCP from %s to %s: %v\n%s", clientNS, server, err, out)
+	return ""
 }
