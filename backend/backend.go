@@ -118,3 +118,25 @@ func (m *Metrics) SetPeersUnroutable(n int) {
 		m.PeersUnroutable.Set(float64(n))
 	}
 }
+
+// WatchLoop keeps a kernel subscription alive until ctx is done. watch
+// subscribes, calls its second argument once subscribed, and blocks; resync
+// is that argument, so every (re)subscription triggers a re-read, since
+// events before it were not seen. A lost subscription is retried after a
+// second.
+func WatchLoop(ctx context.Context, log *slog.Logger, what string, resync func(), watch func(ctx context.Context, subscribed func()) error) error {
+	for {
+		err := watch(ctx, resync)
+		if ctx.Err() != nil {
+			return nil
+		}
+		log.Warn(what+" watch lost; resubscribing", "err", err)
+		t := time.NewTimer(time.Second)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}

@@ -16,14 +16,12 @@ package hostgw
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/internal/nl"
@@ -164,31 +162,12 @@ func prefixes(ps []netip.Prefix) string {
 // Every (re)subscription counts as a change, because events before it were
 // not seen: the next reconcile re-reads the kernel.
 func (n *Network) WatchKernel(ctx context.Context, poke func()) error {
-	const pause = time.Second
-	for {
-		err := n.routes.NL.WatchRoutes(ctx, func() {
-			n.routes.Invalidate()
-			poke()
-		}, func(ev nl.RouteEvent) {
+	h := n.routes.NL
+	return backend.WatchLoop(ctx, n.log, "route", func() { n.routes.Invalidate(); poke() }, func(ctx context.Context, subscribed func()) error {
+		return h.WatchRoutes(ctx, subscribed, func(ev nl.RouteEvent) {
 			if n.routes.Observe(ev) {
 				poke()
 			}
 		})
-		if ctx.Err() != nil {
-			return nil
-		}
-		n.log.Warn("route watch lost; re-reading routes", "err", err)
-		n.routes.Invalidate()
-		poke()
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
-		if err != nil && errors.Is(err, context.Canceled) {
-			return nil
-		}
-	}
+	})
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/twill-net/twill/backend"
 	_ "github.com/twill-net/twill/backend/hostgw" // built-in backends register in init()
+	_ "github.com/twill-net/twill/backend/vxlan"
 	"github.com/twill-net/twill/internal/daemon"
 	"github.com/twill-net/twill/internal/nl"
 	"github.com/twill-net/twill/internal/version"

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"runtime"
 	"sync"
 
@@ -50,7 +51,48 @@ type batcher struct {
 
 // RouteBatch applies ops in order and returns one error (or nil) per op.
 func (h *Handle) RouteBatch(ops []RouteOp) []error {
-	errs := make([]error, len(ops))
+	return h.batchRun(len(ops), func(i int, buf []byte, seq uint32) []byte { return appendRouteMsg(buf, ops[i], seq) },
+		func(i int, errno unix.Errno) error {
+			if ops[i].Op == OpDel && errno == unix.ESRCH {
+				return nil
+			}
+			return opError(ops[i], errno)
+		})
+}
+
+// NeighOp is one neighbour or FDB change in a batch.
+type NeighOp struct {
+	Op    Op // OpReplace or OpDel
+	Neigh Neigh
+	// FDB makes it a bridge forwarding entry (MAC -> remote IP, on the
+	// device itself) rather than an ARP/NDP entry.
+	FDB bool
+}
+
+// NeighBatch applies neighbour and FDB changes in order and returns one
+// error (or nil) per op. Deleting an entry that is gone is not an error.
+func (h *Handle) NeighBatch(ops []NeighOp) []error {
+	return h.batchRun(len(ops), func(i int, buf []byte, seq uint32) []byte { return appendNeighMsg(buf, ops[i], seq) },
+		func(i int, errno unix.Errno) error {
+			if ops[i].Op == OpDel && (errno == unix.ENOENT || errno == unix.ESRCH) {
+				return nil
+			}
+			what := "neighbour"
+			if ops[i].FDB {
+				what = "fdb entry"
+			}
+			verb := "setting"
+			if ops[i].Op == OpDel {
+				verb = "deleting"
+			}
+			return fmt.Errorf("%s %s %s %s on link #%d: %w", verb, what, ops[i].Neigh.IP, net.HardwareAddr(ops[i].Neigh.HardwareAddr), ops[i].Neigh.LinkIndex, errno)
+		})
+}
+
+// batchRun sends n messages made by encode, batchSize at a time, and maps
+// each failed ack's errno through fail.
+func (h *Handle) batchRun(n int, encode func(i int, buf []byte, seq uint32) []byte, fail func(i int, errno unix.Errno) error) []error {
+	errs := make([]error, n)
 	b := &h.batch
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -64,9 +106,9 @@ func (h *Handle) RouteBatch(ops []RouteOp) []error {
 		}
 		b.fd = fd
 	}
-	for start := 0; start < len(ops); start += batchSize {
-		end := min(start+batchSize, len(ops))
-		b.runLocked(ops[start:end], errs[start:end])
+	for start := 0; start < n; start += batchSize {
+		end := min(start+batchSize, n)
+		b.runLocked(start, end, encode, fail, errs[start:end])
 	}
 	return errs
 }
@@ -138,12 +180,13 @@ func (b *batcher) closeLocked() {
 	}
 }
 
-func (b *batcher) runLocked(ops []RouteOp, errs []error) {
+func (b *batcher) runLocked(start, end int, encode func(int, []byte, uint32) []byte, fail func(int, unix.Errno) error, errs []error) {
 	b.buf = b.buf[:0]
 	first := b.seq + 1
-	for _, op := range ops {
+	count := end - start
+	for i := start; i < end; i++ {
 		b.seq++
-		b.buf = appendRouteMsg(b.buf, op, b.seq)
+		b.buf = encode(i, b.buf, b.seq)
 	}
 	if err := unix.Sendto(b.fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		for i := range errs {
@@ -154,7 +197,7 @@ func (b *batcher) runLocked(ops []RouteOp, errs []error) {
 	if cap(b.rcv) == 0 {
 		b.rcv = make([]byte, 64<<10)
 	}
-	pending := len(ops)
+	pending := count
 	for pending > 0 {
 		n, _, err := unix.Recvfrom(b.fd, b.rcv[:cap(b.rcv)], 0)
 		if err != nil {
@@ -177,14 +220,10 @@ func (b *batcher) runLocked(ops []RouteOp, errs []error) {
 			if l < unix.NLMSG_HDRLEN || l > len(msg) {
 				break
 			}
-			if typ == unix.NLMSG_ERROR && l >= unix.NLMSG_HDRLEN+4 && seq >= first && seq < first+uint32(len(ops)) {
+			if typ == unix.NLMSG_ERROR && l >= unix.NLMSG_HDRLEN+4 && seq >= first && seq < first+uint32(count) {
 				i := int(seq - first)
-				code := int32(binary.NativeEndian.Uint32(msg[unix.NLMSG_HDRLEN:]))
-				if code != 0 {
-					errno := unix.Errno(-code)
-					if !(ops[i].Op == OpDel && errno == unix.ESRCH) {
-						errs[i] = opError(ops[i], errno)
-					}
+				if code := int32(binary.NativeEndian.Uint32(msg[unix.NLMSG_HDRLEN:])); code != 0 {
+					errs[i] = fail(start+i, unix.Errno(-code))
 				}
 				pending--
 			}
@@ -253,6 +292,46 @@ func appendRouteMsg(buf []byte, op RouteOp, seq uint32) []byte {
 		buf = appendAttr(buf, unix.RTA_OIF, binary.NativeEndian.AppendUint32(nil, uint32(r.LinkIndex)))
 	}
 	buf = appendAttr(buf, unix.RTA_TABLE, binary.NativeEndian.AppendUint32(nil, uint32(table)))
+	binary.NativeEndian.PutUint32(buf[start:], uint32(len(buf)-start))
+	return buf
+}
+
+// appendNeighMsg encodes one RTM_NEWNEIGH / RTM_DELNEIGH request.
+func appendNeighMsg(buf []byte, op NeighOp, seq uint32) []byte {
+	n := op.Neigh
+	start := len(buf)
+	typ := uint16(unix.RTM_NEWNEIGH)
+	flags := uint16(unix.NLM_F_REQUEST | unix.NLM_F_ACK)
+	if op.Op == OpDel {
+		typ = unix.RTM_DELNEIGH
+	} else {
+		flags |= unix.NLM_F_CREATE | unix.NLM_F_REPLACE
+	}
+	buf = binary.NativeEndian.AppendUint32(buf, 0)
+	buf = binary.NativeEndian.AppendUint16(buf, typ)
+	buf = binary.NativeEndian.AppendUint16(buf, flags)
+	buf = binary.NativeEndian.AppendUint32(buf, seq)
+	buf = binary.NativeEndian.AppendUint32(buf, 0)
+	family := byte(unix.AF_INET)
+	if n.IP.Is6() {
+		family = unix.AF_INET6
+	}
+	var ntf byte
+	if op.FDB {
+		family, ntf = unix.AF_BRIDGE, unix.NTF_SELF
+	}
+	state := uint16(unix.NUD_PERMANENT)
+	// struct ndmsg: family, 3 pad, ifindex, state, flags, type
+	buf = append(buf, family, 0, 0, 0)
+	buf = binary.NativeEndian.AppendUint32(buf, uint32(n.LinkIndex))
+	buf = binary.NativeEndian.AppendUint16(buf, state)
+	buf = append(buf, ntf, 0)
+	if n.IP.IsValid() {
+		buf = appendAttr(buf, unix.NDA_DST, n.IP.AsSlice())
+	}
+	if len(n.HardwareAddr) > 0 {
+		buf = appendAttr(buf, unix.NDA_LLADDR, n.HardwareAddr)
+	}
 	binary.NativeEndian.PutUint32(buf[start:], uint32(len(buf)-start))
 	return buf
 }

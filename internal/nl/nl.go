@@ -99,3 +99,15 @@ type Addr struct {
 	Prefix    netip.Prefix // address with its on-link prefix length
 	LinkIndex int
 }
+
+// VXLAN is a VXLAN device's configuration.
+type VXLAN struct {
+	Name         string
+	VNI          int
+	Port         int
+	Learning     bool
+	SrcAddr      netip.Addr
+	VtepDevIndex int
+	MTU          int
+	HardwareAddr []byte
+}

@@ -452,3 +452,117 @@ func (h *Handle) Neighs(index int, family Family) ([]Neigh, error) {
 	}
 	return out, nil
 }
+
+// VXLANAdd creates a VXLAN device (learning off unless v.Learning).
+func (h *Handle) VXLANAdd(v VXLAN) (Link, error) {
+	la := netlink.NewLinkAttrs()
+	la.Name, la.MTU = v.Name, v.MTU
+	if len(v.HardwareAddr) > 0 {
+		la.HardwareAddr = v.HardwareAddr
+	}
+	dev := &netlink.Vxlan{LinkAttrs: la, VxlanId: v.VNI, VtepDevIndex: v.VtepDevIndex, Port: v.Port, Learning: v.Learning}
+	if v.SrcAddr.IsValid() {
+		dev.SrcAddr = v.SrcAddr.AsSlice()
+	}
+	if err := h.h.LinkAdd(dev); err != nil {
+		return Link{}, fmt.Errorf("creating vxlan device %s (VNI %d, port %d): %w", v.Name, v.VNI, v.Port, err)
+	}
+	return h.LinkByName(v.Name)
+}
+
+// VXLANByName reads a VXLAN device's configuration; a link of that name
+// that is not VXLAN is reported with ok false.
+func (h *Handle) VXLANByName(name string) (Link, VXLAN, bool, error) {
+	l, err := h.h.LinkByName(name)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return Link{}, VXLAN{}, false, fmt.Errorf("finding link %q: %w", name, ErrLinkNotFound)
+		}
+		return Link{}, VXLAN{}, false, fmt.Errorf("finding link %q: %w", name, err)
+	}
+	v, ok := l.(*netlink.Vxlan)
+	if !ok {
+		return fromNetlinkLink(l), VXLAN{}, false, nil
+	}
+	src, _ := netip.AddrFromSlice(v.SrcAddr)
+	return fromNetlinkLink(l), VXLAN{Name: v.Name, VNI: v.VxlanId, Port: v.Port, Learning: v.Learning, SrcAddr: src.Unmap(),
+		VtepDevIndex: v.VtepDevIndex, MTU: v.MTU, HardwareAddr: append([]byte(nil), v.HardwareAddr...)}, true, nil
+}
+
+// FDB lists the permanent forwarding entries (MAC -> remote IP) of a
+// VXLAN device.
+func (h *Handle) FDB(index int) ([]Neigh, error) {
+	ns, err := retryDump(func() ([]netlink.Neigh, error) { return h.h.NeighList(index, unix.AF_BRIDGE) })
+	if err != nil {
+		return nil, fmt.Errorf("listing fdb of link #%d: %w", index, err)
+	}
+	out := make([]Neigh, 0, len(ns))
+	for _, n := range ns {
+		ip, ok := netip.AddrFromSlice(n.IP)
+		if !ok || n.LinkIndex != index {
+			continue
+		}
+		out = append(out, Neigh{LinkIndex: n.LinkIndex, IP: ip.Unmap(), HardwareAddr: append([]byte(nil), n.HardwareAddr...), Permanent: n.State&netlink.NUD_PERMANENT != 0})
+	}
+	return out, nil
+}
+
+// LinkEvent is a change the kernel announced to a link.
+type LinkEvent struct {
+	Deleted bool
+	Link    Link
+}
+
+// WatchLinks calls subscribed once subscribed, then fn for every link
+// change in the handle's namespace, until ctx is done. Neither may block.
+func (h *Handle) WatchLinks(ctx context.Context, subscribed func(), fn func(LinkEvent)) error {
+	ch := make(chan netlink.LinkUpdate, 64)
+	done := make(chan struct{})
+	defer close(done)
+	subErr := make(chan error, 1)
+	opts := netlink.LinkSubscribeOptions{
+		ErrorCallback: func(err error) {
+			select {
+			case subErr <- err:
+			default:
+			}
+		},
+	}
+	if h.ns >= 0 {
+		ns := h.ns
+		opts.Namespace = &ns
+	}
+	if err := netlink.LinkSubscribeWithOptions(ch, done, opts); err != nil {
+		return fmt.Errorf("subscribing to link updates: %w", err)
+	}
+	if subscribed != nil {
+		subscribed()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-subErr:
+			return fmt.Errorf("receiving link updates: %w", err)
+		case u, ok := <-ch:
+			if !ok {
+				return errors.New("receiving link updates: subscription closed")
+			}
+			fn(LinkEvent{Deleted: u.Header.Type == unix.RTM_DELLINK, Link: fromNetlinkLink(u.Link)})
+		}
+	}
+}
+
+// AddrDel removes an address from a link; a missing one is fine.
+func (h *Handle) AddrDel(index int, p netip.Prefix) error {
+	l, err := h.h.LinkByIndex(index)
+	if err != nil {
+		return fmt.Errorf("finding link #%d: %w", index, err)
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
+	if err := h.h.AddrDel(l, addr); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+		return fmt.Errorf("removing address %s from %s: %w", p, l.Attrs().Name, err)
+	}
+	return nil
+}

@@ -1,0 +1,391 @@
+// Package vxlan is the vxlan backend: an overlay that carries pod traffic
+// between nodes in UDP, so nodes only need IP reachability between them.
+//
+// How it works. Each node has one VTEP device per VNI, twill.<VNI>, with
+// learning off, bound to the external interface and its address, MTU the
+// underlay's minus 50 (70 over IPv6), and the network address of the node's
+// subnet as a /32. Its MAC is published in the lease as
+// BackendData {"VNI":1,"VtepMAC":"…"} and stays the same across restarts
+// and reboots. For every peer the node keeps three kernel objects:
+//
+//	neighbour  <peer VTEP IP> lladdr <peer VTEP MAC> dev twill.1 PERMANENT
+//	fdb        <peer VTEP MAC> dev twill.1 dst <peer public IP> self permanent
+//	route      <peer subnet> via <peer VTEP IP> dev twill.1 onlink proto 167
+//
+// where the peer's VTEP IP is the network address of its subnet. The
+// kernel resolves the route's gateway through the static neighbour to the
+// peer's VTEP MAC, and the FDB entry sends frames for that MAC to the peer's
+// public IP over UDP (port 8472 by default).
+//
+// Reconcile is level-triggered over all three sets: a peer whose MAC or
+// public IP changed has its entries replaced (the old FDB entry is removed,
+// so exactly one remains), a removed peer loses all three, and entries no
+// lease backs are deleted. If the device is deleted or altered (VNI, port,
+// MTU, MAC, state), it is re-created and every peer replayed; a link watch
+// makes that happen within moments. With DirectRouting, peers whose public
+// IP is on-link get a host-gw route instead and no overlay entries.
+package vxlan
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/internal/nl"
+	"github.com/twill-net/twill/internal/owned"
+	"github.com/twill-net/twill/subnet"
+)
+
+// Type is the name under which the backend registers.
+const Type = "vxlan"
+
+func init() { backend.Register(Type, New) }
+
+// Defaults.
+const (
+	DefaultVNI  = 1
+	DefaultPort = 8472
+	// Overheads of the encapsulation: outer IP + UDP + VXLAN + inner Ethernet.
+	overheadV4 = 50
+	overheadV6 = 70
+)
+
+// Config is the backend's net-conf.json Backend object.
+type Config struct {
+	VNI           int
+	Port          int
+	MTU           int
+	DirectRouting bool
+}
+
+// Data is what a node publishes as BackendData (flannel's field names).
+type Data struct {
+	VNI     int    `json:"VNI"`
+	VtepMAC string `json:"VtepMAC"`
+}
+
+// Backend is vxlan on one node.
+type Backend struct {
+	opts backend.Options
+	cfg  Config
+	log  *slog.Logger
+	dev  nl.VXLAN // the device as it must be
+}
+
+// New is the vxlan Factory.
+func New(opts backend.Options) (backend.Backend, error) {
+	cfg := Config{VNI: DefaultVNI, Port: DefaultPort}
+	if err := backend.DecodeConfig(opts.Config.Backend, &cfg); err != nil {
+		return nil, err
+	}
+	if cfg.VNI < 1 || cfg.VNI > 1<<24-1 {
+		return nil, fmt.Errorf("net-conf.json: Backend.VNI %d: must be between 1 and 16777215", cfg.VNI)
+	}
+	if cfg.Port < 1 || cfg.Port > 65535 {
+		return nil, fmt.Errorf("net-conf.json: Backend.Port %d: must be between 1 and 65535", cfg.Port)
+	}
+	ext := opts.ExtIface
+	local, overhead := ext.Addr, overheadV4
+	if !local.IsValid() {
+		local, overhead = ext.AddrV6, overheadV6
+	}
+	mtu := ext.Link.MTU - overhead
+	if cfg.MTU != 0 {
+		if cfg.MTU < 576 || cfg.MTU > mtu {
+			return nil, fmt.Errorf("net-conf.json: Backend.MTU %d: must be between 576 and %d (%s's MTU %d minus %d of encapsulation)",
+				cfg.MTU, mtu, ext.Link.Name, ext.Link.MTU, overhead)
+		}
+		mtu = cfg.MTU
+	}
+	b := &Backend{opts: opts, cfg: cfg, log: opts.Logger.With("backend", Type)}
+	b.dev = nl.VXLAN{Name: DeviceName(cfg.VNI), VNI: cfg.VNI, Port: cfg.Port, SrcAddr: local, VtepDevIndex: ext.Link.Index, MTU: mtu}
+	return b, nil
+}
+
+// DeviceName is the VTEP device for a VNI.
+func DeviceName(vni int) string { return owned.VXLANDevicePrefix + strconv.Itoa(vni) }
+
+// Prepare creates (or repairs) the VTEP device and publishes its MAC.
+func (b *Backend) Prepare(context.Context) (subnet.LeaseAttrs, error) {
+	mac, err := b.vtepMAC()
+	if err != nil {
+		return subnet.LeaseAttrs{}, err
+	}
+	b.dev.HardwareAddr = mac
+	if _, _, err := ensureDevice(b.opts.Netlink, b.dev, netip.Prefix{}); err != nil {
+		return subnet.LeaseAttrs{}, err
+	}
+	data, err := json.Marshal(Data{VNI: b.cfg.VNI, VtepMAC: mac.String()})
+	if err != nil {
+		return subnet.LeaseAttrs{}, err
+	}
+	ext := b.opts.ExtIface
+	return subnet.LeaseAttrs{PublicIP: ext.PublicIP, PublicIPv6: ext.PublicIPv6, BackendType: Type, BackendData: data}, nil
+}
+
+// vtepMAC returns the VTEP MAC kept in the state directory, deriving and
+// storing it the first time. The derivation (from the external interface's
+// MAC, the public IP and the VNI) also makes it stable when the state
+// directory is lost.
+func (b *Backend) vtepMAC() (net.HardwareAddr, error) {
+	path := filepath.Join(b.opts.StateDir, fmt.Sprintf("vxlan-%d.mac", b.cfg.VNI))
+	if raw, err := os.ReadFile(path); err == nil {
+		if mac, err := net.ParseMAC(strings.TrimSpace(string(raw))); err == nil && len(mac) == 6 {
+			return mac, nil
+		}
+		b.log.Warn("ignoring unreadable VTEP MAC file", "path", path)
+	}
+	ext := b.opts.ExtIface
+	sum := sha256.Sum256(fmt.Appendf(nil, "twill-vtep/%x/%s/%d", ext.Link.HardwareAddr, ext.PublicIP, b.cfg.VNI))
+	mac := net.HardwareAddr(sum[:6])
+	mac[0] = mac[0]&0xfe | 0x02 // unicast, locally administered
+	if b.opts.StateDir != "" {
+		if err := os.MkdirAll(b.opts.StateDir, 0o755); err == nil {
+			err = os.WriteFile(path, []byte(mac.String()+"\n"), 0o644)
+			if err != nil {
+				b.log.Warn("could not store the VTEP MAC; it is derived again next time", "path", path, "err", err)
+			}
+		}
+	}
+	return mac, nil
+}
+
+// ensureDevice makes the VTEP device match want (re-creating it when its
+// identity is wrong), up, with addr assigned. It reports the link and
+// whether it was (re)created.
+func ensureDevice(h *nl.Handle, want nl.VXLAN, addr netip.Prefix) (nl.Link, bool, error) {
+	link, have, isVXLAN, err := h.VXLANByName(want.Name)
+	created := false
+	switch {
+	case errors.Is(err, nl.ErrLinkNotFound):
+		link, err = h.VXLANAdd(want)
+		if err != nil {
+			return nl.Link{}, false, err
+		}
+		created = true
+	case err != nil:
+		return nl.Link{}, false, err
+	case !isVXLAN || have.VNI != want.VNI || have.Port != want.Port || have.Learning || have.VtepDevIndex != want.VtepDevIndex ||
+		have.SrcAddr != want.SrcAddr || have.MTU != want.MTU || !bytes.Equal(have.HardwareAddr, want.HardwareAddr):
+		if err := h.LinkDel(link.Index); err != nil {
+			return nl.Link{}, false, err
+		}
+		link, err = h.VXLANAdd(want)
+		if err != nil {
+			return nl.Link{}, false, err
+		}
+		created = true
+	}
+	if !link.Up {
+		if err := h.LinkSetUp(link.Index); err != nil {
+			return nl.Link{}, false, err
+		}
+	}
+	if addr.IsValid() {
+		addrs, err := h.Addrs(link.Index, nl.FamilyV4)
+		if err != nil {
+			return nl.Link{}, false, err
+		}
+		if !slices.ContainsFunc(addrs, func(a nl.Addr) bool { return a.Prefix == addr }) {
+			if err := h.AddrAdd(link.Index, addr); err != nil {
+				return nl.Link{}, false, err
+			}
+		}
+	}
+	return link, created, nil
+}
+
+// Attach returns the Network that programs the peers.
+func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Network, error) {
+	h := b.opts.Netlink
+	return &Network{
+		b:       b,
+		local:   lease,
+		vtepIP:  netip.PrefixFrom(lease.Subnet.Addr(), 32),
+		routes:  &backend.RouteSync{NL: h, FullSyncEvery: b.opts.FullSyncEvery, Logger: b.log},
+		neighs:  &backend.NeighSync{NL: h, FullSyncEvery: b.opts.FullSyncEvery},
+		fdb:     &backend.NeighSync{NL: h, FDB: true, FullSyncEvery: b.opts.FullSyncEvery},
+		metrics: b.opts.Metrics,
+	}, nil
+}
+
+// Network programs one node's overlay.
+type Network struct {
+	b       *Backend
+	local   subnet.Lease
+	vtepIP  netip.Prefix
+	routes  *backend.RouteSync
+	neighs  *backend.NeighSync
+	fdb     *backend.NeighSync
+	metrics *backend.Metrics
+
+	mu      sync.Mutex
+	refused []string // guarded by mu; peers with unusable backend data, for change-only logging
+	devIdx  int      // guarded by mu; the device index the records are for
+}
+
+var _ backend.KernelWatcher = (*Network)(nil)
+
+// MTU is the VTEP device's.
+func (n *Network) MTU() int { return n.b.dev.MTU }
+
+// Desired is the pure part of Reconcile: the overlay entries and routes
+// the peers call for.
+type Desired struct {
+	Neighs map[string]nl.Neigh // by VTEP IP
+	FDB    map[string]nl.Neigh // by VTEP MAC
+	// Refused lists peers whose backend data is unusable.
+	Refused []string
+}
+
+// DesiredState computes what peers call for on a device with index dev.
+// emit receives the routes (overlay routes, and host-gw routes for
+// DirectRouting peers on the same segment).
+func DesiredState(cfg Config, ext backend.ExternalInterface, dev int, peers []subnet.Lease, emit func(nl.Route)) Desired {
+	d := Desired{Neighs: make(map[string]nl.Neigh, len(peers)), FDB: make(map[string]nl.Neigh, len(peers))}
+	for _, p := range peers {
+		if !p.Subnet.IsValid() {
+			continue
+		}
+		if cfg.DirectRouting && ext.Reachable(p.Attrs.PublicIP) {
+			emit(nl.Route{Dst: p.Subnet, Gw: p.Attrs.PublicIP, LinkIndex: ext.Link.Index})
+			continue
+		}
+		var data Data
+		if err := json.Unmarshal(p.Attrs.BackendData, &data); err != nil || data.VNI != cfg.VNI {
+			d.Refused = append(d.Refused, fmt.Sprintf("%s (BackendData %s)", p.Key(), p.Attrs.BackendData))
+			continue
+		}
+		mac, err := net.ParseMAC(data.VtepMAC)
+		if err != nil || len(mac) != 6 {
+			d.Refused = append(d.Refused, fmt.Sprintf("%s (VtepMAC %q)", p.Key(), data.VtepMAC))
+			continue
+		}
+		vtep := p.Subnet.Addr()
+		d.Neighs[vtep.String()] = nl.Neigh{LinkIndex: dev, IP: vtep, HardwareAddr: mac, Permanent: true}
+		d.FDB[string(mac)] = nl.Neigh{LinkIndex: dev, IP: p.Attrs.PublicIP, HardwareAddr: mac, Permanent: true}
+		emit(nl.Route{Dst: p.Subnet, Gw: vtep, LinkIndex: dev, OnLink: true})
+	}
+	slices.Sort(d.Refused)
+	return d
+}
+
+// Reconcile makes the device, neighbours, FDB and routes match peers.
+func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
+	h := n.b.opts.Netlink
+	link, created, err := ensureDevice(h, n.b.dev, n.vtepIP)
+	if err != nil {
+		return fmt.Errorf("vxlan: %w", err)
+	}
+	n.mu.Lock()
+	moved := n.devIdx != link.Index
+	n.devIdx = link.Index
+	n.mu.Unlock()
+	if created || moved {
+		if created {
+			n.b.log.Warn("VTEP device was missing or altered; re-created it and replaying every peer", "device", n.b.dev.Name)
+			n.metrics.AddDriftRepairs(1)
+		}
+		n.routes.Invalidate()
+		n.neighs.Invalidate()
+		n.fdb.Invalidate()
+	}
+	var (
+		desired Desired
+		errs    []error
+	)
+	// Neighbours and FDB entries first, so a new route is usable the
+	// moment it appears; stale entries go last, after their routes.
+	var routes []nl.Route
+	desired = DesiredState(n.b.cfg, n.b.opts.ExtIface, link.Index, peers, func(r nl.Route) { routes = append(routes, r) })
+	n.reportRefused(desired.Refused)
+	nPlan, err := n.neighs.Plan(link.Index, desired.Neighs)
+	if err != nil {
+		return fmt.Errorf("vxlan: %w", err)
+	}
+	fPlan, err := n.fdb.Plan(link.Index, desired.FDB)
+	if err != nil {
+		return fmt.Errorf("vxlan: %w", err)
+	}
+	if _, err := n.fdb.Apply(nl.OpReplace, fPlan.Set); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := n.neighs.Apply(nl.OpReplace, nPlan.Set); err != nil {
+		errs = append(errs, err)
+	}
+	st, err := n.routes.Sync(func(emit func(nl.Route)) {
+		for _, r := range routes {
+			emit(r)
+		}
+	})
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := n.neighs.Apply(nl.OpDel, nPlan.Delete); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := n.fdb.Apply(nl.OpDel, fPlan.Delete); err != nil {
+		errs = append(errs, err)
+	}
+	n.metrics.AddDriftRepairs(st.Repaired)
+	n.b.log.Debug("reconciled", "peers", len(peers), "routes_added", st.Added, "routes_deleted", st.Deleted,
+		"neigh_set", len(nPlan.Set), "neigh_deleted", len(nPlan.Delete), "fdb_set", len(fPlan.Set), "fdb_deleted", len(fPlan.Delete))
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("vxlan: %w", err)
+	}
+	return nil
+}
+
+func (n *Network) reportRefused(keys []string) {
+	n.mu.Lock()
+	changed := !slices.Equal(keys, n.refused)
+	n.refused = keys
+	n.mu.Unlock()
+	if changed && len(keys) > 0 {
+		shown := keys[:min(5, len(keys))]
+		n.b.log.Warn("refusing peers with unusable vxlan backend data (wrong VNI or VTEP MAC)", "count", len(keys), "peers", strings.Join(shown, ", "))
+	}
+}
+
+// WatchKernel pokes when the VTEP device changes or disappears, or when one
+// of twill's routes changes behind its back. Every (re)subscription pokes,
+// since events before it were not seen.
+func (n *Network) WatchKernel(ctx context.Context, poke func()) error {
+	h := n.b.opts.Netlink
+	name := n.b.dev.Name
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		return backend.WatchLoop(ctx, n.b.log, "link", func() { n.routes.Invalidate(); poke() }, func(ctx context.Context, subscribed func()) error {
+			return h.WatchLinks(ctx, subscribed, func(ev nl.LinkEvent) {
+				if ev.Link.Name == name {
+					poke()
+				}
+			})
+		})
+	})
+	g.Go(func() error {
+		return backend.WatchLoop(ctx, n.b.log, "route", func() { n.routes.Invalidate(); poke() }, func(ctx context.Context, subscribed func()) error {
+			return h.WatchRoutes(ctx, subscribed, func(ev nl.RouteEvent) {
+				if n.routes.Observe(ev) {
+					poke()
+				}
+			})
+		})
+	})
+	return g.Wait()
+}

@@ -1,0 +1,191 @@
+package vxlan
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/internal/netnstest"
+	"github.com/twill-net/twill/internal/nl"
+	"github.com/twill-net/twill/subnet"
+)
+
+type vnode struct {
+	ns    string
+	h     *nl.Handle
+	b     *Backend
+	nw    *Network
+	state string
+}
+
+func newVNode(t *testing.T) *vnode {
+	ns := netnstest.New(t, "vx")
+	netnstest.IP(t, ns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
+	netnstest.IP(t, ns, "link", "set", "eth0", "address", "02:00:00:00:00:01")
+	netnstest.IP(t, ns, "link", "set", "eth0", "up")
+	netnstest.IP(t, ns, "link", "set", "eth0p", "up")
+	netnstest.IP(t, ns, "addr", "add", "192.168.1.1/24", "dev", "eth0")
+	h, err := nl.Open(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	v := &vnode{ns: ns, h: h, state: t.TempDir()}
+	v.start(t)
+	return v
+}
+
+// start builds the backend as a (re)starting daemon would.
+func (v *vnode) start(t *testing.T) subnet.LeaseAttrs {
+	link, err := v.h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16"}`))
+	b, err := New(backend.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Netlink: v.h, Config: cfg, StateDir: v.state,
+		ExtIface: backend.ExternalInterface{Link: link, Addr: netip.MustParseAddr("192.168.1.1"), PublicIP: netip.MustParseAddr("192.168.1.1"),
+			OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	attrs, err := b.Prepare(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nw, err := b.Attach(context.Background(), subnet.Lease{Subnet: netip.MustParsePrefix("10.244.1.0/24"), Attrs: attrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.b, v.nw = b.(*Backend), nw.(*Network)
+	return attrs
+}
+
+func (v *vnode) show(t *testing.T, args ...string) string {
+	out, err := netnstest.Exec(v.ns, args[0], args[1:]...)
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	return out
+}
+
+func requireAll(t *testing.T, what, got string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(got, w) {
+			t.Errorf("%s lacks %q:\n%s", what, w, got)
+		}
+	}
+}
+
+func TestPrivilegedDeviceAndPeers(t *testing.T) {
+	v := newVNode(t)
+	ctx := context.Background()
+	dev := v.show(t, "ip", "-d", "link", "show", "twill.1")
+	requireAll(t, "twill.1", dev, "mtu 1450", "vxlan id 1", "local 192.168.1.1", "dev eth0", "dstport 8472", "nolearning")
+	mac := net.HardwareAddr(v.b.dev.HardwareAddr).String()
+
+	peers := []subnet.Lease{lease("10.244.2.0/24", "10.0.0.2", "0a:00:00:00:00:02"), lease("10.244.3.0/24", "10.0.0.3", "0a:00:00:00:00:03")}
+	if err := v.nw.Reconcile(ctx, peers); err != nil {
+		t.Fatal(err)
+	}
+	requireAll(t, "addresses", v.show(t, "ip", "addr", "show", "twill.1"), "inet 10.244.1.0/32")
+	requireAll(t, "neighbours", v.show(t, "ip", "neigh", "show", "dev", "twill.1"),
+		"10.244.2.0 lladdr 0a:00:00:00:00:02 PERMANENT", "10.244.3.0 lladdr 0a:00:00:00:00:03 PERMANENT")
+	requireAll(t, "fdb", v.show(t, "bridge", "fdb", "show", "dev", "twill.1"),
+		"0a:00:00:00:00:02 dst 10.0.0.2 self permanent", "0a:00:00:00:00:03 dst 10.0.0.3 self permanent")
+	requireAll(t, "routes", v.show(t, "ip", "route"),
+		"10.244.2.0/24 via 10.244.2.0 dev twill.1 proto 167 onlink", "10.244.3.0/24 via 10.244.3.0 dev twill.1 proto 167 onlink")
+
+	t.Run("peer changes VTEP MAC and public IP", func(t *testing.T) {
+		peers[0] = lease("10.244.2.0/24", "10.0.0.22", "0a:00:00:00:00:22")
+		if err := v.nw.Reconcile(ctx, peers); err != nil {
+			t.Fatal(err)
+		}
+		fdb := v.show(t, "bridge", "fdb", "show", "dev", "twill.1")
+		if strings.Contains(fdb, "0a:00:00:00:00:02") || strings.Count(fdb, "dst 10.0.0.22") != 1 {
+			t.Fatalf("want exactly one FDB entry for the peer, with its new MAC:\n%s", fdb)
+		}
+		requireAll(t, "neighbours", v.show(t, "ip", "neigh", "show", "dev", "twill.1"), "10.244.2.0 lladdr 0a:00:00:00:00:22 PERMANENT")
+	})
+	t.Run("peer removed", func(t *testing.T) {
+		if err := v.nw.Reconcile(ctx, peers[1:]); err != nil {
+			t.Fatal(err)
+		}
+		all := v.show(t, "bridge", "fdb", "show", "dev", "twill.1") + v.show(t, "ip", "neigh", "show", "dev", "twill.1") + v.show(t, "ip", "route")
+		if strings.Contains(all, "10.244.2.0") || strings.Contains(all, "0a:00:00:00:00:22") {
+			t.Fatalf("the removed peer left entries:\n%s", all)
+		}
+	})
+	t.Run("device deleted by hand comes back with the same MAC and every peer", func(t *testing.T) {
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		pokes := make(chan struct{}, 1)
+		go func() {
+			_ = v.nw.WatchKernel(wctx, func() {
+				select {
+				case pokes <- struct{}{}:
+				default:
+				}
+			})
+		}()
+		<-pokes // subscribed
+		time.Sleep(50 * time.Millisecond)
+		<-drain(pokes)
+		netnstest.IP(t, v.ns, "link", "del", "twill.1")
+		select {
+		case <-pokes:
+		case <-time.After(5 * time.Second):
+			t.Fatal("no poke after the VTEP device was deleted")
+		}
+		if err := v.nw.Reconcile(ctx, peers[1:]); err != nil {
+			t.Fatal(err)
+		}
+		requireAll(t, "twill.1", v.show(t, "ip", "-d", "link", "show", "twill.1"), mac, "vxlan id 1")
+		requireAll(t, "fdb", v.show(t, "bridge", "fdb", "show", "dev", "twill.1"), "0a:00:00:00:00:03 dst 10.0.0.3 self permanent")
+		requireAll(t, "neighbours", v.show(t, "ip", "neigh", "show", "dev", "twill.1"), "10.244.3.0 lladdr 0a:00:00:00:00:03 PERMANENT")
+		requireAll(t, "routes", v.show(t, "ip", "route"), "10.244.3.0/24 via 10.244.3.0 dev twill.1 proto 167 onlink")
+	})
+	t.Run("altered device is re-created", func(t *testing.T) {
+		netnstest.IP(t, v.ns, "link", "set", "twill.1", "mtu", "1300")
+		if err := v.nw.Reconcile(ctx, peers[1:]); err != nil {
+			t.Fatal(err)
+		}
+		requireAll(t, "twill.1", v.show(t, "ip", "-d", "link", "show", "twill.1"), "mtu 1450", mac)
+		requireAll(t, "routes", v.show(t, "ip", "route"), "10.244.3.0/24 via 10.244.3.0 dev twill.1")
+	})
+	t.Run("VTEP MAC survives a restart and a lost state directory", func(t *testing.T) {
+		v.start(t)
+		if got := net.HardwareAddr(v.b.dev.HardwareAddr).String(); got != mac {
+			t.Fatalf("MAC after restart %s, was %s", got, mac)
+		}
+		netnstest.IP(t, v.ns, "link", "del", "twill.1") // a reboot
+		if err := os.RemoveAll(filepath.Join(v.state)); err != nil {
+			t.Fatal(err)
+		}
+		v.start(t)
+		if got := net.HardwareAddr(v.b.dev.HardwareAddr).String(); got != mac {
+			t.Fatalf("MAC after reboot without state %s, was %s", got, mac)
+		}
+	})
+}
+
+// drain returns a channel that is ready once pending pokes are consumed.
+func drain(c chan struct{}) chan struct{} {
+	done := make(chan struct{}, 1)
+	for {
+		select {
+		case <-c:
+		default:
+			done <- struct{}{}
+			return done
+		}
+	}
+}

@@ -1,0 +1,85 @@
+package vxlan
+
+import (
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/internal/nl"
+	"github.com/twill-net/twill/subnet"
+)
+
+func options(t *testing.T, backendJSON string) backend.Options {
+	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16","Backend":` + backendJSON + `}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return backend.Options{
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Config: cfg,
+		ExtIface: backend.ExternalInterface{Link: nl.Link{Index: 2, Name: "eth0", MTU: 1500}, Addr: netip.MustParseAddr("192.168.1.1"),
+			PublicIP: netip.MustParseAddr("192.168.1.1"), OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}},
+	}
+}
+
+func TestNewConfig(t *testing.T) {
+	b, err := New(options(t, `{"Type":"vxlan"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := b.(*Backend).dev
+	if dev.Name != "twill.1" || dev.VNI != 1 || dev.Port != 8472 || dev.MTU != 1450 || dev.Learning {
+		t.Fatalf("defaults: %+v", dev)
+	}
+	for _, tt := range []struct{ in, want string }{
+		{`{"Type":"vxlan","VNI":0}`, "Backend.VNI 0"},
+		{`{"Type":"vxlan","VNI":16777216}`, "Backend.VNI 16777216"},
+		{`{"Type":"vxlan","Port":70000}`, "Backend.Port 70000"},
+		{`{"Type":"vxlan","MTU":1480}`, "Backend.MTU 1480: must be between 576 and 1450"},
+		{`{"Type":"vxlan","Learning":true}`, `unknown key "Learning"`},
+		{`{"Type":"vxlan","VNI":"one"}`, "Backend.VNI"},
+	} {
+		if _, err := New(options(t, tt.in)); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: error %v, want %q", tt.in, err, tt.want)
+		}
+	}
+}
+
+func lease(s, pub, mac string) subnet.Lease {
+	data, _ := json.Marshal(Data{VNI: 1, VtepMAC: mac})
+	return subnet.Lease{Subnet: netip.MustParsePrefix(s), Attrs: subnet.LeaseAttrs{PublicIP: netip.MustParseAddr(pub), BackendType: Type, BackendData: data}}
+}
+
+func TestDesiredState(t *testing.T) {
+	o := options(t, `{"Type":"vxlan","DirectRouting":true}`)
+	bad := lease("10.244.9.0/24", "10.0.0.9", "not-a-mac")
+	var routes []nl.Route
+	d := DesiredState(Config{VNI: 1, DirectRouting: true}, o.ExtIface, 7, []subnet.Lease{
+		lease("10.244.2.0/24", "10.0.0.2", "0a:00:00:00:00:02"),  // routed: overlay
+		lease("10.244.3.0/24", "192.168.1.3", "0a:00:00:00:00:03"), // same segment: direct
+		bad,
+	}, func(r nl.Route) { routes = append(routes, r) })
+	if len(routes) != 2 {
+		t.Fatalf("routes %v", routes)
+	}
+	overlay, direct := routes[0], routes[1]
+	if overlay.Gw.String() != "10.244.2.0" || overlay.LinkIndex != 7 || !overlay.OnLink {
+		t.Errorf("overlay route %v: want via the peer's VTEP IP, onlink, on the VTEP", overlay)
+	}
+	if direct.Gw.String() != "192.168.1.3" || direct.LinkIndex != 2 {
+		t.Errorf("direct route %v: want via the peer's public IP on eth0", direct)
+	}
+	if n, ok := d.Neighs["10.244.2.0"]; !ok || net.HardwareAddr(n.HardwareAddr).String() != "0a:00:00:00:00:02" {
+		t.Errorf("neighbours %v", d.Neighs)
+	}
+	if len(d.FDB) != 1 || len(d.Neighs) != 1 {
+		t.Errorf("direct peers must have no overlay entries: fdb %v neigh %v", d.FDB, d.Neighs)
+	}
+	if len(d.Refused) != 1 || !strings.Contains(d.Refused[0], "not-a-mac") {
+		t.Errorf("refused %v", d.Refused)
+	}
+}
