@@ -59,7 +59,7 @@ func TestDesiredState(t *testing.T) {
 	bad := lease("10.244.9.0/24", "10.0.0.9", "not-a-mac")
 	var routes []nl.Route
 	d := DesiredState(Config{VNI: 1, DirectRouting: true}, o.ExtIface, 7, []subnet.Lease{
-		lease("10.244.2.0/24", "10.0.0.2", "0a:00:00:00:00:02"),  // routed: overlay
+		lease("10.244.2.0/24", "10.0.0.2", "0a:00:00:00:00:02"),    // routed: overlay
 		lease("10.244.3.0/24", "192.168.1.3", "0a:00:00:00:00:03"), // same segment: direct
 		bad,
 	}, func(r nl.Route) { routes = append(routes, r) })
