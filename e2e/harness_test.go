@@ -162,13 +162,18 @@ func newCluster(t testing.TB, nodes int) *cluster {
 // newClusterOn is newCluster with the nodes on the given underlay.
 func newClusterOn(t testing.TB, nodes int, underlay netip.Prefix) *cluster {
 	t.Helper()
+	return newClusterWith(t, topology.Options{Nodes: nodes, Underlay: underlay})
+}
+
+// newClusterWith builds the cluster described by o (its Prefix is chosen
+// here, unique per run).
+func newClusterWith(t testing.TB, o topology.Options) *cluster {
+	t.Helper()
 	netnstest.RequireRoot(t)
 	bin := binaries(t)
 	dir := t.TempDir()
-	topo, err := topology.Build(topology.Options{
-		Prefix: fmt.Sprintf("tw%s-e%d", netnstest.RunID(), time.Now().UnixNano()%100000), Nodes: nodes,
-		Underlay: underlay,
-	})
+	o.Prefix = fmt.Sprintf("tw%s-e%d", netnstest.RunID(), time.Now().UnixNano()%100000)
+	topo, err := topology.Build(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,13 +24,22 @@ type Options struct {
 	Underlay netip.Prefix
 	// MTU of the underlay links; 0 keeps the default (1500).
 	MTU int
+	// Routed puts the nodes on two segments joined by a router namespace:
+	// odd nodes on Underlay (a /24), even nodes on the next /24. Nodes and
+	// the underlay namespace route to the other segment via the router
+	// (.253 on each segment), so only L3 crosses between segments.
+	Routed bool
 }
 
 // Topology is a built cluster.
 type Topology struct {
-	Underlay   string     // namespace holding the bridge
+	Underlay   string     // namespace holding the (first) bridge
 	BridgeAddr netip.Addr // reachable from every node (etcd listens here)
 	Nodes      []Node
+	// Router is the router namespace of a routed topology; UnderlayB the
+	// second segment's namespace.
+	Router    string
+	UnderlayB string
 
 	mu      sync.Mutex
 	created []string // guarded by mu; namespaces to delete, in creation order
@@ -90,21 +99,79 @@ func Build(o Options) (_ *Topology, err error) {
 			return nil, err
 		}
 	}
-	addr := o.Underlay.Addr()
+	segments := []struct {
+		ns     string
+		prefix netip.Prefix
+		next   netip.Addr
+	}{{t.Underlay, o.Underlay, o.Underlay.Addr()}}
+	if o.Routed {
+		if o.Underlay.Bits() != 24 {
+			return nil, fmt.Errorf("topology: routed underlay %s: want a /24", o.Underlay)
+		}
+		a4 := o.Underlay.Addr().As4()
+		a4[2]++
+		segB := netip.PrefixFrom(netip.AddrFrom4(a4), 24)
+		t.UnderlayB, t.Router = o.Prefix+"-ulb", o.Prefix+"-rt"
+		for _, ns := range []string{t.UnderlayB, t.Router} {
+			if err := t.addNS(ns); err != nil {
+				return nil, err
+			}
+		}
+		for _, st := range [][]string{{"link", "add", "br0", "type", "bridge"}, {"link", "set", "br0", "up"}} {
+			if err := IP(t.UnderlayB, st...); err != nil {
+				return nil, err
+			}
+		}
+		segments = append(segments, struct {
+			ns     string
+			prefix netip.Prefix
+			next   netip.Addr
+		}{t.UnderlayB, segB, segB.Addr()})
+		for i, seg := range segments {
+			port, dev := fmt.Sprintf("rt%d", i), fmt.Sprintf("seg%d", i)
+			rtAddr := netip.PrefixFrom(lastUsable(seg.prefix).Prev(), 24)
+			for _, st := range []struct {
+				ns   string
+				args []string
+			}{
+				{t.Router, []string{"link", "add", dev, "type", "veth", "peer", "name", port, "netns", seg.ns}},
+				{t.Router, []string{"addr", "add", rtAddr.String(), "dev", dev}},
+				{t.Router, []string{"link", "set", dev, "up"}},
+				{seg.ns, []string{"link", "set", port, "master", "br0"}},
+				{seg.ns, []string{"link", "set", port, "up"}},
+			} {
+				if err := IP(st.ns, st.args...); err != nil {
+					return nil, err
+				}
+			}
+		}
+		if _, err := Exec(t.Router, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"); err != nil {
+			return nil, err
+		}
+		// The first underlay namespace (where etcd listens) reaches the
+		// second segment through the router.
+		if err := IP(t.Underlay, "route", "add", segB.String(), "via", lastUsable(o.Underlay).Prev().String()); err != nil {
+			return nil, err
+		}
+	}
 	for i := 1; i <= o.Nodes; i++ {
-		addr = addr.Next()
-		n := Node{Name: fmt.Sprintf("node%d", i), NS: fmt.Sprintf("%s-n%d", o.Prefix, i), Addr: netip.PrefixFrom(addr, o.Underlay.Bits())}
+		seg := &segments[(i-1)%len(segments)]
+		seg.next = seg.next.Next()
+		n := Node{Name: fmt.Sprintf("node%d", i), NS: fmt.Sprintf("%s-n%d", o.Prefix, i), Addr: netip.PrefixFrom(seg.next, seg.prefix.Bits())}
 		if err := t.addNS(n.NS); err != nil {
 			return nil, err
 		}
 		port := fmt.Sprintf("n%d", i)
 		steps := [][]string{
-			{"link", "add", "eth0", "type", "veth", "peer", "name", port, "netns", t.Underlay},
+			{"link", "add", "eth0", "type", "veth", "peer", "name", port, "netns", seg.ns},
 			{"addr", "add", n.Addr.String(), "dev", "eth0"},
 			{"link", "set", "eth0", "up"},
 		}
 		if o.MTU != 0 {
 			steps = append(steps, []string{"link", "set", "eth0", "mtu", fmt.Sprint(o.MTU)})
+		}
+		if o.Routed {
+			steps = append(steps, []string{"route", "add", "default", "via", lastUsable(seg.prefix).Prev().String()})
 		}
 		for _, s := range steps {
 			if err := IP(n.NS, s...); err != nil {
@@ -116,7 +183,7 @@ func Build(o Options) (_ *Topology, err error) {
 			uSteps = append(uSteps, []string{"link", "set", port, "mtu", fmt.Sprint(o.MTU)})
 		}
 		for _, s := range uSteps {
-			if err := IP(t.Underlay, s...); err != nil {
+			if err := IP(seg.ns, s...); err != nil {
 				return nil, err
 			}
 		}
