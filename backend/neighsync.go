@@ -3,7 +3,6 @@ package backend
 import (
 	"bytes"
 	"errors"
-	"net"
 	"sync"
 	"time"
 
@@ -13,40 +12,108 @@ import (
 // NeighSync keeps the permanent neighbour entries (or, with FDB, the
 // forwarding entries) of one device equal to a desired set, the way
 // RouteSync does for routes: a record of the kernel replaced by a dump when
-// invalidated, after FullSyncEvery, or after a failure; changes in batches.
-// Entries that are not permanent belong to the kernel and are left alone.
+// invalidated, after FullSyncEvery, or after a failure; a desired set kept
+// between calls and updated in place; changes in batches. Entries that are
+// not permanent belong to the kernel and are left alone.
 type NeighSync struct {
 	NL            *nl.Handle
 	FDB           bool
 	FullSyncEvery time.Duration
 
 	mu       sync.Mutex
-	known    map[string]nl.Neigh // guarded by mu; nil until read
-	link     int                 // guarded by mu; device the record is for
-	lastDump time.Time           // guarded by mu
+	known    map[neighKey]nl.Neigh // guarded by mu; nil until read
+	link     int                   // guarded by mu; device the record is for
+	lastDump time.Time             // guarded by mu
+
+	// Used only by Plan, which callers do not run concurrently.
+	desired map[neighKey]*stampedNeigh
+	gen     uint64
 }
 
-// key identifies an entry: its IP for neighbours, its MAC for FDB entries
-// (one remote per MAC).
-func (s *NeighSync) key(n nl.Neigh) string {
+// neighKey identifies an entry: its IP for neighbours, its MAC for FDB
+// entries (one remote per MAC).
+type neighKey struct {
+	ip  [16]byte
+	mac [6]byte
+}
+
+type stampedNeigh struct {
+	n   nl.Neigh
+	gen uint64
+}
+
+func (s *NeighSync) key(n nl.Neigh) neighKey {
 	if s.FDB {
-		return string(n.HardwareAddr)
+		var k neighKey
+		copy(k.mac[:], n.HardwareAddr)
+		return k
 	}
-	return n.IP.String()
+	return neighKey{ip: n.IP.As16()}
 }
 
 func sameNeigh(a, b nl.Neigh) bool {
-	return a.IP == b.IP && bytes.Equal(a.HardwareAddr, b.HardwareAddr) && a.Permanent == b.Permanent
+	return a.LinkIndex == b.LinkIndex && a.IP == b.IP && bytes.Equal(a.HardwareAddr, b.HardwareAddr) && a.Permanent == b.Permanent
 }
 
-// NeighPlan is the changes Sync will make.
+// NeighPlan is the changes to make.
 type NeighPlan struct {
 	Set, Delete []nl.Neigh
 }
 
-// Plan computes the changes for link given the desired entries; it reads
-// the kernel when the record cannot be trusted.
-func (s *NeighSync) Plan(link int, desired map[string]nl.Neigh) (NeighPlan, error) {
+// Plan computes the changes for link given the entries desired emits (the
+// whole desired set); it reads the kernel when the record cannot be trusted.
+func (s *NeighSync) Plan(link int, desired func(emit func(nl.Neigh))) (NeighPlan, error) {
+	if s.desired == nil {
+		s.desired = map[neighKey]*stampedNeigh{}
+	}
+	s.gen++
+	gen := s.gen
+	desired(func(n nl.Neigh) { s.upsert(link, n, gen) })
+	for k, e := range s.desired {
+		if e.gen != gen {
+			delete(s.desired, k)
+		}
+	}
+	return s.plan(link, nil)
+}
+
+// PlanUpdate is Plan for part of the desired set: upsert adds or changes
+// entries, remove drops them (by key), the rest stays as desired before.
+// While the record is trusted only the changed keys are compared with it.
+func (s *NeighSync) PlanUpdate(link int, upsert, remove []nl.Neigh) (NeighPlan, error) {
+	if s.desired == nil {
+		s.desired = map[neighKey]*stampedNeigh{}
+	}
+	s.gen++
+	keys := make([]neighKey, 0, len(upsert)+len(remove))
+	for _, n := range remove {
+		k := s.key(n)
+		delete(s.desired, k)
+		keys = append(keys, k)
+	}
+	for _, n := range upsert {
+		keys = append(keys, s.upsert(link, n, s.gen))
+	}
+	return s.plan(link, keys)
+}
+
+func (s *NeighSync) upsert(link int, n nl.Neigh, gen uint64) neighKey {
+	n.LinkIndex, n.Permanent = link, true
+	k := s.key(n)
+	if e, ok := s.desired[k]; ok {
+		if !sameNeigh(e.n, n) {
+			e.n = n
+		}
+		e.gen = gen
+		return k
+	}
+	s.desired[k] = &stampedNeigh{n: n, gen: gen}
+	return k
+}
+
+// plan diffs the desired set (only keys, when given and the record is
+// trusted) against the record, reading the kernel first when needed.
+func (s *NeighSync) plan(link int, keys []neighKey) (NeighPlan, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.known == nil || s.link != link || (s.FullSyncEvery > 0 && time.Since(s.lastDump) >= s.FullSyncEvery) {
@@ -62,36 +129,58 @@ func (s *NeighSync) Plan(link int, desired map[string]nl.Neigh) (NeighPlan, erro
 		if err != nil {
 			return NeighPlan{}, err
 		}
-		s.known = make(map[string]nl.Neigh, len(have))
+		s.known = make(map[neighKey]nl.Neigh, len(have))
 		for _, n := range have {
 			if n.Permanent {
 				s.known[s.key(n)] = n
 			}
 		}
 		s.link, s.lastDump = link, time.Now()
+		keys = nil
 	}
 	var p NeighPlan
-	for k, want := range desired {
-		if have, ok := s.known[k]; !ok || !sameNeigh(have, want) {
-			p.Set = append(p.Set, want)
+	diffKey := func(k neighKey) bool { // reports whether the entry is exactly as desired
+		e, want := s.desired[k]
+		have, ok := s.known[k]
+		switch {
+		case want && (!ok || !sameNeigh(have, e.n)):
+			if ok && s.FDB && have.IP != e.n.IP {
+				// A changed remote is a different entry to the kernel
+				// (MAC + dst): delete the old one so exactly one remains.
+				p.Delete = append(p.Delete, have)
+			}
+			p.Set = append(p.Set, e.n)
+		case !want && ok:
+			p.Delete = append(p.Delete, have)
+		case want:
+			return true
+		}
+		return false
+	}
+	if keys != nil {
+		for _, k := range keys {
+			diffKey(k)
+		}
+		return p, nil
+	}
+	matched := 0
+	for k := range s.desired {
+		if diffKey(k) {
+			matched++
 		}
 	}
+	if matched == len(s.known) {
+		return p, nil // every kernel entry is desired as it is: nothing to delete
+	}
 	for k, have := range s.known {
-		want, ok := desired[k]
-		if !ok {
-			p.Delete = append(p.Delete, have)
-			continue
-		}
-		// A changed FDB remote is a different entry to the kernel (MAC +
-		// dst); delete the old one so exactly one remains.
-		if s.FDB && have.IP != want.IP {
+		if _, ok := s.desired[k]; !ok {
 			p.Delete = append(p.Delete, have)
 		}
 	}
 	return p, nil
 }
 
-// Apply carries out the given part of a plan and updates the record.
+// Apply carries out one part of a plan and updates the record.
 func (s *NeighSync) Apply(op nl.Op, entries []nl.Neigh) (int, error) {
 	if len(entries) == 0 {
 		return 0, nil
@@ -136,6 +225,3 @@ func (s *NeighSync) Invalidate() {
 	s.known = nil
 	s.mu.Unlock()
 }
-
-// MACKey is the key of an FDB entry for mac.
-func MACKey(mac net.HardwareAddr) string { return string(mac) }

@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"bytes"
 	"sort"
 
 	"github.com/twill-net/twill/internal/nl"
@@ -26,6 +27,7 @@ func DiffRoutes(desired, actual map[nl.Key]nl.Route) RoutePlan {
 // diffRoutes is DiffRoutes over any map of desired entries.
 func diffRoutes[V any](desired map[nl.Key]V, route func(V) nl.Route, actual map[nl.Key]nl.Route) RoutePlan {
 	var p RoutePlan
+	present := 0 // desired keys the kernel has
 	for k, v := range desired {
 		want := route(v)
 		have, ok := actual[k]
@@ -33,12 +35,19 @@ func diffRoutes[V any](desired map[nl.Key]V, route func(V) nl.Route, actual map[
 		case !ok:
 			p.Add = append(p.Add, want)
 		case !have.Equal(want):
+			present++
 			p.Replace = append(p.Replace, want)
+		default:
+			present++
 		}
 	}
-	for k, have := range actual {
-		if _, ok := desired[k]; !ok {
-			p.Delete = append(p.Delete, have)
+	// When every kernel route has a desired key, nothing is stale: skip
+	// the scan (the common case on a lease event).
+	if present < len(actual) {
+		for k, have := range actual {
+			if _, ok := desired[k]; !ok {
+				p.Delete = append(p.Delete, have)
+			}
 		}
 	}
 	for _, s := range [][]nl.Route{p.Add, p.Replace, p.Delete} {
@@ -51,10 +60,10 @@ func lessKey(a, b nl.Key) bool {
 	if a.Table != b.Table {
 		return a.Table < b.Table
 	}
-	if c := a.Dst.Addr().Compare(b.Dst.Addr()); c != 0 {
+	if c := bytes.Compare(a.Addr[:], b.Addr[:]); c != 0 {
 		return c < 0
 	}
-	return a.Dst.Bits() < b.Dst.Bits()
+	return a.Bits < b.Bits
 }
 
 // RouteMap indexes routes by key.

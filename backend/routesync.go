@@ -35,7 +35,7 @@ type RouteSync struct {
 	lastDump time.Time           // guarded by mu
 
 	// Used only inside Sync, which callers do not run concurrently.
-	desired map[nl.Key]stamped
+	desired map[nl.Key]*stamped
 	gen     uint64
 }
 
@@ -57,27 +57,16 @@ type SyncStats struct {
 	Dumped bool
 }
 
-// Sync makes the owned routes match the routes desired emits. Callers run
-// one Sync at a time.
+// Sync makes the owned routes match the routes desired emits: the whole
+// desired set. Callers run one Sync or Update at a time.
 func (s *RouteSync) Sync(desired func(emit func(nl.Route))) (SyncStats, error) {
-	var st SyncStats
 	if s.desired == nil {
-		s.desired = map[nl.Key]stamped{}
+		s.desired = map[nl.Key]*stamped{}
 	}
 	s.gen++
 	gen := s.gen
 	table := s.table()
-	desired(func(r nl.Route) {
-		r.Protocol, r.Table = owned.RouteProtocol, table
-		k := r.Key()
-		e, ok := s.desired[k]
-		if !ok || !e.route.Equal(r) {
-			s.desired[k] = stamped{route: r, seen: gen, set: gen}
-			return
-		}
-		e.seen = gen
-		s.desired[k] = e
-	})
+	desired(func(r nl.Route) { s.upsertLocked(r, table, gen) })
 	var dropped map[nl.Key]bool // desired last time, not any more
 	for k, e := range s.desired {
 		if e.seen != gen {
@@ -88,7 +77,61 @@ func (s *RouteSync) Sync(desired func(emit func(nl.Route))) (SyncStats, error) {
 			delete(s.desired, k)
 		}
 	}
+	return s.converge(nil, dropped, gen)
+}
 
+// Update changes part of the desired set: upsert adds or changes routes,
+// remove drops routes by key; the rest stays as desired before. While the
+// record of the kernel is trusted, only the changed keys are compared with
+// it, so the cost is that of the change, not of the whole set; otherwise
+// the whole desired set is compared with a fresh dump, as Sync does.
+func (s *RouteSync) Update(upsert []nl.Route, remove []nl.Key) (SyncStats, error) {
+	if s.desired == nil {
+		s.desired = map[nl.Key]*stamped{}
+	}
+	s.gen++
+	gen := s.gen
+	table := s.table()
+	keys := make([]nl.Key, 0, len(upsert)+len(remove))
+	for _, r := range upsert {
+		keys = append(keys, s.upsertLocked(r, table, gen))
+	}
+	var dropped map[nl.Key]bool
+	for _, k := range remove {
+		if _, ok := s.desired[k]; ok {
+			if dropped == nil {
+				dropped = map[nl.Key]bool{}
+			}
+			dropped[k] = true
+			delete(s.desired, k)
+		}
+		keys = append(keys, k)
+	}
+	return s.converge(keys, dropped, gen)
+}
+
+// upsertLocked records r as desired (stamping it seen, and set when it is
+// new or changed) and returns its key.
+func (s *RouteSync) upsertLocked(r nl.Route, table int, gen uint64) nl.Key {
+	r.Protocol, r.Table = owned.RouteProtocol, table
+	k := r.Key()
+	e, ok := s.desired[k]
+	switch {
+	case !ok:
+		s.desired[k] = &stamped{route: r, seen: gen, set: gen}
+	case !e.route.Equal(r):
+		e.route, e.seen, e.set = r, gen, gen
+	default:
+		e.seen = gen
+	}
+	return k
+}
+
+// converge compares the desired set with the kernel (only keys, when given
+// and the record is trusted) and applies the difference.
+func (s *RouteSync) converge(keys []nl.Key, dropped map[nl.Key]bool, gen uint64) (SyncStats, error) {
+	var st SyncStats
+	table := s.table()
 	s.mu.Lock()
 	if s.known == nil || (s.FullSyncEvery > 0 && time.Since(s.lastDump) >= s.FullSyncEvery) {
 		s.mu.Unlock()
@@ -100,11 +143,28 @@ func (s *RouteSync) Sync(desired func(emit func(nl.Route))) (SyncStats, error) {
 		s.known = RouteMap(have)
 		s.lastDump = time.Now()
 		st.Dumped = true
+		keys = nil // the record was just rebuilt: compare everything
 	}
-	plan := diffRoutes(s.desired, func(e stamped) nl.Route { return e.route }, s.known)
+	var plan RoutePlan
+	if keys == nil {
+		plan = diffRoutes(s.desired, func(e *stamped) nl.Route { return e.route }, s.known)
+	} else {
+		for _, k := range keys {
+			e, want := s.desired[k]
+			have, ok := s.known[k]
+			switch {
+			case want && !ok:
+				plan.Add = append(plan.Add, e.route)
+			case want && !have.Equal(e.route):
+				plan.Replace = append(plan.Replace, e.route)
+			case !want && ok:
+				plan.Delete = append(plan.Delete, have)
+			}
+		}
+	}
 	s.mu.Unlock()
 
-	// A change is drift unless the desired route was set by this very Sync.
+	// A change is drift unless the desired route was set by this very call.
 	drift := func(r nl.Route) bool { return s.desired[r.Key()].set != gen }
 	var errs []error
 	// Add and replace first, then delete: a route never disappears before
@@ -174,7 +234,7 @@ func (s *RouteSync) record(r nl.Route, present bool) {
 // Observe checks a kernel route event against the record and reports
 // whether it contradicts it, in which case the next Sync reads the kernel.
 func (s *RouteSync) Observe(ev nl.RouteEvent) bool {
-	if ev.Route.Protocol != owned.RouteProtocol || ev.Route.Key().Table != s.table() {
+	if ev.Route.Protocol != owned.RouteProtocol || ev.Route.Key().Table != uint32(s.table()) {
 		return false
 	}
 	s.mu.Lock()

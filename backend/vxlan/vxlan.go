@@ -237,6 +237,13 @@ type Network struct {
 	mu      sync.Mutex
 	refused []string // guarded by mu; peers with unusable backend data, for change-only logging
 	devIdx  int      // guarded by mu; the device index the records are for
+
+	// Used only by Reconcile, which the daemon never runs concurrently.
+	dataCache map[string]peerData
+	gen       uint64
+	macs      []net.HardwareAddr // per peer, reused between calls
+	macErrs   []error
+	recs      map[nl.Key]*peerRec // by peer subnet; nil forces reconcileAll
 }
 
 var _ backend.KernelWatcher = (*Network)(nil)
@@ -244,45 +251,124 @@ var _ backend.KernelWatcher = (*Network)(nil)
 // MTU is the VTEP device's.
 func (n *Network) MTU() int { return n.b.dev.MTU }
 
-// Desired is the pure part of Reconcile: the overlay entries and routes
-// the peers call for.
-type Desired struct {
-	Neighs map[string]nl.Neigh // by VTEP IP
-	FDB    map[string]nl.Neigh // by VTEP MAC
-	// Refused lists peers whose backend data is unusable.
-	Refused []string
+// Emitters receive the desired kernel objects.
+type Emitters struct {
+	Route func(nl.Route)
+	Neigh func(nl.Neigh)
+	FDB   func(nl.Neigh)
 }
 
-// DesiredState computes what peers call for on a device with index dev.
-// emit receives the routes (overlay routes, and host-gw routes for
-// DirectRouting peers on the same segment).
-func DesiredState(cfg Config, ext backend.ExternalInterface, dev int, peers []subnet.Lease, emit func(nl.Route)) Desired {
-	d := Desired{Neighs: make(map[string]nl.Neigh, len(peers)), FDB: make(map[string]nl.Neigh, len(peers))}
-	for _, p := range peers {
-		if !p.Subnet.IsValid() {
-			continue
-		}
-		if cfg.DirectRouting && ext.Reachable(p.Attrs.PublicIP) {
-			emit(nl.Route{Dst: p.Subnet, Gw: p.Attrs.PublicIP, LinkIndex: ext.Link.Index})
-			continue
-		}
-		var data Data
-		if err := json.Unmarshal(p.Attrs.BackendData, &data); err != nil || data.VNI != cfg.VNI {
-			d.Refused = append(d.Refused, fmt.Sprintf("%s (BackendData %s)", p.Key(), p.Attrs.BackendData))
-			continue
-		}
-		mac, err := net.ParseMAC(data.VtepMAC)
-		if err != nil || len(mac) != 6 {
-			d.Refused = append(d.Refused, fmt.Sprintf("%s (VtepMAC %q)", p.Key(), data.VtepMAC))
-			continue
-		}
-		vtep := p.Subnet.Addr()
-		d.Neighs[vtep.String()] = nl.Neigh{LinkIndex: dev, IP: vtep, HardwareAddr: mac, Permanent: true}
-		d.FDB[string(mac)] = nl.Neigh{LinkIndex: dev, IP: p.Attrs.PublicIP, HardwareAddr: mac, Permanent: true}
-		emit(nl.Route{Dst: p.Subnet, Gw: vtep, LinkIndex: dev, OnLink: true})
+// peerData is a peer's parsed backend data.
+type peerData struct {
+	mac net.HardwareAddr
+	err error
+	gen uint64
+}
+
+// ParseData reads a peer's BackendData for the configured VNI.
+func ParseData(vni int, raw []byte) (net.HardwareAddr, error) {
+	var data Data
+	if err := json.Unmarshal(raw, &data); err != nil {
+		return nil, fmt.Errorf("BackendData %s: %w", raw, err)
 	}
-	slices.Sort(d.Refused)
-	return d
+	if data.VNI != vni {
+		return nil, fmt.Errorf("BackendData VNI %d: this node uses VNI %d", data.VNI, vni)
+	}
+	mac, err := net.ParseMAC(data.VtepMAC)
+	if err != nil || len(mac) != 6 {
+		return nil, fmt.Errorf("BackendData VtepMAC %q: not a MAC address", data.VtepMAC)
+	}
+	return mac, nil
+}
+
+// PeerObjects is what one peer calls for: a route, and for overlay peers a
+// neighbour and an FDB entry.
+type PeerObjects struct {
+	Route       nl.Route
+	Neigh, FDB  nl.Neigh
+	Overlay, OK bool
+}
+
+// ObjectsFor computes one peer's objects on the VTEP with index dev; mac
+// and macErr are the peer's parsed BackendData (ignored for direct peers).
+func ObjectsFor(cfg Config, ext backend.ExternalInterface, dev int, p subnet.Lease, mac net.HardwareAddr, macErr error) (PeerObjects, error) {
+	if !p.Subnet.IsValid() {
+		return PeerObjects{}, nil
+	}
+	if isDirect(cfg, ext, p) {
+		return PeerObjects{Route: nl.Route{Dst: p.Subnet, Gw: p.Attrs.PublicIP, LinkIndex: ext.Link.Index}, OK: true}, nil
+	}
+	if macErr != nil {
+		return PeerObjects{}, macErr
+	}
+	vtep := p.Subnet.Addr()
+	return PeerObjects{
+		Route:   nl.Route{Dst: p.Subnet, Gw: vtep, LinkIndex: dev, OnLink: true},
+		Neigh:   nl.Neigh{LinkIndex: dev, IP: vtep, HardwareAddr: mac, Permanent: true},
+		FDB:     nl.Neigh{LinkIndex: dev, IP: p.Attrs.PublicIP, HardwareAddr: mac, Permanent: true},
+		Overlay: true, OK: true,
+	}, nil
+}
+
+func isDirect(cfg Config, ext backend.ExternalInterface, p subnet.Lease) bool {
+	return cfg.DirectRouting && ext.Reachable(p.Attrs.PublicIP)
+}
+
+// DesiredState is the pure part of Reconcile: it emits what peers call for
+// on the VTEP with index dev, and returns the peers it had to refuse.
+// mac gives peer i's VTEP MAC from its BackendData (see ParseData).
+func DesiredState(cfg Config, ext backend.ExternalInterface, dev int, peers []subnet.Lease,
+	mac func(i int) (net.HardwareAddr, error), out Emitters) (refused []string) {
+	for i, p := range peers {
+		var (
+			hw  net.HardwareAddr
+			err error
+		)
+		if !isDirect(cfg, ext, p) {
+			hw, err = mac(i)
+		}
+		o, err := ObjectsFor(cfg, ext, dev, p, hw, err)
+		if err != nil {
+			refused = append(refused, p.Key()+": "+err.Error())
+			continue
+		}
+		if !o.OK {
+			continue
+		}
+		if o.Overlay && out.Neigh != nil {
+			out.Neigh(o.Neigh)
+		}
+		if o.Overlay && out.FDB != nil {
+			out.FDB(o.FDB)
+		}
+		if out.Route != nil {
+			out.Route(o.Route)
+		}
+	}
+	slices.Sort(refused)
+	return refused
+}
+
+// parseCached is ParseData with a cache keyed by the raw JSON, so a lease
+// event does not parse thousands of unchanged BackendData blobs again.
+// Entries not used in the current generation are dropped by pruneCache.
+func (n *Network) parseCached(raw []byte) (net.HardwareAddr, error) {
+	if e, ok := n.dataCache[string(raw)]; ok {
+		e.gen = n.gen
+		n.dataCache[string(raw)] = e
+		return e.mac, e.err
+	}
+	mac, err := ParseData(n.b.cfg.VNI, raw)
+	n.dataCache[string(raw)] = peerData{mac: mac, err: err, gen: n.gen}
+	return mac, err
+}
+
+func (n *Network) pruneCache() {
+	for k, e := range n.dataCache {
+		if e.gen != n.gen {
+			delete(n.dataCache, k)
+		}
+	}
 }
 
 // Reconcile makes the device, neighbours, FDB and routes match peers.
@@ -305,34 +391,180 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 		n.neighs.Invalidate()
 		n.fdb.Invalidate()
 	}
+	if created || moved || n.recs == nil {
+		return n.reconcileAll(link, peers)
+	}
+	return n.reconcileChanges(link, peers)
+}
+
+// peerRec is what Reconcile last computed for one peer.
+type peerRec struct {
+	raw     string // BackendData as published
+	pub     netip.Addr
+	objects PeerObjects
+	err     error
+	key     string
+	gen     uint64
+}
+
+// reconcileAll computes the whole desired state from peers and converges
+// every set against the kernel. It runs first, after the device was
+// re-created, and after any failure.
+func (n *Network) reconcileAll(link nl.Link, peers []subnet.Lease) error {
+	n.recs = nil // until this succeeds, the next call starts from scratch too
+	if n.dataCache == nil {
+		n.dataCache = map[string]peerData{}
+	}
+	n.gen++
+	defer n.pruneCache()
+	cfg, ext := n.b.cfg, n.b.opts.ExtIface
+	// Parse every peer's data once (through the cache); the passes below
+	// look the result up by position.
+	n.macs, n.macErrs = n.macs[:0], n.macErrs[:0]
+	for _, p := range peers {
+		mac, err := n.parseCached(p.Attrs.BackendData)
+		n.macs, n.macErrs = append(n.macs, mac), append(n.macErrs, err)
+	}
+	byPosition := func(i int) (net.HardwareAddr, error) { return n.macs[i], n.macErrs[i] }
+	recs := make(map[nl.Key]*peerRec, len(peers))
+	for i, p := range peers {
+		if !p.Subnet.IsValid() {
+			continue
+		}
+		o, err := ObjectsFor(cfg, ext, link.Index, p, n.macs[i], n.macErrs[i])
+		recs[(nl.Route{Dst: p.Subnet}).Key()] = &peerRec{raw: string(p.Attrs.BackendData), pub: p.Attrs.PublicIP, objects: o, err: err, key: p.Key(), gen: n.gen}
+	}
+	var refused []string
+	nPlan, err := n.neighs.Plan(link.Index, func(emit func(nl.Neigh)) {
+		refused = DesiredState(cfg, ext, link.Index, peers, byPosition, Emitters{Neigh: emit})
+	})
+	if err != nil {
+		return fmt.Errorf("vxlan: %w", err)
+	}
+	n.reportRefused(refused)
+	fPlan, err := n.fdb.Plan(link.Index, func(emit func(nl.Neigh)) {
+		DesiredState(cfg, ext, link.Index, peers, byPosition, Emitters{FDB: emit})
+	})
+	if err != nil {
+		return fmt.Errorf("vxlan: %w", err)
+	}
+	n.recs = recs
+	return n.apply(nPlan, fPlan, func() (backend.SyncStats, error) {
+		return n.routes.Sync(func(emit func(nl.Route)) {
+			DesiredState(cfg, ext, link.Index, peers, byPosition, Emitters{Route: emit})
+		})
+	}, len(peers))
+}
+
+// reconcileChanges finds the peers that changed since the last reconcile
+// (one map lookup per peer) and hands only their objects to the sets. The
+// sets keep the whole desired state and compare only the changed keys with
+// their record of the kernel, or everything against a fresh dump when the
+// record is not trusted, so the result is the same as reconcileAll's.
+func (n *Network) reconcileChanges(link nl.Link, peers []subnet.Lease) error {
+	cfg, ext := n.b.cfg, n.b.opts.ExtIface
+	n.gen++
+	gen := n.gen
 	var (
-		desired Desired
-		errs    []error
+		routeUp          []nl.Route
+		routeRm          []nl.Key
+		neighUp, neighRm []nl.Neigh
+		fdbUp, fdbRm     []nl.Neigh
+		refusedChanged   bool
 	)
-	// Neighbours and FDB entries first, so a new route is usable the
-	// moment it appears; stale entries go last, after their routes.
-	var routes []nl.Route
-	desired = DesiredState(n.b.cfg, n.b.opts.ExtIface, link.Index, peers, func(r nl.Route) { routes = append(routes, r) })
-	n.reportRefused(desired.Refused)
-	nPlan, err := n.neighs.Plan(link.Index, desired.Neighs)
+	for _, p := range peers {
+		if !p.Subnet.IsValid() {
+			continue
+		}
+		k := (nl.Route{Dst: p.Subnet}).Key()
+		rec := n.recs[k]
+		if rec != nil && rec.pub == p.Attrs.PublicIP && rec.raw == string(p.Attrs.BackendData) {
+			rec.gen = gen
+			continue
+		}
+		var (
+			mac    net.HardwareAddr
+			macErr error
+		)
+		if !isDirect(cfg, ext, p) {
+			mac, macErr = ParseData(cfg.VNI, p.Attrs.BackendData)
+		}
+		o, err := ObjectsFor(cfg, ext, link.Index, p, mac, macErr)
+		if rec != nil {
+			// What the peer had and no longer has goes; what it keeps is
+			// replaced by the upserts below.
+			old := rec.objects
+			if old.Overlay && (!o.Overlay || !bytes.Equal(old.FDB.HardwareAddr, o.FDB.HardwareAddr)) {
+				fdbRm = append(fdbRm, old.FDB)
+			}
+			if old.Overlay && !o.Overlay {
+				neighRm = append(neighRm, old.Neigh)
+			}
+			if old.OK && !o.OK {
+				routeRm = append(routeRm, old.Route.Key())
+			}
+			refusedChanged = refusedChanged || (rec.err != nil) != (err != nil)
+		} else {
+			refusedChanged = refusedChanged || err != nil
+		}
+		if o.OK {
+			routeUp = append(routeUp, o.Route)
+		}
+		if o.Overlay {
+			neighUp = append(neighUp, o.Neigh)
+			fdbUp = append(fdbUp, o.FDB)
+		}
+		n.recs[k] = &peerRec{raw: string(p.Attrs.BackendData), pub: p.Attrs.PublicIP, objects: o, err: err, key: p.Key(), gen: gen}
+	}
+	for k, rec := range n.recs {
+		if rec.gen == gen {
+			continue
+		}
+		if rec.objects.OK {
+			routeRm = append(routeRm, rec.objects.Route.Key())
+		}
+		if rec.objects.Overlay {
+			neighRm = append(neighRm, rec.objects.Neigh)
+			fdbRm = append(fdbRm, rec.objects.FDB)
+		}
+		refusedChanged = refusedChanged || rec.err != nil
+		delete(n.recs, k)
+	}
+	if refusedChanged {
+		var refused []string
+		for _, rec := range n.recs {
+			if rec.err != nil {
+				refused = append(refused, rec.key+": "+rec.err.Error())
+			}
+		}
+		slices.Sort(refused)
+		n.reportRefused(refused)
+	}
+	nPlan, err := n.neighs.PlanUpdate(link.Index, neighUp, neighRm)
 	if err != nil {
+		n.recs = nil
 		return fmt.Errorf("vxlan: %w", err)
 	}
-	fPlan, err := n.fdb.Plan(link.Index, desired.FDB)
+	fPlan, err := n.fdb.PlanUpdate(link.Index, fdbUp, fdbRm)
 	if err != nil {
+		n.recs = nil
 		return fmt.Errorf("vxlan: %w", err)
 	}
+	return n.apply(nPlan, fPlan, func() (backend.SyncStats, error) { return n.routes.Update(routeUp, routeRm) }, len(peers))
+}
+
+// apply carries out the plans in the safe order: neighbours and FDB
+// entries first, so a new route is usable the moment it appears; then
+// routes; stale neighbours and FDB entries last, after their routes.
+func (n *Network) apply(nPlan, fPlan backend.NeighPlan, routes func() (backend.SyncStats, error), peers int) error {
+	var errs []error
 	if _, err := n.fdb.Apply(nl.OpReplace, fPlan.Set); err != nil {
 		errs = append(errs, err)
 	}
 	if _, err := n.neighs.Apply(nl.OpReplace, nPlan.Set); err != nil {
 		errs = append(errs, err)
 	}
-	st, err := n.routes.Sync(func(emit func(nl.Route)) {
-		for _, r := range routes {
-			emit(r)
-		}
-	})
+	st, err := routes()
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -343,9 +575,10 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 		errs = append(errs, err)
 	}
 	n.metrics.AddDriftRepairs(st.Repaired)
-	n.b.log.Debug("reconciled", "peers", len(peers), "routes_added", st.Added, "routes_deleted", st.Deleted,
+	n.b.log.Debug("reconciled", "peers", peers, "routes_added", st.Added, "routes_deleted", st.Deleted,
 		"neigh_set", len(nPlan.Set), "neigh_deleted", len(nPlan.Delete), "fdb_set", len(fPlan.Set), "fdb_deleted", len(fPlan.Delete))
 	if err := errors.Join(errs...); err != nil {
+		n.recs = nil // start from the whole state next time
 		return fmt.Errorf("vxlan: %w", err)
 	}
 	return nil

@@ -57,12 +57,22 @@ func lease(s, pub, mac string) subnet.Lease {
 func TestDesiredState(t *testing.T) {
 	o := options(t, `{"Type":"vxlan","DirectRouting":true}`)
 	bad := lease("10.244.9.0/24", "10.0.0.9", "not-a-mac")
-	var routes []nl.Route
-	d := DesiredState(Config{VNI: 1, DirectRouting: true}, o.ExtIface, 7, []subnet.Lease{
+	var (
+		routes     []nl.Route
+		neigh, fdb []nl.Neigh
+	)
+	peers := []subnet.Lease{
 		lease("10.244.2.0/24", "10.0.0.2", "0a:00:00:00:00:02"),    // routed: overlay
 		lease("10.244.3.0/24", "192.168.1.3", "0a:00:00:00:00:03"), // same segment: direct
 		bad,
-	}, func(r nl.Route) { routes = append(routes, r) })
+	}
+	refused := DesiredState(Config{VNI: 1, DirectRouting: true}, o.ExtIface, 7, peers, func(i int) (net.HardwareAddr, error) {
+		return ParseData(1, peers[i].Attrs.BackendData)
+	}, Emitters{
+		Route: func(r nl.Route) { routes = append(routes, r) },
+		Neigh: func(n nl.Neigh) { neigh = append(neigh, n) },
+		FDB:   func(n nl.Neigh) { fdb = append(fdb, n) },
+	})
 	if len(routes) != 2 {
 		t.Fatalf("routes %v", routes)
 	}
@@ -73,13 +83,25 @@ func TestDesiredState(t *testing.T) {
 	if direct.Gw.String() != "192.168.1.3" || direct.LinkIndex != 2 {
 		t.Errorf("direct route %v: want via the peer's public IP on eth0", direct)
 	}
-	if n, ok := d.Neighs["10.244.2.0"]; !ok || net.HardwareAddr(n.HardwareAddr).String() != "0a:00:00:00:00:02" {
-		t.Errorf("neighbours %v", d.Neighs)
+	if len(neigh) != 1 || neigh[0].IP.String() != "10.244.2.0" || net.HardwareAddr(neigh[0].HardwareAddr).String() != "0a:00:00:00:00:02" {
+		t.Errorf("neighbours %v", neigh)
 	}
-	if len(d.FDB) != 1 || len(d.Neighs) != 1 {
-		t.Errorf("direct peers must have no overlay entries: fdb %v neigh %v", d.FDB, d.Neighs)
+	if len(fdb) != 1 || fdb[0].IP.String() != "10.0.0.2" {
+		t.Errorf("fdb %v: want one entry to the routed peer's public IP (direct peers get none)", fdb)
 	}
-	if len(d.Refused) != 1 || !strings.Contains(d.Refused[0], "not-a-mac") {
-		t.Errorf("refused %v", d.Refused)
+	if len(refused) != 1 || !strings.Contains(refused[0], "not-a-mac") {
+		t.Errorf("refused %v", refused)
+	}
+}
+
+func TestParseData(t *testing.T) {
+	for raw, want := range map[string]string{
+		`{"VNI":2,"VtepMAC":"0a:00:00:00:00:01"}`: "VNI 2",
+		`{"VNI":1,"VtepMAC":"zz"}`:                `VtepMAC "zz"`,
+		`{"VNI":1,`:                               "BackendData",
+	} {
+		if _, err := ParseData(1, []byte(raw)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseData(%s) error %v, want %q", raw, err, want)
+		}
 	}
 }

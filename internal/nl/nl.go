@@ -35,14 +35,28 @@ const (
 )
 
 // Key identifies a route in a table the way the kernel does for replace:
-// destination and table.
+// destination and table. It is plain bytes, so maps of thousands of routes
+// hash and compare it quickly.
 type Key struct {
-	Dst   netip.Prefix
-	Table int
+	Addr  [16]byte
+	Bits  uint8
+	V4    bool
+	Table uint32
 }
 
 // Key returns the identity of r.
-func (r Route) Key() Key { return Key{Dst: r.Dst, Table: r.table()} }
+func (r Route) Key() Key {
+	return Key{Addr: r.Dst.Addr().As16(), Bits: uint8(r.Dst.Bits()), V4: r.Dst.Addr().Is4(), Table: uint32(r.table())}
+}
+
+// Prefix is the destination the key names.
+func (k Key) Prefix() netip.Prefix {
+	a := netip.AddrFrom16(k.Addr)
+	if k.V4 {
+		a = a.Unmap()
+	}
+	return netip.PrefixFrom(a, int(k.Bits))
+}
 
 func (r Route) table() int {
 	if r.Table == 0 {
