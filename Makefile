@@ -10,10 +10,19 @@ APT_PACKAGES := iproute2 iptables iputils-ping iperf3
 APT_COMMANDS := ip iptables ping iperf3
 
 .DEFAULT_GOAL := help
+# The lab and the tests need root (network namespaces).
 
 .PHONY: help
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: lab
+lab: setup build ## Start the local lab (3 nodes x 2 pods, vxlan) and print its connectivity matrix
+	@bin/twillctl lab down >/dev/null 2>&1 || true
+	bin/twillctl lab up --nodes 3 --pods-per-node 2 --backend vxlan
+	bin/twillctl lab check
+	@echo; echo "The lab keeps running. Explore it with bin/twillctl lab status / lab exec node1 -- ip route;"; \
+	echo "remove it with: bin/twillctl lab down"
 
 .PHONY: build
 build: ## Build twilld, twillctl and the twill CNI plugin into bin/

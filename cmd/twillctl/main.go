@@ -40,7 +40,7 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	cmd.AddCommand(newEtcdCommand(), newConfigCommand(), newCNICommand(), &cobra.Command{
+	cmd.AddCommand(newLabCommand(), newEtcdCommand(), newConfigCommand(), newCNICommand(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,

@@ -1,0 +1,135 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twill-net/twill/internal/netnstest"
+)
+
+// labCtl runs the built twillctl lab with a per-test state root.
+type labCtl struct {
+	t    *testing.T
+	bin  string
+	root string
+}
+
+func newLabCtl(t *testing.T) *labCtl {
+	netnstest.RequireRoot(t)
+	return &labCtl{t: t, bin: binaries(t), root: t.TempDir()}
+}
+
+func (l *labCtl) run(args ...string) (string, error) {
+	args = append(args, "--state-root", l.root)
+	out, err := exec.Command(l.bin+"/twillctl", append([]string{"lab"}, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+// name is unique per run, so labs of concurrent runs never collide.
+func labName(n string) string { return n + netnstest.RunID()[:4] }
+
+// up starts a lab and registers its removal.
+func (l *labCtl) up(name string, args ...string) {
+	l.t.Helper()
+	l.t.Cleanup(func() { _, _ = l.run("down", "--name", name) })
+	start := time.Now()
+	if out, err := l.run(append([]string{"up", "--name", name}, args...)...); err != nil {
+		l.t.Fatalf("lab up %v: %v\n%s", args, err, out)
+	}
+	l.t.Logf("lab up --name %s %v took %s", name, args, time.Since(start).Round(10*time.Millisecond))
+}
+
+func (l *labCtl) check(name string, pods int) {
+	l.t.Helper()
+	out, err := l.run("check", "--name", name)
+	if err != nil || !strings.Contains(out, fmt.Sprintf("%d of %d pairs OK", pods*pods, pods*pods)) {
+		l.t.Fatalf("lab check %s: %v\n%s", name, err, out)
+	}
+}
+
+// requireGone checks nothing of the lab is left: no namespace (nor its
+// mount), no process, no state.
+func (l *labCtl) requireGone(name string) {
+	l.t.Helper()
+	out, _ := exec.Command("ip", "netns", "list").CombinedOutput()
+	if strings.Contains(string(out), "twl-"+name+"-") {
+		l.t.Errorf("namespaces left:\n%s", out)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mounts), "twl-"+name+"-") {
+		l.t.Errorf("netns mounts left")
+	}
+	if _, err := os.Stat(filepath.Join(l.root, name)); !os.IsNotExist(err) {
+		l.t.Errorf("state directory left (%v)", err)
+	}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		cmdline, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && strings.Contains(string(cmdline), filepath.Join(l.root, name)) {
+			l.t.Errorf("process %s of the lab still runs: %q", e.Name(), strings.ReplaceAll(string(cmdline), "\x00", " "))
+		}
+	}
+}
+
+func TestLabDefaultAndSideBySide(t *testing.T) {
+	l := newLabCtl(t)
+	a, b := labName("a"), labName("b")
+	l.up(a, "--nodes", "3", "--pods-per-node", "2", "--backend", "vxlan")
+	l.up(b, "--nodes", "3", "--pods-per-node", "2", "--backend", "host-gw", "--underlay", "flat")
+	l.check(a, 6)
+	l.check(b, 6)
+	for _, n := range []string{a, b} {
+		if out, err := l.run("down", "--name", n); err != nil {
+			t.Fatalf("lab down: %v\n%s", err, out)
+		}
+		l.requireGone(n)
+	}
+}
+
+func TestLabRoutedVXLAN(t *testing.T) {
+	l := newLabCtl(t)
+	n := labName("r")
+	l.up(n, "--nodes", "4", "--pods-per-node", "2", "--backend", "vxlan", "--underlay", "routed")
+	l.check(n, 8)
+}
+
+func TestLabTenNodes(t *testing.T) {
+	l := newLabCtl(t)
+	n := labName("ten")
+	l.up(n, "--nodes", "10", "--pods-per-node", "3")
+	l.check(n, 30)
+}
+
+func TestLabRefusesHostGWAcrossRouter(t *testing.T) {
+	l := newLabCtl(t)
+	n := labName("bad")
+	out, err := l.run("up", "--name", n, "--backend", "host-gw", "--underlay", "routed")
+	if err == nil || !strings.Contains(out, "same L2 segment") {
+		t.Fatalf("want a refusal explaining host-gw needs one L2 segment; got %v\n%s", err, out)
+	}
+	l.requireGone(n)
+}
+
+func TestLabDownAfterKilledUp(t *testing.T) {
+	l := newLabCtl(t)
+	n := labName("kill")
+	for _, after := range []time.Duration{300 * time.Millisecond, 900 * time.Millisecond} {
+		cmd := exec.Command(l.bin+"/twillctl", "lab", "up", "--name", n, "--state-root", l.root)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(after)
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		_ = cmd.Wait()
+		if out, err := l.run("down", "--name", n); err != nil {
+			t.Fatalf("lab down after SIGKILL at %s: %v\n%s", after, err, out)
+		}
+		l.requireGone(n)
+	}
+}

@@ -1,0 +1,113 @@
+package lab
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// namespaces lists the namespaces whose name starts with prefix + "-".
+func namespaces(prefix string) ([]string, error) {
+	out, err := exec.Command("ip", "netns", "list").CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("ip netns list: %w: %s", err, out)
+	}
+	var names []string
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 && strings.HasPrefix(f[0], prefix+"-") {
+			names = append(names, f[0])
+		}
+	}
+	return names, nil
+}
+
+func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
+
+// pidsIn lists the processes whose network namespace is the named one:
+// processes living in a lab's namespace are the lab's.
+func pidsIn(ns string) []int {
+	var want unix.Stat_t
+	if err := unix.Stat("/var/run/netns/"+ns, &want); err != nil {
+		return nil
+	}
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscan(e.Name(), &pid); err != nil || pid == os.Getpid() {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &st) == nil && st.Ino == want.Ino && st.Dev == want.Dev {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// Down removes a lab: it stops the processes in the lab's namespaces (by
+// PID: SIGTERM, then SIGKILL after 5s), deletes the namespaces and the
+// state directory. It works from what exists, not only from the recorded
+// state, so a lab whose `up` was killed half-way is removed as well.
+func Down(stateRoot, name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("--name %q: use 1 to 8 lowercase letters or digits", name)
+	}
+	nss, err := namespaces(Prefix(name))
+	if err != nil {
+		return err
+	}
+	var pids []int
+	for _, ns := range nss {
+		pids = append(pids, pidsIn(ns)...)
+	}
+	// Recorded processes that left their namespace early (or whose
+	// namespace is already gone) are stopped too, if still the same
+	// program in a lab namespace; a recycled PID is left alone.
+	if s, err := Load(stateRoot, name); err == nil {
+		for _, p := range s.Processes {
+			if alive(p.PID) && !contains(pids, p.PID) && len(pidsIn(p.NS)) > 0 && contains(pidsIn(p.NS), p.PID) {
+				pids = append(pids, p.PID)
+			}
+		}
+	}
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for _, pid := range pids {
+		for alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if alive(pid) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	var errs []error
+	// Pods first, then nodes, then the underlay (reverse of creation).
+	for i := len(nss) - 1; i >= 0; i-- {
+		if out, err := exec.Command("ip", "netns", "del", nss[i]).CombinedOutput(); err != nil && !strings.Contains(string(out), "No such file") {
+			errs = append(errs, fmt.Errorf("ip netns del %s: %w: %s", nss[i], err, out))
+		}
+	}
+	if err := os.RemoveAll(Dir(stateRoot, name)); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func contains(xs []int, x int) bool {
+	for _, y := range xs {
+		if x == y {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,167 @@
+// Package lab builds a twill cluster on one Linux machine out of network
+// namespaces: an underlay (one bridge, or two segments and a router), node
+// namespaces each running the built twilld, an etcd in the underlay, and
+// pods wired by the twill CNI plugin through libcni. twillctl lab drives it.
+//
+// Everything a lab creates is named twl-<name>-…, and its files live in
+// one state directory, so `lab down` can remove a lab completely even after
+// `lab up` was killed half-way: it deletes every namespace with the lab's
+// prefix, stops (by PID) the processes that live in them, and removes the
+// state directory. A lab never touches the namespace it is started from.
+package lab
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+)
+
+// Ports used inside the lab's namespaces.
+const (
+	EtcdPort    = 2379
+	EchoPort    = 7777
+	HealthzPort = 10267
+)
+
+// DefaultStateRoot holds one directory per lab.
+const DefaultStateRoot = "/run/twill-lab"
+
+// Options describe a lab.
+type Options struct {
+	Name        string
+	Nodes       int
+	PodsPerNode int
+	Backend     string // vxlan or host-gw (or any backend the twilld in BinDir has)
+	Underlay    string // flat or routed
+	BinDir      string // holds twilld, twill and twillctl
+	StateRoot   string
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9]{1,8}$`)
+
+// Validate checks the options and says what is wrong, before anything is
+// created.
+func (o *Options) Validate() error {
+	if o.StateRoot == "" {
+		o.StateRoot = DefaultStateRoot
+	}
+	if !nameRE.MatchString(o.Name) {
+		return fmt.Errorf("--name %q: use 1 to 8 lowercase letters or digits", o.Name)
+	}
+	if o.Nodes < 1 || o.Nodes > 50 {
+		return fmt.Errorf("--nodes %d: between 1 and 50", o.Nodes)
+	}
+	if o.PodsPerNode < 0 || o.PodsPerNode > 20 {
+		return fmt.Errorf("--pods-per-node %d: between 0 and 20", o.PodsPerNode)
+	}
+	switch o.Underlay {
+	case "flat", "routed":
+	default:
+		return fmt.Errorf("--underlay %q: flat or routed", o.Underlay)
+	}
+	if o.Backend == "host-gw" && o.Underlay == "routed" {
+		return errors.New("--backend host-gw --underlay routed: host-gw routes each peer's subnet via the peer's own address, " +
+			"which must be on the same L2 segment; across a router it cannot work. Use --underlay flat, or --backend vxlan")
+	}
+	for _, b := range []string{"twilld", "twill", "twillctl"} {
+		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
+			return fmt.Errorf("%s not found next to twillctl in %s (run make build): %w", b, o.BinDir, err)
+		}
+	}
+	return nil
+}
+
+// Prefix is the lab's namespace name prefix.
+func Prefix(name string) string { return "twl-" + name }
+
+// Dir is the lab's state directory.
+func Dir(stateRoot, name string) string { return filepath.Join(stateRoot, name) }
+
+// State is what a running lab is made of, recorded in <dir>/state.json as
+// `lab up` goes.
+type State struct {
+	Name     string    `json:"name"`
+	Dir      string    `json:"dir"`
+	Backend  string    `json:"backend"`
+	Underlay string    `json:"underlay"`
+	Created  time.Time `json:"created"`
+	EtcdURL  string    `json:"etcdURL"`
+	EtcdSock string    `json:"etcdSock"`
+	Nodes    []Node    `json:"nodes"`
+	Pods     []Pod     `json:"pods"`
+	// Processes the lab started, by PID, with the namespace they run in.
+	Processes []Process `json:"processes"`
+	Ready     bool      `json:"ready"`
+}
+
+// Node is one simulated host.
+type Node struct {
+	Name   string       `json:"name"`
+	NS     string       `json:"netns"`
+	Addr   netip.Addr   `json:"addr"`
+	Subnet netip.Prefix `json:"subnet"`
+}
+
+// Pod is one pod namespace.
+type Pod struct {
+	Name string     `json:"name"`
+	Node string     `json:"node"`
+	NS   string     `json:"netns"`
+	IP   netip.Addr `json:"ip"`
+}
+
+// Process is a process the lab started.
+type Process struct {
+	PID  int    `json:"pid"`
+	Role string `json:"role"`
+	NS   string `json:"netns"`
+	Log  string `json:"log"`
+}
+
+func (s *State) save() error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(s.Dir, ".state.json.tmp")
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return fmt.Errorf("recording lab state: %w", err)
+	}
+	return os.Rename(tmp, filepath.Join(s.Dir, "state.json"))
+}
+
+// Load reads a lab's recorded state.
+func Load(stateRoot, name string) (*State, error) {
+	b, err := os.ReadFile(filepath.Join(Dir(stateRoot, name), "state.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("no lab %q (nothing in %s): start one with twillctl lab up --name %s", name, Dir(stateRoot, name), name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var s State
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("reading lab %q state: %w", name, err)
+	}
+	return &s, nil
+}
+
+// Find returns the namespace of a node or pod by name.
+func (s *State) Find(name string) (string, bool) {
+	for _, n := range s.Nodes {
+		if n.Name == name || n.NS == name {
+			return n.NS, true
+		}
+	}
+	for _, p := range s.Pods {
+		if p.Name == name || p.NS == name {
+			return p.NS, true
+		}
+	}
+	return "", false
+}

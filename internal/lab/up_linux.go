@@ -1,0 +1,279 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/twill-net/twill/internal/cnidriver"
+	"github.com/twill-net/twill/internal/nl"
+	"github.com/twill-net/twill/internal/owned"
+	"github.com/twill-net/twill/internal/topology"
+	"github.com/twill-net/twill/subnet"
+	etcdsm "github.com/twill-net/twill/subnet/etcd"
+)
+
+// Up builds the lab and returns once every node is ready and every pod is
+// wired. progress receives one line per step. On failure it removes what
+// it built; if it is killed instead, Down removes it.
+func Up(ctx context.Context, o Options, progress io.Writer) (_ *State, err error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if existing, _ := namespaces(Prefix(o.Name)); len(existing) > 0 {
+		return nil, fmt.Errorf("lab %q already exists (%d namespaces); twillctl lab down --name %s first", o.Name, len(existing), o.Name)
+	}
+	dir := Dir(o.StateRoot, o.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("creating %s: %w", dir, err)
+	}
+	s := &State{Name: o.Name, Dir: dir, Backend: o.Backend, Underlay: o.Underlay, Created: time.Now()}
+	if err := s.save(); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			fmt.Fprintf(progress, "lab up failed; removing what was built\n")
+			if derr := Down(o.StateRoot, o.Name); derr != nil {
+				err = fmt.Errorf("%w (and cleaning up: %v)", err, derr)
+			}
+		}
+	}()
+	step := func(format string, args ...any) { fmt.Fprintf(progress, "• "+format+"\n", args...) }
+	start := time.Now()
+
+	step("underlay (%s) and %d node namespaces", o.Underlay, o.Nodes)
+	topo, err := topology.Build(topology.Options{Prefix: Prefix(o.Name), Nodes: o.Nodes,
+		Underlay: netip.MustParsePrefix("10.99.0.0/24"), Routed: o.Underlay == "routed"})
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range topo.Nodes {
+		s.Nodes = append(s.Nodes, Node{Name: n.Name, NS: n.NS, Addr: n.Addr.Addr()})
+	}
+	if err := s.save(); err != nil {
+		return nil, err
+	}
+
+	step("etcd in %s", topo.Underlay)
+	s.EtcdURL = fmt.Sprintf("http://%s:%d", topo.BridgeAddr, EtcdPort)
+	s.EtcdSock = filepath.Join(dir, "etcd.sock")
+	if err := s.spawn("etcd", topo.Underlay, filepath.Join(o.BinDir, "twillctl"), "etcd",
+		"--data-dir", filepath.Join(dir, "etcd"), "--listen-client-urls", s.EtcdURL+",unix://"+s.EtcdSock); err != nil {
+		return nil, err
+	}
+	cli, err := etcdsm.NewClient(etcdsm.ClientOptions{Endpoints: []string{"unix://" + s.EtcdSock}})
+	if err != nil {
+		return nil, err
+	}
+	defer cli.Close()
+	conf := fmt.Sprintf(`{"Network":"10.244.0.0/16","Backend":{"Type":%q}}`, o.Backend)
+	if err := poll(ctx, 30*time.Second, "etcd to answer", func() error {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := cli.Put(cctx, etcdsm.DefaultPrefix+"/config", conf)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+
+	step("twilld (%s) in every node", o.Backend)
+	for _, n := range s.Nodes {
+		nodeDir := filepath.Join(dir, n.Name)
+		if err := os.MkdirAll(nodeDir, 0o755); err != nil {
+			return nil, err
+		}
+		if err := s.spawn("twilld", n.NS, filepath.Join(o.BinDir, "twilld"), "--etcd-endpoints", s.EtcdURL, "--iface", "eth0",
+			"--subnet-file", filepath.Join(nodeDir, "subnet.env"), "--state-dir", nodeDir, "--ip-masq",
+			"--healthz-port", fmt.Sprint(HealthzPort)); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.waitReady(ctx); err != nil {
+		return nil, err
+	}
+
+	if o.PodsPerNode > 0 {
+		step("%d pods per node, wired by the twill CNI plugin through libcni", o.PodsPerNode)
+		for i := range s.Nodes {
+			if err := s.addPods(ctx, o, i); err != nil {
+				return nil, err
+			}
+		}
+	}
+	s.Ready = true
+	if err := s.save(); err != nil {
+		return nil, err
+	}
+	step("ready in %s", time.Since(start).Round(100*time.Millisecond))
+	return s, nil
+}
+
+// spawn starts a process in a namespace, detached from the caller (its own
+// session, output to a log file), and records its PID.
+func (s *State) spawn(role, ns, bin string, args ...string) error {
+	log := filepath.Join(s.Dir, fmt.Sprintf("%s-%s.log", role, strings.TrimPrefix(ns, Prefix(s.Name)+"-")))
+	f, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, bin}, args...)...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting %s in %s: %w", role, ns, err)
+	}
+	// `ip netns exec` execs in place: this is the process's own PID.
+	s.Processes = append(s.Processes, Process{PID: cmd.Process.Pid, Role: role, NS: ns, Log: log})
+	go func() { _ = cmd.Wait() }() // reap it if it dies while we run
+	return s.save()
+}
+
+// waitReady waits until every node wrote subnet.env and routes to every
+// peer (the daemon's first reconcile is done).
+func (s *State) waitReady(ctx context.Context) error {
+	for i := range s.Nodes {
+		n := &s.Nodes[i]
+		path := filepath.Join(s.Dir, n.Name, "subnet.env")
+		if err := poll(ctx, 30*time.Second, n.Name+" to write subnet.env", func() error {
+			env, err := subnet.ReadEnv(path)
+			if err != nil {
+				return s.daemonError(n.NS, err)
+			}
+			n.Subnet = env.Subnet
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	for _, n := range s.Nodes {
+		h, err := nl.Open(n.NS)
+		if err != nil {
+			return err
+		}
+		err = poll(ctx, 30*time.Second, n.Name+" to route to every peer", func() error {
+			rs, err := h.Routes(nl.FamilyV4, nl.RouteFilter{Protocol: owned.RouteProtocol})
+			if err != nil {
+				return err
+			}
+			if len(rs) < len(s.Nodes)-1 {
+				return s.daemonError(n.NS, fmt.Errorf("%d of %d peer routes", len(rs), len(s.Nodes)-1))
+			}
+			return nil
+		})
+		h.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return s.save()
+}
+
+// daemonError adds the end of a node's twilld log to err when the daemon
+// has exited, so a failure says why.
+func (s *State) daemonError(ns string, err error) error {
+	for _, p := range s.Processes {
+		if p.NS == ns && p.Role == "twilld" && !alive(p.PID) {
+			b, _ := os.ReadFile(p.Log)
+			lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+			return fmt.Errorf("twilld in %s exited: %s", ns, lines[len(lines)-1])
+		}
+	}
+	return err
+}
+
+func (s *State) addPods(ctx context.Context, o Options, i int) error {
+	n := s.Nodes[i]
+	nodeDir := filepath.Join(s.Dir, n.Name)
+	var pods []Pod
+	var atts []cnidriver.Attachment
+	for k := 1; k <= o.PodsPerNode; k++ {
+		p := Pod{Name: fmt.Sprintf("%s-pod%d", n.Name, k), Node: n.Name, NS: fmt.Sprintf("%s-p%d", n.NS, k)}
+		if out, err := exec.Command("ip", "netns", "add", p.NS).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip netns add %s: %w: %s", p.NS, err, out)
+		}
+		if err := topology.IP(p.NS, "link", "set", "lo", "up"); err != nil {
+			return err
+		}
+		pods = append(pods, p)
+		atts = append(atts, cnidriver.Attachment{ContainerID: p.Name, IfName: "eth0", Netns: "/var/run/netns/" + p.NS})
+	}
+	list := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"lab","plugins":[{"type":"twill","subnetFile":%q,"dataDir":%q}]}`,
+		filepath.Join(nodeDir, "subnet.env"), filepath.Join(nodeDir, "networks"))
+	if err := os.WriteFile(filepath.Join(nodeDir, "10-twill.conflist"), []byte(list), 0o644); err != nil {
+		return err
+	}
+	resp, err := CNI(ctx, o.BinDir, n.NS, cnidriver.Request{Op: "add", ConfList: json.RawMessage(list), BinDirs: []string{o.BinDir},
+		CacheDir: filepath.Join(nodeDir, "cni-cache"), Attachments: atts, Parallel: true})
+	if err != nil {
+		return err
+	}
+	for k, out := range resp.Outcomes {
+		if out.Error != "" {
+			return fmt.Errorf("CNI ADD of %s: %s", pods[k].Name, out.Error)
+		}
+		var r struct {
+			IPs []struct{ Address netip.Prefix } `json:"ips"`
+		}
+		if err := json.Unmarshal(out.Result, &r); err != nil || len(r.IPs) == 0 {
+			return fmt.Errorf("CNI ADD of %s: result %s", pods[k].Name, out.Result)
+		}
+		pods[k].IP = r.IPs[0].Address.Addr()
+		if err := s.spawn("echo", pods[k].NS, filepath.Join(o.BinDir, "twillctl"), "lab", "echo-server", "--port", fmt.Sprint(EchoPort)); err != nil {
+			return err
+		}
+	}
+	s.Pods = append(s.Pods, pods...)
+	return s.save()
+}
+
+// CNI runs a libcni request inside a node's namespace through twillctl.
+func CNI(ctx context.Context, binDir, ns string, req cnidriver.Request) (cnidriver.Response, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return cnidriver.Response{}, err
+	}
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, filepath.Join(binDir, "twillctl"), "cni", "run")
+	cmd.Stdin = strings.NewReader(string(body))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return cnidriver.Response{}, fmt.Errorf("twillctl cni run in %s: %w: %s", ns, err, stderr.String())
+	}
+	var resp cnidriver.Response
+	if err := json.Unmarshal(out, &resp); err != nil {
+		return cnidriver.Response{}, fmt.Errorf("decoding cni run output: %w", err)
+	}
+	return resp, nil
+}
+
+// poll retries f every 50ms until it succeeds or timeout passes.
+func poll(ctx context.Context, timeout time.Duration, what string, f func() error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("waiting for %s: %w", what, err)
+		}
+		t := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
