@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/twill-net/twill/internal/nl"
+	"github.com/twill-net/twill/internal/owned"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -47,6 +48,52 @@ type Network interface {
 // kernel no longer matches what the Network last programmed.
 type KernelWatcher interface {
 	WatchKernel(ctx context.Context, poke func()) error
+}
+
+// DriftReporter is implemented by a Network that can compare, without
+// changing anything, the kernel with what peers call for (twillctl status).
+type DriftReporter interface {
+	Drift(ctx context.Context, peers []subnet.Lease) (Drift, error)
+}
+
+// Drift lists kernel objects that differ from the desired state, each as a
+// line an operator can read ("route 10.244.3.0/24 via 10.0.0.3 dev #2").
+type Drift struct {
+	Missing, Extra, Wrong []string
+	// Objects counts the desired objects checked.
+	Objects int
+}
+
+// Clean reports whether nothing differs.
+func (d Drift) Clean() bool { return len(d.Missing)+len(d.Extra)+len(d.Wrong) == 0 }
+
+// RouteDrift compares desired routes with the kernel's owned routes in
+// table (0: main).
+func RouteDrift(h *nl.Handle, table int, desired []nl.Route) (Drift, error) {
+	if table == 0 {
+		table = owned.MainTable
+	}
+	have, err := h.Routes(nl.FamilyAll, nl.RouteFilter{Table: table, Protocol: owned.RouteProtocol})
+	if err != nil {
+		return Drift{}, err
+	}
+	want := make(map[nl.Key]nl.Route, len(desired))
+	for _, r := range desired {
+		r.Protocol, r.Table = owned.RouteProtocol, table
+		want[r.Key()] = r
+	}
+	p := DiffRoutes(want, RouteMap(have))
+	d := Drift{Objects: len(desired)}
+	for _, r := range p.Add {
+		d.Missing = append(d.Missing, "route "+r.String())
+	}
+	for _, r := range p.Replace {
+		d.Wrong = append(d.Wrong, "route "+r.String())
+	}
+	for _, r := range p.Delete {
+		d.Extra = append(d.Extra, "route "+r.String())
+	}
+	return d, nil
 }
 
 // ExternalInterface is the node's underlay interface: where peers are

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twill-net/twill/internal/lab"
 	"github.com/twill-net/twill/internal/netnstest"
 )
 
@@ -26,8 +27,10 @@ func newLabCtl(t *testing.T) *labCtl {
 }
 
 func (l *labCtl) run(args ...string) (string, error) {
-	args = append(args, "--state-root", l.root)
-	out, err := exec.Command(l.bin+"/twillctl", append([]string{"lab"}, args...)...).CombinedOutput()
+	// --state-root right after the subcommand: anything after "--" belongs
+	// to the command lab exec runs.
+	full := append([]string{"lab", args[0], "--state-root", l.root}, args[1:]...)
+	out, err := exec.Command(l.bin+"/twillctl", full...).CombinedOutput()
 	return string(out), err
 }
 
@@ -132,4 +135,55 @@ func TestLabDownAfterKilledUp(t *testing.T) {
 		}
 		l.requireGone(n)
 	}
+}
+
+// TestLabStatusReportsDrift: with the node's daemon paused, a twill route
+// deleted by hand shows as missing in twillctl status; once the daemon runs
+// again it repairs it and status is clean.
+func TestLabStatusReportsDrift(t *testing.T) {
+	l := newLabCtl(t)
+	n := labName("st")
+	l.up(n, "--nodes", "3", "--pods-per-node", "1")
+	stateDir := filepath.Join(l.root, n)
+	st, err := lab.Load(l.root, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := 0
+	for _, p := range st.Processes {
+		if p.Role == "twilld" && strings.HasSuffix(p.NS, "-n1") {
+			pid = p.PID
+		}
+	}
+	if pid == 0 {
+		t.Fatalf("no twilld for node1 in %+v", st.Processes)
+	}
+	status := func() (string, error) {
+		return l.run("exec", "--name", n, "node1", "--", l.bin+"/twillctl", "status", "--etcd-endpoints", "http://10.99.0.254:2379",
+			"--subnet-file", filepath.Join(stateDir, "node1", "subnet.env"), "--state-dir", filepath.Join(stateDir, "node1"), "--iface", "eth0")
+	}
+	if out, err := status(); err != nil || !strings.Contains(out, "in sync") {
+		t.Fatalf("status before: %v\n%s", err, out)
+	}
+	ns := "twl-" + n + "-n1"
+	routes, _ := exec.Command("ip", "-n", ns, "route", "show", "proto", "167").CombinedOutput()
+	victim := strings.Fields(string(routes))[0]
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(pid, syscall.SIGCONT)
+	if out, err := exec.Command("ip", "-n", ns, "route", "del", victim).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	out, err := status()
+	if err == nil || !strings.Contains(out, "missing  route "+victim) {
+		t.Fatalf("status with the route deleted: %v\n%s", err, out)
+	}
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "status clean again", func() bool {
+		out, err := status()
+		return err == nil && strings.Contains(out, "in sync")
+	})
 }

@@ -231,3 +231,35 @@ func fmtPrefix(p netip.Prefix) string {
 	}
 	return p.String()
 }
+
+// Peers splits a snapshot into the leases a backend may program and the
+// ones it must not, with the reason (malformed, outside the Network,
+// overlapping the local subnet, another backend type). The local lease is
+// neither. buf is reused for the result when it has room.
+func Peers(cfg *Config, local Lease, snap Snapshot, buf []Lease) (peers []Lease, refused map[string]string) {
+	refuse := func(key, why string) {
+		if refused == nil {
+			refused = map[string]string{}
+		}
+		refused[key] = why
+	}
+	for _, r := range snap.Refused {
+		refuse(r.Key, r.Err.Error())
+	}
+	peers = buf[:0]
+	for _, l := range snap.Leases {
+		if l.Subnet == local.Subnet && l.IPv6Subnet == local.IPv6Subnet {
+			continue
+		}
+		if err := CheckPeer(cfg, local, l); err != nil {
+			refuse(l.Key(), err.Error())
+			continue
+		}
+		if l.Attrs.BackendType != cfg.BackendType {
+			refuse(l.Key(), fmt.Sprintf("backend type %q, but this cluster runs %q", l.Attrs.BackendType, cfg.BackendType))
+			continue
+		}
+		peers = append(peers, l)
+	}
+	return peers, refused
+}

@@ -83,7 +83,17 @@ type Network struct {
 	unreachable []string // guarded by mu; last refused peers, for change-only logging
 }
 
-var _ backend.KernelWatcher = (*Network)(nil)
+var (
+	_ backend.KernelWatcher = (*Network)(nil)
+	_ backend.DriftReporter = (*Network)(nil)
+)
+
+// Drift compares the kernel with what peers call for, changing nothing.
+func (n *Network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift, error) {
+	var routes []nl.Route
+	DesiredRoutes(n.ext, peers, func(r nl.Route) { routes = append(routes, r) })
+	return backend.RouteDrift(n.routes.NL, 0, routes)
+}
 
 // MTU is the external interface's: host-gw adds no header.
 func (n *Network) MTU() int { return n.ext.Link.MTU }

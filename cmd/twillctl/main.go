@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/twill-net/twill/internal/cnidriver"
 	"github.com/twill-net/twill/internal/etcdserver"
@@ -40,7 +41,7 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	cmd.AddCommand(newLabCommand(), newEtcdCommand(), newConfigCommand(), newCNICommand(), &cobra.Command{
+	cmd.AddCommand(newLabCommand(), newStatusCommand(), newLeasesCommand(), newEtcdCommand(), newConfigCommand(), newCNICommand(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
@@ -101,12 +102,7 @@ func newConfigCommand() *cobra.Command {
 		Use:   "config",
 		Short: "Read or write the cluster's net-conf.json in etcd",
 	}
-	fs := cmd.PersistentFlags()
-	fs.StringSliceVar(&o.endpoints, "etcd-endpoints", []string{"http://127.0.0.1:2379"}, "etcd endpoints")
-	fs.StringVar(&o.prefix, "etcd-prefix", etcdsm.DefaultPrefix, "etcd key prefix")
-	fs.StringVar(&o.caFile, "etcd-cafile", "", "CA bundle for etcd")
-	fs.StringVar(&o.certFile, "etcd-certfile", "", "client certificate for etcd")
-	fs.StringVar(&o.keyFile, "etcd-keyfile", "", "client key for etcd")
+	addEtcdFlags(cmd.PersistentFlags(), &o)
 	cmd.AddCommand(&cobra.Command{
 		Use:   "put FILE",
 		Short: "Validate net-conf.json and store it at <prefix>/config (- reads standard input)",
@@ -158,8 +154,20 @@ func newConfigCommand() *cobra.Command {
 	return cmd
 }
 
+func addEtcdFlags(fs *pflag.FlagSet, o *configOptions) {
+	fs.StringSliceVar(&o.endpoints, "etcd-endpoints", []string{"http://127.0.0.1:2379"}, "etcd endpoints")
+	fs.StringVar(&o.prefix, "etcd-prefix", etcdsm.DefaultPrefix, "etcd key prefix")
+	fs.StringVar(&o.caFile, "etcd-cafile", "", "CA bundle for etcd")
+	fs.StringVar(&o.certFile, "etcd-certfile", "", "client certificate for etcd")
+	fs.StringVar(&o.keyFile, "etcd-keyfile", "", "client key for etcd")
+}
+
+func (o configOptions) client() (*clientv3.Client, error) {
+	return etcdsm.NewClient(etcdsm.ClientOptions{Endpoints: o.endpoints, CAFile: o.caFile, CertFile: o.certFile, KeyFile: o.keyFile})
+}
+
 func withEtcd(ctx context.Context, o configOptions, f func(context.Context, *clientv3.Client) error) error {
-	cli, err := etcdsm.NewClient(etcdsm.ClientOptions{Endpoints: o.endpoints, CAFile: o.caFile, CertFile: o.certFile, KeyFile: o.keyFile})
+	cli, err := o.client()
 	if err != nil {
 		return err
 	}

@@ -292,31 +292,7 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 // peers turns a snapshot into the valid peer set, refusing (once logged per
 // key and reason) leases that must not be programmed.
 func (d *Daemon) peers(cfg *subnet.Config, local subnet.Lease, snap subnet.Snapshot) []subnet.Lease {
-	var refused map[string]string // built only when something is refused
-	refuse := func(key, why string) {
-		if refused == nil {
-			refused = map[string]string{}
-		}
-		refused[key] = why
-	}
-	for _, r := range snap.Refused {
-		refuse(r.Key, r.Err.Error())
-	}
-	peers := d.peerBuf[:0]
-	for _, l := range snap.Leases {
-		if l.Subnet == local.Subnet && l.IPv6Subnet == local.IPv6Subnet {
-			continue
-		}
-		if err := subnet.CheckPeer(cfg, local, l); err != nil {
-			refuse(l.Key(), err.Error())
-			continue
-		}
-		if l.Attrs.BackendType != cfg.BackendType {
-			refuse(l.Key(), fmt.Sprintf("backend type %q, but this cluster runs %q", l.Attrs.BackendType, cfg.BackendType))
-			continue
-		}
-		peers = append(peers, l)
-	}
+	peers, refused := subnet.Peers(cfg, local, snap, d.peerBuf)
 	d.peerBuf = peers
 	d.metrics.refused.Set(float64(len(refused)))
 	d.mu.Lock()

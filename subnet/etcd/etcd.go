@@ -199,6 +199,15 @@ func (m *Manager) list(ctx context.Context) (map[string]entry, int64, error) {
 	return out, resp.Header.Revision, nil
 }
 
+// Leases lists every lease in one range read.
+func (m *Manager) Leases(ctx context.Context) (subnet.Snapshot, error) {
+	entries, _, err := m.list(ctx)
+	if err != nil {
+		return subnet.Snapshot{}, err
+	}
+	return snapshot(entries), nil
+}
+
 // maxAcquireAttempts bounds allocation retries lost to other nodes' races.
 const maxAcquireAttempts = 16
 
