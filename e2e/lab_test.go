@@ -187,3 +187,28 @@ func TestLabStatusReportsDrift(t *testing.T) {
 		return err == nil && strings.Contains(out, "in sync")
 	})
 }
+
+// TestLabExampleBackend builds the custom twilld of
+// Documentation/examples (the built-in backends plus directgw, registered
+// from its package's init()) and runs a lab on it.
+func TestLabExampleBackend(t *testing.T) {
+	l := newLabCtl(t)
+	dir := t.TempDir()
+	for _, f := range []string{"twill", "twillctl"} {
+		if out, err := exec.Command("cp", filepath.Join(l.bin, f), dir).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+	}
+	build := exec.Command("go", "build", "-o", filepath.Join(dir, "twilld"), "../Documentation/examples/twilld-directgw")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the custom twilld: %v: %s", err, out)
+	}
+	l.bin = dir
+	n := labName("ex")
+	l.up(n, "--nodes", "3", "--pods-per-node", "1", "--backend", "directgw")
+	l.check(n, 3)
+	out, err := exec.Command("ip", "-n", "twl-"+n+"-n1", "route", "show", "proto", "167").CombinedOutput()
+	if err != nil || strings.Count(string(out), "via 10.99.0.") != 2 {
+		t.Fatalf("want two directgw routes on node1: %v\n%s", err, out)
+	}
+}

@@ -1,0 +1,262 @@
+// Package app is twilld's command line: flags into an options struct, then
+// the daemon package does the work. cmd/twilld's main calls Main with the
+// default backend registry; a custom twilld with extra backends does the
+// same after blank-importing them (see Documentation/writing-a-backend.md).
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/internal/daemon"
+	"github.com/twill-net/twill/internal/nl"
+	"github.com/twill-net/twill/internal/version"
+	"github.com/twill-net/twill/network"
+	etcdsm "github.com/twill-net/twill/subnet/etcd"
+)
+
+// defaultGCPercent trades a little CPU during bursts (start-up, mass lease
+// changes) for a smaller heap: twilld runs on every node and idles almost
+// all the time, so its resident memory matters more than its GC cycles. The
+// GOGC environment variable overrides it.
+const defaultGCPercent = 50
+
+// Main runs twilld with the backends in reg and returns the process exit
+// code.
+func Main(reg *backend.Registry) int {
+	if _, set := os.LookupEnv("GOGC"); !set {
+		debug.SetGCPercent(defaultGCPercent)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := newRootCommand(reg).ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "twilld:", err)
+		return 1
+	}
+	return 0
+}
+
+type options struct {
+	etcdEndpoints []string
+	etcdPrefix    string
+	etcdCAFile    string
+	etcdCertFile  string
+	etcdKeyFile   string
+	etcdUsername  string
+	etcdPassword  string
+	leaseTTL      time.Duration
+	renewMargin   time.Duration
+
+	kubeSubnetMgr        bool
+	kubeconfigFile       string
+	kubeAnnotationPrefix string
+	netConfigPath        string
+
+	iface         []string
+	ifaceRegex    []string
+	ifaceCanReach string
+	publicIP      string
+	publicIPv6    string
+
+	ipMasq         bool
+	subnetFile     string
+	stateDir       string
+	healthzIP      string
+	healthzPort    int
+	iptablesResync time.Duration
+	resync         time.Duration
+	logLevel       string
+}
+
+func newRootCommand(reg *backend.Registry) *cobra.Command {
+	var o options
+	cmd := &cobra.Command{
+		Use:   "twilld",
+		Short: "twill's per-node network daemon",
+		Long: `twilld holds this node's subnet lease, learns every peer's lease, and has the
+configured backend (` + strings.Join(reg.Names(), ", ") + `) program the kernel so pods on
+different nodes reach each other. Every flag can also be set as TWILLD_<FLAG>,
+for example TWILLD_ETCD_ENDPOINTS.`,
+		Example: `  # etcd mode, host-gw or vxlan chosen by <prefix>/config in etcd
+  twilld --etcd-endpoints=http://10.0.0.1:2379 --iface=eth0 --ip-masq
+
+  # remove everything twill programmed on this node
+  twilld cleanup`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return applyEnv(cmd.Flags())
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error { return run(cmd.Context(), reg, o) },
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&o.etcdEndpoints, "etcd-endpoints", []string{"http://127.0.0.1:2379"}, "etcd endpoints, comma-separated")
+	f.StringVar(&o.etcdPrefix, "etcd-prefix", etcdsm.DefaultPrefix, "etcd key prefix holding config and subnets")
+	f.StringVar(&o.etcdCAFile, "etcd-cafile", "", "CA bundle to verify etcd's certificate")
+	f.StringVar(&o.etcdCertFile, "etcd-certfile", "", "client certificate for etcd")
+	f.StringVar(&o.etcdKeyFile, "etcd-keyfile", "", "client key for etcd")
+	f.StringVar(&o.etcdUsername, "etcd-username", "", "etcd user name (auth)")
+	f.StringVar(&o.etcdPassword, "etcd-password", "", "etcd password (auth)")
+	f.DurationVar(&o.leaseTTL, "subnet-lease-ttl", etcdsm.DefaultTTL, "TTL of this node's subnet lease in etcd")
+	f.DurationVar(&o.renewMargin, "subnet-lease-renew-margin", etcdsm.DefaultRenewMargin, "renew the lease this long before it expires")
+	f.BoolVar(&o.kubeSubnetMgr, "kube-subnet-mgr", false, "take leases from Kubernetes Node objects instead of etcd")
+	f.StringVar(&o.kubeconfigFile, "kubeconfig-file", "", "kubeconfig for --kube-subnet-mgr (default: in-cluster)")
+	f.StringVar(&o.kubeAnnotationPrefix, "kube-annotation-prefix", "twill.io", "prefix of twill's Node annotations")
+	f.StringVar(&o.netConfigPath, "net-config-path", "/etc/kube-twill/net-conf.json", "net-conf.json path in Kubernetes mode")
+	f.StringSliceVar(&o.iface, "iface", nil, "external interface name or address (repeatable; first match wins)")
+	f.StringSliceVar(&o.ifaceRegex, "iface-regex", nil, "regular expression for the external interface name or address (repeatable)")
+	f.StringVar(&o.ifaceCanReach, "iface-can-reach", "", "use the interface that routes to this address")
+	f.StringVar(&o.publicIP, "public-ip", "", "IPv4 address peers should use to reach this node (default: the interface's)")
+	f.StringVar(&o.publicIPv6, "public-ipv6", "", "IPv6 address peers should use to reach this node")
+	f.BoolVar(&o.ipMasq, "ip-masq", false, "masquerade traffic leaving the cluster Network")
+	cmd.PersistentFlags().StringVar(&o.subnetFile, "subnet-file", "/run/twill/subnet.env", "where to write subnet.env for the CNI plugin")
+	f.StringVar(&o.stateDir, "state-dir", "/var/lib/twill", "directory for state kept across restarts")
+	f.StringVar(&o.healthzIP, "healthz-ip", "0.0.0.0", "address for /healthz, /readyz and /metrics")
+	f.IntVar(&o.healthzPort, "healthz-port", 0, "port for /healthz, /readyz and /metrics (0 disables)")
+	f.DurationVar(&o.iptablesResync, "iptables-resync", 5*time.Second, "period of the iptables rules check")
+	f.DurationVar(&o.resync, "resync", 30*time.Second, "period of the full reconcile that repairs drift")
+	cmd.PersistentFlags().StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+
+	cmd.AddCommand(newCleanupCommand(&o), &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), "twilld", version.Version) },
+	})
+	return cmd
+}
+
+func newCleanupCommand(o *options) *cobra.Command {
+	return &cobra.Command{
+		Use:   "cleanup",
+		Short: "Remove every route, device, iptables chain and file twill created on this node",
+		Long: `cleanup removes what twilld programmed in this network namespace: routes with
+twill's protocol number (167) in any table, twill.* devices, the TWILL-* iptables
+chains and their jumps, and subnet.env. Stop twilld first; pods on this node lose
+cross-node connectivity.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(o.logLevel)
+			if err != nil {
+				return err
+			}
+			h, err := nl.Open("")
+			if err != nil {
+				return err
+			}
+			defer h.Close()
+			return daemon.Cleanup(log, h, o.subnetFile)
+		},
+	}
+}
+
+// applyEnv sets every flag not given on the command line from
+// TWILLD_<FLAG> (dashes as underscores), when that variable is set.
+func applyEnv(fs *pflag.FlagSet) error {
+	var errs []error
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Changed {
+			return
+		}
+		name := "TWILLD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		v, ok := os.LookupEnv(name)
+		if !ok {
+			return
+		}
+		if err := fs.Set(f.Name, v); err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+		}
+	})
+	return errors.Join(errs...)
+}
+
+func newLogger(level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}
+
+func parseOptionalAddr(flag, s string) (netip.Addr, error) {
+	if s == "" {
+		return netip.Addr{}, nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("--%s %q: not an IP address", flag, s)
+	}
+	return a, nil
+}
+
+func run(ctx context.Context, reg *backend.Registry, o options) error {
+	log, err := newLogger(o.logLevel)
+	if err != nil {
+		return err
+	}
+	if o.kubeSubnetMgr {
+		return errors.New("--kube-subnet-mgr: the Kubernetes subnet manager is not in this build yet; use etcd mode")
+	}
+	iface := network.IfaceOptions{Ifaces: o.iface, IfaceRegex: o.ifaceRegex}
+	if iface.CanReach, err = parseOptionalAddr("iface-can-reach", o.ifaceCanReach); err != nil {
+		return err
+	}
+	if iface.PublicIP, err = parseOptionalAddr("public-ip", o.publicIP); err != nil {
+		return err
+	}
+	if iface.PublicIPv6, err = parseOptionalAddr("public-ipv6", o.publicIPv6); err != nil {
+		return err
+	}
+	cli, err := etcdsm.NewClient(etcdsm.ClientOptions{
+		Endpoints: o.etcdEndpoints, CAFile: o.etcdCAFile, CertFile: o.etcdCertFile, KeyFile: o.etcdKeyFile,
+		Username: o.etcdUsername, Password: o.etcdPassword,
+	})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	h, err := nl.Open("")
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	health := ""
+	if o.healthzPort != 0 {
+		health = net.JoinHostPort(o.healthzIP, strconv.Itoa(o.healthzPort))
+	}
+	log.Info("starting twilld", "version", version.Version, "backends", reg.Names())
+	d := daemon.New(daemon.Options{
+		Logger:   log,
+		Registry: reg,
+		Subnets: etcdsm.New(etcdsm.Options{Client: cli, Logger: log, Prefix: o.etcdPrefix,
+			TTL: o.leaseTTL, RenewMargin: o.renewMargin}),
+		Netlink:        h,
+		Iface:          iface,
+		SubnetFile:     o.subnetFile,
+		StateDir:       o.stateDir,
+		IPMasq:         o.ipMasq,
+		IPTablesResync: o.iptablesResync,
+		Resync:         o.resync,
+		HealthAddr:     health,
+	})
+	if err := d.Run(ctx); err != nil {
+		return err
+	}
+	log.Info("stopped; the data plane stays in place (twilld cleanup removes it)")
+	return nil
+}
