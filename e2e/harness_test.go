@@ -10,13 +10,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/twill-net/twill/internal/buildtest"
 	"github.com/twill-net/twill/internal/cnidriver"
 	"github.com/twill-net/twill/internal/netnstest"
 	"github.com/twill-net/twill/internal/topology"
@@ -24,39 +24,17 @@ import (
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
 )
 
-var built struct {
-	once sync.Once
-	dir  string
-	err  error
-}
-
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if built.dir != "" {
-		os.RemoveAll(built.dir)
-	}
+	buildtest.Cleanup()
 	os.Exit(code)
 }
 
-// binaries builds twilld and twillctl once per test process.
+// binaries builds twilld, twillctl and the twill plugin once per test
+// process.
 func binaries(t testing.TB) string {
 	t.Helper()
-	built.once.Do(func() {
-		built.dir, built.err = os.MkdirTemp("", "twill-e2e-bin")
-		if built.err != nil {
-			return
-		}
-		// Built as `make build` builds them, so benchmarks measure what ships.
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", built.dir+"/", "../cmd/twilld", "../cmd/twillctl", "../cmd/twill")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			built.err = fmt.Errorf("go build: %w: %s", err, out)
-		}
-	})
-	if built.err != nil {
-		t.Fatal(built.err)
-	}
-	return built.dir
+	return buildtest.Binaries(t, "github.com/twill-net/twill/cmd/twilld", "github.com/twill-net/twill/cmd/twillctl", "github.com/twill-net/twill/cmd/twill")
 }
 
 // proc is a process the test started inside a namespace; it is stopped by

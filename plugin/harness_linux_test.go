@@ -9,54 +9,31 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/twill-net/twill/internal/buildtest"
 	"github.com/twill-net/twill/internal/cnidriver"
 	"github.com/twill-net/twill/internal/netnstest"
 	"github.com/twill-net/twill/subnet"
 )
 
-var built struct {
-	once sync.Once
-	dir  string
-	err  error
-}
-
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if built.dir != "" {
-		os.RemoveAll(built.dir)
-	}
+	buildtest.Cleanup()
 	os.Exit(code)
 }
 
 // binDir builds the twill plugin and twillctl, plus the upstream plugins
 // used as references and chain partners (ptp, host-local, portmap), from
-// the module's own dependencies.
+// the module's own dependencies (pinned in internal/tools).
 func binDir(t testing.TB) string {
 	t.Helper()
-	built.once.Do(func() {
-		built.dir, built.err = os.MkdirTemp("", "twill-cni-bin")
-		if built.err != nil {
-			return
-		}
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", built.dir+"/",
-			"../cmd/twill", "../cmd/twillctl",
-			"github.com/containernetworking/plugins/plugins/main/ptp",
-			"github.com/containernetworking/plugins/plugins/ipam/host-local",
-			"github.com/containernetworking/plugins/plugins/meta/portmap")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			built.err = fmt.Errorf("go build: %w: %s", err, out)
-		}
-	})
-	if built.err != nil {
-		t.Fatal(built.err)
-	}
-	return built.dir
+	return buildtest.Binaries(t, "github.com/twill-net/twill/cmd/twill", "github.com/twill-net/twill/cmd/twillctl",
+		"github.com/containernetworking/plugins/plugins/main/ptp",
+		"github.com/containernetworking/plugins/plugins/ipam/host-local",
+		"github.com/containernetworking/plugins/plugins/meta/portmap")
 }
 
 // node is a simulated node: a namespace with an address on eth0, a

@@ -49,6 +49,21 @@ func readEnv(c *NetConf) (subnet.Env, error) {
 	return env, nil
 }
 
+// openHandles opens netlink handles on the pod's namespace and on the
+// node's (the plugin's own).
+func openHandles(netnsPath string) (pod, host *nl.Handle, err error) {
+	pod, err = nl.OpenPath(netnsPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("twill: pod network namespace %q: %w", netnsPath, err)
+	}
+	host, err = nl.Open("")
+	if err != nil {
+		pod.Close()
+		return nil, nil, fmt.Errorf("twill: %w", err)
+	}
+	return pod, host, nil
+}
+
 func hostPrefix(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) }
 
 func cmdAdd(args *skel.CmdArgs) (err error) {
@@ -67,15 +82,11 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	if c.MTU > 0 {
 		mtu = c.MTU
 	}
-	pod, err := nl.OpenPath(args.Netns)
+	pod, host, err := openHandles(args.Netns)
 	if err != nil {
-		return fmt.Errorf("twill: pod network namespace %q: %w", args.Netns, err)
+		return err
 	}
 	defer pod.Close()
-	host, err := nl.Open("")
-	if err != nil {
-		return fmt.Errorf("twill: %w", err)
-	}
 	defer host.Close()
 
 	// Every step registers its undo; a failure runs them in reverse, so a
@@ -269,15 +280,11 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if err != nil {
 		return fmt.Errorf("twill: converting prevResult: %w", err)
 	}
-	pod, err := nl.OpenPath(args.Netns)
+	pod, host, err := openHandles(args.Netns)
 	if err != nil {
-		return fmt.Errorf("twill: pod network namespace %q: %w", args.Netns, err)
+		return err
 	}
 	defer pod.Close()
-	host, err := nl.Open("")
-	if err != nil {
-		return fmt.Errorf("twill: %w", err)
-	}
 	defer host.Close()
 
 	hostName := HostVethName(args.ContainerID, args.IfName)
@@ -420,7 +427,10 @@ func cmdGC(args *skel.CmdArgs) error {
 	for _, a := range c.ValidAttachments {
 		valid[a] = true
 	}
-	var errs []error
+	var (
+		errs  []error
+		stale []reservation
+	)
 	if c.IPAM.Type == "" {
 		s, err := store(c)
 		if err != nil {
@@ -430,25 +440,36 @@ func cmdGC(args *skel.CmdArgs) error {
 			s.Close()
 			return fmt.Errorf("twill: locking allocation store: %w", err)
 		}
+		defer func() { s.Unlock(); s.Close() }()
 		res, err := reservations(c)
 		if err != nil {
 			errs = append(errs, err)
 		}
 		for _, rv := range res {
 			if !valid[types.GCAttachment{ContainerID: rv.ContainerID, IfName: rv.IfName}] {
-				if err := os.Remove(rv.path); err != nil && !errors.Is(err, os.ErrNotExist) {
-					errs = append(errs, fmt.Errorf("twill: releasing %s: %w", rv.IP, err))
-				}
+				stale = append(stale, rv)
 			}
 		}
-		s.Unlock()
-		s.Close()
 	}
 	host, err := nl.Open("")
 	if err != nil {
 		return fmt.Errorf("twill: %w", err)
 	}
 	defer host.Close()
+	// An allocation is recorded before its veth exists, and the veth's
+	// name follows from the record: this finds the veth of an ADD killed
+	// before it could label the link with its alias.
+	for _, rv := range stale {
+		if l, err := host.LinkByName(HostVethName(rv.ContainerID, rv.IfName)); err == nil {
+			if err := host.LinkDel(l.Index); err != nil {
+				errs = append(errs, fmt.Errorf("twill: %w", err))
+			}
+		}
+		if err := os.Remove(rv.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("twill: releasing %s: %w", rv.IP, err))
+		}
+	}
+
 	links, err := host.Links()
 	if err != nil {
 		return errors.Join(append(errs, fmt.Errorf("twill: %w", err))...)

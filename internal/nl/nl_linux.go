@@ -307,24 +307,36 @@ type RouteEvent struct {
 // for every route change in the handle's namespace, until ctx is done.
 // Neither may block: they are meant to poke a reconciler.
 func (h *Handle) WatchRoutes(ctx context.Context, subscribed func(), fn func(RouteEvent)) error {
-	ch := make(chan netlink.RouteUpdate, 256)
+	return watch(ctx, "route", subscribed, func(ch chan netlink.RouteUpdate, done chan struct{}, errCb func(error)) error {
+		opts := netlink.RouteSubscribeOptions{ErrorCallback: errCb}
+		if h.ns >= 0 {
+			ns := h.ns
+			opts.Namespace = &ns
+		}
+		return netlink.RouteSubscribeWithOptions(ch, done, opts)
+	}, func(u netlink.RouteUpdate) {
+		if u.Dst != nil {
+			fn(RouteEvent{Deleted: u.Type == unix.RTM_DELROUTE, Route: fromNetlinkRoute(u.Route)})
+		}
+	})
+}
+
+// watch runs one netlink subscription until ctx is done, handing each update
+// to fn; it returns an error when the subscription breaks.
+func watch[U any](ctx context.Context, what string, subscribed func(),
+	subscribe func(ch chan U, done chan struct{}, errCb func(error)) error, fn func(U)) error {
+	ch := make(chan U, 256)
 	done := make(chan struct{})
 	defer close(done)
 	subErr := make(chan error, 1)
-	opts := netlink.RouteSubscribeOptions{
-		ErrorCallback: func(err error) {
-			select {
-			case subErr <- err:
-			default:
-			}
-		},
+	errCb := func(err error) {
+		select {
+		case subErr <- err:
+		default:
+		}
 	}
-	if h.ns >= 0 {
-		ns := h.ns
-		opts.Namespace = &ns
-	}
-	if err := netlink.RouteSubscribeWithOptions(ch, done, opts); err != nil {
-		return fmt.Errorf("subscribing to route updates: %w", err)
+	if err := subscribe(ch, done, errCb); err != nil {
+		return fmt.Errorf("subscribing to %s updates: %w", what, err)
 	}
 	if subscribed != nil {
 		subscribed()
@@ -334,15 +346,12 @@ func (h *Handle) WatchRoutes(ctx context.Context, subscribed func(), fn func(Rou
 		case <-ctx.Done():
 			return nil
 		case err := <-subErr:
-			return fmt.Errorf("receiving route updates: %w", err)
+			return fmt.Errorf("receiving %s updates: %w", what, err)
 		case u, ok := <-ch:
 			if !ok {
-				return errors.New("receiving route updates: subscription closed")
+				return fmt.Errorf("receiving %s updates: subscription closed", what)
 			}
-			if u.Dst == nil {
-				continue
-			}
-			fn(RouteEvent{Deleted: u.Type == unix.RTM_DELROUTE, Route: fromNetlinkRoute(u.Route)})
+			fn(u)
 		}
 	}
 }
@@ -383,6 +392,8 @@ func (h *Handle) VethAdd(name, peerName, peerNSPath string, mtu int, alias strin
 	if err != nil {
 		return Link{}, fmt.Errorf("finding new veth %s: %w", name, err)
 	}
+	// The kernel ignores an alias given at creation, so it is a second
+	// request; callers must cope with a link that never got it.
 	if alias != "" {
 		if err := h.h.LinkSetAlias(l, alias); err != nil {
 			return Link{}, fmt.Errorf("setting alias of %s: %w", name, err)
@@ -517,41 +528,16 @@ type LinkEvent struct {
 // WatchLinks calls subscribed once subscribed, then fn for every link
 // change in the handle's namespace, until ctx is done. Neither may block.
 func (h *Handle) WatchLinks(ctx context.Context, subscribed func(), fn func(LinkEvent)) error {
-	ch := make(chan netlink.LinkUpdate, 64)
-	done := make(chan struct{})
-	defer close(done)
-	subErr := make(chan error, 1)
-	opts := netlink.LinkSubscribeOptions{
-		ErrorCallback: func(err error) {
-			select {
-			case subErr <- err:
-			default:
-			}
-		},
-	}
-	if h.ns >= 0 {
-		ns := h.ns
-		opts.Namespace = &ns
-	}
-	if err := netlink.LinkSubscribeWithOptions(ch, done, opts); err != nil {
-		return fmt.Errorf("subscribing to link updates: %w", err)
-	}
-	if subscribed != nil {
-		subscribed()
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case err := <-subErr:
-			return fmt.Errorf("receiving link updates: %w", err)
-		case u, ok := <-ch:
-			if !ok {
-				return errors.New("receiving link updates: subscription closed")
-			}
-			fn(LinkEvent{Deleted: u.Header.Type == unix.RTM_DELLINK, Link: fromNetlinkLink(u.Link)})
+	return watch(ctx, "link", subscribed, func(ch chan netlink.LinkUpdate, done chan struct{}, errCb func(error)) error {
+		opts := netlink.LinkSubscribeOptions{ErrorCallback: errCb}
+		if h.ns >= 0 {
+			ns := h.ns
+			opts.Namespace = &ns
 		}
-	}
+		return netlink.LinkSubscribeWithOptions(ch, done, opts)
+	}, func(u netlink.LinkUpdate) {
+		fn(LinkEvent{Deleted: u.Header.Type == unix.RTM_DELLINK, Link: fromNetlinkLink(u.Link)})
+	})
 }
 
 // AddrDel removes an address from a link; a missing one is fine.
