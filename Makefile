@@ -70,11 +70,11 @@ lint: ## gofmt, go vet, and the rule that netlink is used only through internal/
 
 .PHONY: bench
 bench: setup ## Benchmarks with full output (root); figures go in Documentation/benchmarks.md
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m -v ./...
+	$(GO) test -p 1 -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m -v ./...
 
 .PHONY: bench-smoke
 bench-smoke: ## Run every benchmark once so none rots (part of make test)
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./...
+	$(GO) test -p 1 -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./...
 
 .PHONY: clean
 clean: ## Remove build output

@@ -62,10 +62,28 @@ func fieldErr(field string, value any, format string, args ...any) error {
 	return &ConfigError{Field: field, Value: value, Reason: fmt.Sprintf(format, args...)}
 }
 
+// ErrInvalidConfig is wrapped by every ParseConfig error: the
+// configuration is there but wrong, so waiting will not fix it.
+var ErrInvalidConfig = errors.New("invalid network configuration")
+
 // ParseConfig decodes and validates net-conf.json, filling in defaults.
 // Unknown top-level keys are rejected; the Backend object is checked only
-// for its Type here, the backend decodes the rest.
+// for its Type here, the backend decodes the rest. Errors wrap
+// ErrInvalidConfig and name the field and value.
 func ParseConfig(data []byte) (*Config, error) {
+	c, err := parseConfig(data)
+	if err != nil {
+		return nil, invalidConfig{err}
+	}
+	return c, nil
+}
+
+// invalidConfig marks an error as ErrInvalidConfig without changing its text.
+type invalidConfig struct{ error }
+
+func (e invalidConfig) Unwrap() []error { return []error{e.error, ErrInvalidConfig} }
+
+func parseConfig(data []byte) (*Config, error) {
 	var raw rawConfig
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()

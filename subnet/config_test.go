@@ -1,6 +1,7 @@
 package subnet
 
 import (
+	"errors"
 	"net/netip"
 	"strings"
 	"testing"
@@ -75,6 +76,9 @@ func TestParseConfigRejects(t *testing.T) {
 			_, err := ParseConfig([]byte(tt.in))
 			if err == nil {
 				t.Fatal("accepted")
+			}
+			if !errors.Is(err, ErrInvalidConfig) {
+				t.Errorf("error %v does not wrap ErrInvalidConfig", err)
 			}
 			for _, w := range tt.want {
 				if !strings.Contains(err.Error(), w) {

@@ -16,7 +16,6 @@ import (
 	"net"
 	"net/http"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -200,8 +199,7 @@ func (d *Daemon) networkConfig(ctx context.Context) (*subnet.Config, error) {
 		if err == nil {
 			return cfg, nil
 		}
-		var cerr *subnet.ConfigError
-		if errors.As(err, &cerr) || strings.Contains(err.Error(), "net-conf.json") {
+		if errors.Is(err, subnet.ErrInvalidConfig) {
 			// A configuration that is there but wrong will not fix itself
 			// by waiting; say so and stop.
 			return nil, err
