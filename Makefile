@@ -62,11 +62,11 @@ fuzz: ## Fuzz every parser of untrusted input for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConf$$' -fuzztime $${FUZZTIME:-30s} ./plugin/
 
 .PHONY: lint
-lint: ## gofmt, go vet, and the rule that netlink is used only through internal/nl
+lint: ## gofmt, go vet, and the rule that netlink is used only through backend/nl
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
-	@bad=$$(grep -rln --include='*.go' '"github.com/vishvananda/netlink"' . | grep -v '^./internal/nl/' || true); \
-	if [ -n "$$bad" ]; then echo "netlink used outside internal/nl (use the seam):"; echo "$$bad"; exit 1; fi
+	@bad=$$(grep -rln --include='*.go' '"github.com/vishvananda/netlink"' . | grep -v '^./backend/nl/' || true); \
+	if [ -n "$$bad" ]; then echo "netlink used outside backend/nl (use the seam):"; echo "$$bad"; exit 1; fi
 
 .PHONY: bench
 bench: setup ## Benchmarks with full output (root); figures go in Documentation/benchmarks.md

@@ -15,8 +15,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/twill-net/twill/internal/nl"
-	"github.com/twill-net/twill/internal/owned"
+	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/subnet"
 )
 

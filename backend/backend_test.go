@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/twill-net/twill/internal/nl"
+	"github.com/twill-net/twill/backend/nl"
 )
 
 func TestRegistryRejectsDuplicatesAndNil(t *testing.T) {

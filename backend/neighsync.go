@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/twill-net/twill/internal/nl"
+	"github.com/twill-net/twill/backend/nl"
 )
 
 // NeighSync keeps the permanent neighbour entries (or, with FDB, the

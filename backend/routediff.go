@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"sort"
 
-	"github.com/twill-net/twill/internal/nl"
+	"github.com/twill-net/twill/backend/nl"
 )
 
 // RoutePlan is what must change for the kernel's owned routes to match the

@@ -9,8 +9,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/twill-net/twill/internal/nl"
-	"github.com/twill-net/twill/internal/owned"
+	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/backend/owned"
 )
 
 // RouteSync keeps the routes twill owns in one table equal to a desired set.

@@ -15,9 +15,9 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/internal/netnstest"
-	"github.com/twill-net/twill/internal/nl"
-	"github.com/twill-net/twill/internal/owned"
 	"github.com/twill-net/twill/subnet"
 )
 

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/nl"
-	"github.com/twill-net/twill/internal/owned"
+	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/internal/topology"
 )
 

@@ -8,7 +8,7 @@ import (
 	"slices"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/internal/nl"
+	"github.com/twill-net/twill/backend/nl"
 )
 
 // IfaceOptions are the --iface* and --public-ip* flags.

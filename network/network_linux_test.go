@@ -10,8 +10,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/netnstest"
-	"github.com/twill-net/twill/internal/nl"
 )
 
 func iptablesSave(t *testing.T, name string) string {

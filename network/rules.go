@@ -3,7 +3,7 @@ package network
 import (
 	"net/netip"
 
-	"github.com/twill-net/twill/internal/owned"
+	"github.com/twill-net/twill/backend/owned"
 )
 
 // Rule is one iptables rule in one of twill's chains.

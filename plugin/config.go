@@ -10,7 +10,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/twill-net/twill/internal/owned"
+	"github.com/twill-net/twill/backend/owned"
 )
 
 // Defaults.

@@ -24,7 +24,7 @@ import (
 	"sync"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/internal/nl"
+	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/subnet"
 )
 

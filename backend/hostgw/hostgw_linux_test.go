@@ -13,8 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/netnstest"
-	"github.com/twill-net/twill/internal/nl"
 	"github.com/twill-net/twill/subnet"
 )
 

@@ -46,8 +46,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/internal/nl"
-	"github.com/twill-net/twill/internal/owned"
+	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/subnet"
 )
 

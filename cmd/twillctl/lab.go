@@ -153,15 +153,19 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 		},
 	}
 
-	var port int
+	var (
+		port      int
+		readyFile string
+	)
 	echo := &cobra.Command{
 		Use:    "echo-server",
 		Short:  "Echo one line per TCP connection (runs inside lab pods)",
 		Hidden: true,
 		Args:   cobra.NoArgs,
-		RunE:   func(cmd *cobra.Command, _ []string) error { return lab.ServeEcho(cmd.Context(), port) },
+		RunE:   func(cmd *cobra.Command, _ []string) error { return lab.ServeEcho(cmd.Context(), port, readyFile) },
 	}
 	echo.Flags().IntVar(&port, "port", lab.EchoPort, "port")
+	echo.Flags().StringVar(&readyFile, "ready-file", "", "file to create once listening")
 	probe := &cobra.Command{
 		Use:    "probe IP...",
 		Short:  "Connect to each IP's echo server and print the results as JSON",

@@ -17,8 +17,8 @@ import (
 
 	"github.com/twill-net/twill/backend"
 	_ "github.com/twill-net/twill/backend/hostgw" // the built-in backends, to compute their desired state
+	"github.com/twill-net/twill/backend/nl"
 	_ "github.com/twill-net/twill/backend/vxlan"
-	"github.com/twill-net/twill/internal/nl"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/subnet"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"

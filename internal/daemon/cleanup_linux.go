@@ -7,8 +7,8 @@ import (
 	"os"
 	"strings"
 
-	"github.com/twill-net/twill/internal/nl"
-	"github.com/twill-net/twill/internal/owned"
+	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/network"
 )
 

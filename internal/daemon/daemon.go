@@ -25,7 +25,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/internal/nl"
+	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/subnet"
 )

@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/daemon"
 	"github.com/twill-net/twill/internal/netnstest"
-	"github.com/twill-net/twill/internal/nl"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/subnet"
 )

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -16,11 +17,18 @@ import (
 )
 
 // ServeEcho answers every TCP connection on port by echoing one line. It
-// runs inside a pod namespace until ctx is done.
-func ServeEcho(ctx context.Context, port int) error {
+// runs inside a pod namespace until ctx is done. Once it listens it creates
+// readyFile (when given), so `lab up` knows the pod can be probed.
+func ServeEcho(ctx context.Context, port int, readyFile string) error {
 	l, err := net.Listen("tcp", fmt.Sprintf(":%d", port))
 	if err != nil {
 		return fmt.Errorf("listening on :%d: %w", port, err)
+	}
+	if readyFile != "" {
+		if err := os.WriteFile(readyFile, nil, 0o644); err != nil {
+			l.Close()
+			return fmt.Errorf("writing %s: %w", readyFile, err)
+		}
 	}
 	go func() { <-ctx.Done(); l.Close() }()
 	for {

@@ -13,9 +13,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/internal/cnidriver"
-	"github.com/twill-net/twill/internal/nl"
-	"github.com/twill-net/twill/internal/owned"
 	"github.com/twill-net/twill/internal/topology"
 	"github.com/twill-net/twill/subnet"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
@@ -228,7 +228,18 @@ func (s *State) addPods(ctx context.Context, o Options, i int) error {
 			return fmt.Errorf("CNI ADD of %s: result %s", pods[k].Name, out.Result)
 		}
 		pods[k].IP = r.IPs[0].Address.Addr()
-		if err := s.spawn("echo", pods[k].NS, filepath.Join(o.BinDir, "twillctl"), "lab", "echo-server", "--port", fmt.Sprint(EchoPort)); err != nil {
+		ready := filepath.Join(nodeDir, pods[k].Name+".echo-ready")
+		if err := s.spawn("echo", pods[k].NS, filepath.Join(o.BinDir, "twillctl"), "lab", "echo-server",
+			"--port", fmt.Sprint(EchoPort), "--ready-file", ready); err != nil {
+			return err
+		}
+	}
+	for _, p := range pods {
+		ready := filepath.Join(nodeDir, p.Name+".echo-ready")
+		if err := poll(ctx, 10*time.Second, p.Name+"'s echo server", func() error {
+			_, err := os.Stat(ready)
+			return err
+		}); err != nil {
 			return err
 		}
 	}

@@ -8,8 +8,7 @@
 //
 //	ip route <peer subnet> via <peer public IP> dev <ext> [table <Table>] proto 167
 //
-// Note: it lives inside the twill module because backend.Options and
-// backend.RouteSync use types from twill's internal netlink package.
+// It uses only twill's public packages, so it could live in any module.
 package directgw
 
 import (
@@ -17,7 +16,7 @@ import (
 	"fmt"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/internal/nl"
+	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/subnet"
 )
 

@@ -23,8 +23,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/daemon"
-	"github.com/twill-net/twill/internal/nl"
 	"github.com/twill-net/twill/internal/version"
 	"github.com/twill-net/twill/network"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"

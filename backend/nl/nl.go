@@ -1,4 +1,4 @@
-// Package nl is twill's only door to netlink. Every route, neighbour, rule and
+// Package nl is twill's only door to netlink, and the one backends use. Every route, neighbour, rule and
 // link twill reads or writes passes through a Handle bound to one network
 // namespace, so that a test can point the whole daemon at a namespace it made,
 // and so that the kernel's "dump interrupted" answer is retried in one place.
