@@ -24,6 +24,9 @@ type Options struct {
 	Underlay netip.Prefix
 	// MTU of the underlay links; 0 keeps the default (1500).
 	MTU int
+	// UnderlayV6, when set (a /64), also gives node i address ::i on eth0,
+	// for dual-stack clusters (flat underlays only).
+	UnderlayV6 netip.Prefix
 	// Routed puts the nodes on two segments joined by a router namespace:
 	// odd nodes on Underlay (a /24), even nodes on the next /24. Nodes and
 	// the underlay namespace route to the other segment via the router
@@ -172,6 +175,11 @@ func Build(o Options) (_ *Topology, err error) {
 		}
 		if o.Routed {
 			steps = append(steps, []string{"route", "add", "default", "via", lastUsable(seg.prefix).Prev().String()})
+		}
+		if o.UnderlayV6.IsValid() {
+			a := o.UnderlayV6.Addr().As16()
+			a[15] = byte(i)
+			steps = append(steps, []string{"-6", "addr", "add", netip.PrefixFrom(netip.AddrFrom16(a), o.UnderlayV6.Bits()).String(), "dev", "eth0", "nodad"})
 		}
 		for _, s := range steps {
 			if err := IP(n.NS, s...); err != nil {
