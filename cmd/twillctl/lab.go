@@ -121,7 +121,7 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 		},
 	}
 
-	exec := &cobra.Command{
+	execCmd := &cobra.Command{
 		Use:   "exec NODE|POD -- COMMAND [ARG...]",
 		Short: "Run a command inside a lab node or pod",
 		Args:  cobra.MinimumNArgs(2),
@@ -134,7 +134,7 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 			if !ok {
 				return fmt.Errorf("no node or pod %q in lab %q (see twillctl lab status)", args[0], o.Name)
 			}
-			c := execCommand("ip", append([]string{"netns", "exec", ns}, args[1:]...)...)
+			c := exec.Command("ip", append([]string{"netns", "exec", ns}, args[1:]...)...)
 			c.Stdin, c.Stdout, c.Stderr = os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr()
 			return c.Run()
 		},
@@ -183,11 +183,9 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 		},
 	}
 	probe.Flags().IntVar(&port, "port", lab.EchoPort, "port")
-	cmd.AddCommand(up, check, status, exec, down, echo, probe)
+	cmd.AddCommand(up, check, status, execCmd, down, echo, probe)
 	return cmd
 }
-
-var execCommand = exec.Command
 
 func syscallAlive(pid int) bool {
 	p, err := os.FindProcess(pid)
