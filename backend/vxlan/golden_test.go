@@ -26,8 +26,12 @@ func TestDesiredStateGolden(t *testing.T) {
 		return ParseData(1, peers[i].Attrs.BackendData)
 	}, Emitters{
 		Route: func(r nl.Route) { fmt.Fprintf(&b, "route %s\n", r) },
-		Neigh: func(n nl.Neigh) { fmt.Fprintf(&b, "neigh %s lladdr %s dev#%d permanent\n", n.IP, net.HardwareAddr(n.HardwareAddr), n.LinkIndex) },
-		FDB:   func(n nl.Neigh) { fmt.Fprintf(&b, "fdb %s dst %s dev#%d self permanent\n", net.HardwareAddr(n.HardwareAddr), n.IP, n.LinkIndex) },
+		Neigh: func(n nl.Neigh) {
+			fmt.Fprintf(&b, "neigh %s lladdr %s dev#%d permanent\n", n.IP, net.HardwareAddr(n.HardwareAddr), n.LinkIndex)
+		},
+		FDB: func(n nl.Neigh) {
+			fmt.Fprintf(&b, "fdb %s dst %s dev#%d self permanent\n", net.HardwareAddr(n.HardwareAddr), n.IP, n.LinkIndex)
+		},
 	})
 	for _, r := range refused {
 		fmt.Fprintf(&b, "refused %s\n", r)
