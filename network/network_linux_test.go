@@ -14,10 +14,12 @@ import (
 	"github.com/twill-net/twill/internal/netnstest"
 )
 
-func iptablesSave(t *testing.T, name string) string {
-	out, err := exec.Command("ip", "netns", "exec", name, "iptables-save").CombinedOutput()
+func iptablesSave(t *testing.T, name string) string { return save(t, name, "iptables-save") }
+
+func save(t *testing.T, name, tool string) string {
+	out, err := exec.Command("ip", "netns", "exec", name, tool).CombinedOutput()
 	if err != nil {
-		t.Fatalf("iptables-save: %v: %s", err, out)
+		t.Fatalf("%s: %v: %s", tool, err, out)
 	}
 	return string(out)
 }
@@ -30,7 +32,10 @@ func TestPrivilegedChainsRepairAndCleanup(t *testing.T) {
 	}
 	defer target.Close()
 	c := &Chains{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), IPMasq: true,
-		Networks: []NetworkPair{{Cluster: netip.MustParsePrefix("10.244.0.0/16"), Local: netip.MustParsePrefix("10.244.3.0/24")}}}
+		Networks: []NetworkPair{
+			{Cluster: netip.MustParsePrefix("10.244.0.0/16"), Local: netip.MustParsePrefix("10.244.3.0/24")},
+			{Cluster: netip.MustParsePrefix("fd00:10::/56"), Local: netip.MustParsePrefix("fd00:10:0:3::/64")},
+		}}
 	// go-iptables runs the iptables binary; inside ns.Do the child inherits
 	// the target namespace, so the test never touches the caller's rules.
 	inNS := func(f func() error) {
@@ -54,8 +59,14 @@ func TestPrivilegedChainsRepairAndCleanup(t *testing.T) {
 	if again := iptablesSave(t, name); countRules(again) != countRules(first) {
 		t.Fatalf("Sync did not repair the rules:\nbefore\n%s\nafter\n%s", first, again)
 	}
+	v6 := save(t, name, "ip6tables-save")
+	for _, want := range []string{"-A TWILL-POSTRTG -s fd00:10::/56 ! -d ff00::/8", "MASQUERADE --random-fully", "-A TWILL-FWD -d fd00:10::/56"} {
+		if !strings.Contains(v6, want) {
+			t.Fatalf("after Sync, IPv6 rules lack %q:\n%s", want, v6)
+		}
+	}
 	inNS(CleanupChains)
-	if left := iptablesSave(t, name); strings.Contains(left, "TWILL") {
+	if left := iptablesSave(t, name) + save(t, name, "ip6tables-save"); strings.Contains(left, "TWILL") {
 		t.Fatalf("rules left after cleanup:\n%s", left)
 	}
 }
