@@ -240,10 +240,7 @@ func benchEtcd(b *testing.B, backendType string) {
 // same objects in a fresh namespace: what the kernel alone costs.
 func kernelFloor(b *testing.B, backendType string) time.Duration {
 	ns := netnstest.New(b, "floor")
-	netnstest.IP(b, ns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
-	netnstest.IP(b, ns, "link", "set", "eth0", "up")
-	netnstest.IP(b, ns, "link", "set", "eth0p", "up")
-	netnstest.IP(b, ns, "addr", "add", "192.168.0.1/16", "dev", "eth0")
+	netnstest.Uplink(b, ns, "192.168.0.1/16")
 	var routes, fdb strings.Builder
 	if backendType == "vxlan" {
 		netnstest.IP(b, ns, "link", "add", "twill.1", "type", "vxlan", "id", "1", "dev", "eth0", "local", "192.168.0.1", "dstport", "8472", "nolearning")

@@ -52,10 +52,7 @@ func newNode(t testing.TB, subnetCIDR string) *node {
 	t.Helper()
 	netnstest.RequireRoot(t)
 	n := &node{t: t, ns: netnstest.New(t, "cni"), dir: t.TempDir(), addr: netip.MustParseAddr("192.168.50.1"), bin: binDir(t)}
-	netnstest.IP(t, n.ns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
-	netnstest.IP(t, n.ns, "link", "set", "eth0", "up")
-	netnstest.IP(t, n.ns, "link", "set", "eth0p", "up")
-	netnstest.IP(t, n.ns, "addr", "add", "192.168.50.1/24", "dev", "eth0")
+	netnstest.Uplink(t, n.ns, "192.168.50.1/24")
 	if out, err := netnstest.Exec(n.ns, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}

@@ -22,10 +22,7 @@ import (
 // host-gw Network attached in it.
 func node(t *testing.T) (string, *nl.Handle, *Network) {
 	ns := netnstest.New(t, "hgw")
-	netnstest.IP(t, ns, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0")
-	netnstest.IP(t, ns, "link", "set", "peer0", "up")
-	netnstest.IP(t, ns, "link", "set", "eth0", "up")
-	netnstest.IP(t, ns, "addr", "add", "192.168.77.1/24", "dev", "eth0")
+	netnstest.Uplink(t, ns, "192.168.77.1/24")
 	h, err := nl.Open(ns)
 	if err != nil {
 		t.Fatal(err)
@@ -186,10 +183,7 @@ func TestPrivilegedRepairsHandDeletedRoute(t *testing.T) {
 // Network and the peers.
 func benchNetwork(b *testing.B, n int) (*Network, []subnet.Lease) {
 	ns := netnstest.New(b, "hgwb")
-	netnstest.IP(b, ns, "link", "add", "eth0", "type", "veth", "peer", "name", "peer0")
-	netnstest.IP(b, ns, "link", "set", "peer0", "up")
-	netnstest.IP(b, ns, "link", "set", "eth0", "up")
-	netnstest.IP(b, ns, "addr", "add", "192.168.0.1/16", "dev", "eth0")
+	netnstest.Uplink(b, ns, "192.168.0.1/16")
 	h, err := nl.Open(ns)
 	if err != nil {
 		b.Fatal(err)

@@ -31,11 +31,8 @@ func newVNode(t *testing.T) *vnode { return newVNodeB(t) }
 
 func newVNodeB(t testing.TB) *vnode {
 	ns := netnstest.New(t, "vx")
-	netnstest.IP(t, ns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
+	netnstest.Uplink(t, ns, "192.168.1.1/24")
 	netnstest.IP(t, ns, "link", "set", "eth0", "address", "02:00:00:00:00:01")
-	netnstest.IP(t, ns, "link", "set", "eth0", "up")
-	netnstest.IP(t, ns, "link", "set", "eth0p", "up")
-	netnstest.IP(t, ns, "addr", "add", "192.168.1.1/24", "dev", "eth0")
 	h, err := nl.Open(ns)
 	if err != nil {
 		t.Fatal(err)

@@ -132,9 +132,7 @@ func runChild() int {
 
 func TestPrivilegedDaemonSelectsRegisteredBackend(t *testing.T) {
 	ns := netnstest.New(t, "dmn")
-	netnstest.IP(t, ns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
-	netnstest.IP(t, ns, "link", "set", "eth0", "up")
-	netnstest.IP(t, ns, "addr", "add", "192.168.80.1/24", "dev", "eth0")
+	netnstest.Uplink(t, ns, "192.168.80.1/24")
 	dir := t.TempDir()
 	recordFile, envFile := filepath.Join(dir, "record.json"), filepath.Join(dir, "subnet.env")
 	self, err := os.Executable()

@@ -99,3 +99,14 @@ func Veth(t testing.TB, nsA, ifA, nsB, ifB string) {
 	IP(t, nsA, "link", "set", ifA, "up")
 	IP(t, nsB, "link", "set", ifB, "up")
 }
+
+// Uplink gives ns an "eth0" (a veth whose peer, "eth0p", stays in ns too,
+// so the link has carrier) with address addr (CIDR), both ends up. It is
+// the node uplink most privileged tests need.
+func Uplink(t testing.TB, ns, addr string) {
+	t.Helper()
+	IP(t, ns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
+	IP(t, ns, "link", "set", "eth0p", "up")
+	IP(t, ns, "link", "set", "eth0", "up")
+	IP(t, ns, "addr", "add", addr, "dev", "eth0")
+}
