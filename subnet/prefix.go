@@ -52,12 +52,3 @@ func subnetsBetween(minA, maxA netip.Addr, bits int) uint64 {
 	}
 	return d.Uint64()
 }
-
-// SubnetIndex returns the position of subnet s counted from minA in steps
-// of s.Bits(), and false when s lies before minA.
-func SubnetIndex(minA netip.Addr, s netip.Prefix) (uint64, bool) {
-	if s.Addr().Less(minA) {
-		return 0, false
-	}
-	return subnetsBetween(minA, s.Addr(), s.Bits()) - 1, true
-}

@@ -49,15 +49,6 @@ func (r Route) Key() Key {
 	return Key{Addr: r.Dst.Addr().As16(), Bits: uint8(r.Dst.Bits()), V4: r.Dst.Addr().Is4(), Table: uint32(r.table())}
 }
 
-// Prefix is the destination the key names.
-func (k Key) Prefix() netip.Prefix {
-	a := netip.AddrFrom16(k.Addr)
-	if k.V4 {
-		a = a.Unmap()
-	}
-	return netip.PrefixFrom(a, int(k.Bits))
-}
-
 func (r Route) table() int {
 	if r.Table == 0 {
 		return 254

@@ -59,8 +59,6 @@ type Options struct {
 	Resync time.Duration
 	// HealthAddr serves /healthz, /readyz and /metrics; empty disables.
 	HealthAddr string
-	// OnReady, if set, is called once the daemon is ready.
-	OnReady func()
 }
 
 // Daemon is one twilld.
@@ -280,9 +278,6 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 			}
 			d.ready.Store(true)
 			d.log.Info("ready", "peers", len(peers), "took_reconcile", time.Since(start).Round(time.Millisecond))
-			if d.o.OnReady != nil {
-				d.o.OnReady()
-			}
 		}
 	}
 }
