@@ -3,7 +3,6 @@ package backend
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -28,7 +27,6 @@ type RouteSync struct {
 	NL            *nl.Handle
 	Table         int // 0 means main
 	FullSyncEvery time.Duration
-	Logger        *slog.Logger
 
 	mu       sync.Mutex
 	known    map[nl.Key]nl.Route // guarded by mu; nil until read from the kernel

@@ -212,3 +212,20 @@ func TestLabExampleBackend(t *testing.T) {
 		t.Fatalf("want two directgw routes on node1: %v\n%s", err, out)
 	}
 }
+
+// TestLabDownStopsOrphanedDaemon: a node namespace deleted by hand while
+// its twilld runs leaves the daemon in an unnamed namespace; lab down
+// still stops it (identified by PID and its command line), and nothing of
+// the lab remains.
+func TestLabDownStopsOrphanedDaemon(t *testing.T) {
+	l := newLabCtl(t)
+	n := labName("orph")
+	l.up(n, "--nodes", "2", "--pods-per-node", "0")
+	if out, err := exec.Command("ip", "netns", "del", "twl-"+n+"-n2").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if out, err := l.run("down", "--name", n); err != nil {
+		t.Fatalf("lab down: %v\n%s", err, out)
+	}
+	l.requireGone(n)
+}

@@ -68,7 +68,7 @@ func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Network
 		ext:     b.opts.ExtIface,
 		log:     b.log,
 		metrics: b.opts.Metrics,
-		routes:  &backend.RouteSync{NL: b.opts.Netlink, FullSyncEvery: b.opts.FullSyncEvery, Logger: b.log},
+		routes:  &backend.RouteSync{NL: b.opts.Netlink, FullSyncEvery: b.opts.FullSyncEvery},
 	}, nil
 }
 

@@ -217,7 +217,7 @@ func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Network
 		b:       b,
 		local:   lease,
 		vtepIP:  netip.PrefixFrom(lease.Subnet.Addr(), 32),
-		routes:  &backend.RouteSync{NL: h, FullSyncEvery: b.opts.FullSyncEvery, Logger: b.log},
+		routes:  &backend.RouteSync{NL: h, FullSyncEvery: b.opts.FullSyncEvery},
 		neighs:  &backend.NeighSync{NL: h, FullSyncEvery: b.opts.FullSyncEvery},
 		fdb:     &backend.NeighSync{NL: h, FDB: true, FullSyncEvery: b.opts.FullSyncEvery},
 		metrics: b.opts.Metrics,

@@ -68,12 +68,14 @@ func Down(stateRoot, name string) error {
 	for _, ns := range nss {
 		pids = append(pids, pidsIn(ns)...)
 	}
-	// Recorded processes that left their namespace early (or whose
-	// namespace is already gone) are stopped too, if still the same
-	// program in a lab namespace; a recycled PID is left alone.
+	// A recorded process whose namespace mount is already gone (a node
+	// deleted by hand, an interrupted down) lives on in an unnamed
+	// namespace the scan above cannot see. Every process the lab starts
+	// has a path inside the lab's state directory on its command line,
+	// which tells it from an unrelated process that reused the PID.
 	if s, err := Load(stateRoot, name); err == nil {
 		for _, p := range s.Processes {
-			if alive(p.PID) && !contains(pids, p.PID) && len(pidsIn(p.NS)) > 0 && contains(pidsIn(p.NS), p.PID) {
+			if !contains(pids, p.PID) && cmdlineMentions(p.PID, s.Dir) {
 				pids = append(pids, p.PID)
 			}
 		}
@@ -101,6 +103,12 @@ func Down(stateRoot, name string) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// cmdlineMentions reports whether a live process's command line contains s.
+func cmdlineMentions(pid int, s string) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && strings.Contains(string(b), s)
 }
 
 func contains(xs []int, x int) bool {
