@@ -17,7 +17,7 @@ help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: lab
-lab: setup build ## Start the local lab (3 nodes x 2 pods, vxlan) and print its connectivity matrix
+lab: setup-base build ## Start the local lab (3 nodes x 2 pods, vxlan) and print its connectivity matrix
 	@bin/twillctl lab down >/dev/null 2>&1 || true
 	bin/twillctl lab up --nodes 3 --pods-per-node 2 --backend vxlan
 	bin/twillctl lab check
@@ -29,7 +29,10 @@ build: ## Build twilld, twillctl and the twill CNI plugin into bin/
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
 .PHONY: setup
-setup: ## Install what a fresh machine lacks (iproute2, iptables, ping, iperf3); only what is missing
+setup: setup-base kube-tools ## Install what a fresh machine lacks (iproute2, iptables, ping, iperf3, kube-apiserver+kubectl); only what is missing
+
+.PHONY: setup-base
+setup-base: ## What the lab needs: the Debian packages and the Go modules
 	@missing=""; for c in $(APT_COMMANDS); do command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
 	if [ -z "$$missing" ]; then echo "setup: all tools present"; exit 0; fi; \
 	echo "setup: missing:$$missing; installing $(APT_PACKAGES)"; \
@@ -37,6 +40,10 @@ setup: ## Install what a fresh machine lacks (iproute2, iptables, ping, iperf3);
 	export DEBIAN_FRONTEND=noninteractive; \
 	apt-get update -qq && apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) >/dev/null
 	$(GO) mod download
+
+.PHONY: kube-tools
+kube-tools: ## Build kube-apiserver and kubectl for the tests from the Go module proxy (cached in build/kube/<version>)
+	bash tools/kube/build.sh
 
 .PHONY: test
 test: setup lint ## Everything this machine can run, as root: unit, privileged, e2e, fuzz seeds, benchmarks once
@@ -60,6 +67,7 @@ fuzz: ## Fuzz every parser of untrusted input for FUZZTIME each (default 30s)
 	@for f in FuzzParseConfig FuzzParseLeaseAttrs FuzzParseEnv FuzzParseSubnetKey; do \
 		$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $${FUZZTIME:-30s} ./subnet/ || exit 1; done
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConf$$' -fuzztime $${FUZZTIME:-30s} ./plugin/
+	$(GO) test -run '^$$' -fuzz '^FuzzNodeLease$$' -fuzztime $${FUZZTIME:-30s} ./subnet/kube/
 
 .PHONY: lint
 lint: ## gofmt, go vet, and the rule that netlink is used only through backend/nl

@@ -48,6 +48,12 @@ type proc struct {
 
 func start(t testing.TB, ns, logPath string, name string, args ...string) *proc {
 	t.Helper()
+	return startEnv(t, nil, ns, logPath, name, args...)
+}
+
+// startEnv is start with extra environment variables for the process.
+func startEnv(t testing.TB, env []string, ns, logPath string, name string, args ...string) *proc {
+	t.Helper()
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
@@ -56,6 +62,9 @@ func start(t testing.TB, ns, logPath string, name string, args ...string) *proc 
 	// daemon's own PID.
 	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, name}, args...)...)
 	cmd.Stdout, cmd.Stderr = f, f
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		t.Fatal(err)

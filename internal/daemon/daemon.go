@@ -42,6 +42,13 @@ type SubnetManager interface {
 	Run(ctx context.Context, publish func(subnet.Snapshot)) error
 }
 
+// ReadyNotifier is implemented by subnet managers that publish the node's
+// readiness (the Kubernetes one sets NetworkUnavailable=False). Ready is
+// called once, after the first successful reconcile.
+type ReadyNotifier interface {
+	Ready(ctx context.Context) error
+}
+
 // Options configure the daemon. Logger, Registry, Subnets and Netlink are
 // required.
 type Options struct {
@@ -275,6 +282,11 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 		if !d.ready.Load() {
 			if d.afterFirstReconcile != nil {
 				d.afterFirstReconcile()
+			}
+			if r, ok := d.o.Subnets.(ReadyNotifier); ok {
+				if err := r.Ready(ctx); err != nil {
+					return err
+				}
 			}
 			d.ready.Store(true)
 			d.log.Info("ready", "peers", len(peers), "took_reconcile", time.Since(start).Round(time.Millisecond))

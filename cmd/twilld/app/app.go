@@ -28,6 +28,7 @@ import (
 	"github.com/twill-net/twill/internal/version"
 	"github.com/twill-net/twill/network"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
+	kubesm "github.com/twill-net/twill/subnet/kube"
 )
 
 // defaultGCPercent trades a little CPU during bursts (start-up, mass lease
@@ -65,6 +66,8 @@ type options struct {
 	kubeSubnetMgr        bool
 	kubeconfigFile       string
 	kubeAnnotationPrefix string
+	kubeAPIURL           string
+	kubeResync           time.Duration
 	netConfigPath        string
 
 	iface         []string
@@ -116,7 +119,9 @@ for example TWILLD_ETCD_ENDPOINTS.`,
 	f.DurationVar(&o.renewMargin, "subnet-lease-renew-margin", etcdsm.DefaultRenewMargin, "renew the lease this long before it expires")
 	f.BoolVar(&o.kubeSubnetMgr, "kube-subnet-mgr", false, "take leases from Kubernetes Node objects instead of etcd")
 	f.StringVar(&o.kubeconfigFile, "kubeconfig-file", "", "kubeconfig for --kube-subnet-mgr (default: in-cluster)")
-	f.StringVar(&o.kubeAnnotationPrefix, "kube-annotation-prefix", "twill.io", "prefix of twill's Node annotations")
+	f.StringVar(&o.kubeAnnotationPrefix, "kube-annotation-prefix", kubesm.DefaultAnnotationPrefix, "prefix of twill's Node annotations")
+	f.StringVar(&o.kubeAPIURL, "kube-api-url", "", "apiserver URL for --kube-subnet-mgr (overrides the kubeconfig's server)")
+	f.DurationVar(&o.kubeResync, "kube-resync", 30*time.Second, "how often the Node informer replays its cache to the backend")
 	f.StringVar(&o.netConfigPath, "net-config-path", "/etc/kube-twill/net-conf.json", "net-conf.json path in Kubernetes mode")
 	f.StringSliceVar(&o.iface, "iface", nil, "external interface name or address (repeatable; first match wins)")
 	f.StringSliceVar(&o.ifaceRegex, "iface-regex", nil, "regular expression for the external interface name or address (repeatable)")
@@ -132,7 +137,7 @@ for example TWILLD_ETCD_ENDPOINTS.`,
 	f.DurationVar(&o.resync, "resync", 30*time.Second, "period of the full reconcile that repairs drift")
 	cmd.PersistentFlags().StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 
-	cmd.AddCommand(newCleanupCommand(&o), &cobra.Command{
+	cmd.AddCommand(newCleanupCommand(&o), newInstallCNICommand(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
@@ -209,9 +214,6 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 	if err != nil {
 		return err
 	}
-	if o.kubeSubnetMgr {
-		return errors.New("--kube-subnet-mgr: the Kubernetes subnet manager is not in this build yet; use etcd mode")
-	}
 	iface := network.IfaceOptions{Ifaces: o.iface, IfaceRegex: o.ifaceRegex}
 	if iface.CanReach, err = parseOptionalAddr("iface-can-reach", o.ifaceCanReach); err != nil {
 		return err
@@ -222,14 +224,22 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 	if iface.PublicIPv6, err = parseOptionalAddr("public-ipv6", o.publicIPv6); err != nil {
 		return err
 	}
-	cli, err := etcdsm.NewClient(etcdsm.ClientOptions{
-		Endpoints: o.etcdEndpoints, CAFile: o.etcdCAFile, CertFile: o.etcdCertFile, KeyFile: o.etcdKeyFile,
-		Username: o.etcdUsername, Password: o.etcdPassword,
-	})
-	if err != nil {
-		return err
+	var subnets daemon.SubnetManager
+	if o.kubeSubnetMgr {
+		if subnets, err = kubeManager(ctx, log, o); err != nil {
+			return err
+		}
+	} else {
+		cli, err := etcdsm.NewClient(etcdsm.ClientOptions{
+			Endpoints: o.etcdEndpoints, CAFile: o.etcdCAFile, CertFile: o.etcdCertFile, KeyFile: o.etcdKeyFile,
+			Username: o.etcdUsername, Password: o.etcdPassword,
+		})
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		subnets = etcdsm.New(etcdsm.Options{Client: cli, Logger: log, Prefix: o.etcdPrefix, TTL: o.leaseTTL, RenewMargin: o.renewMargin})
 	}
-	defer cli.Close()
 	h, err := nl.Open("")
 	if err != nil {
 		return err
@@ -241,10 +251,9 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 	}
 	log.Info("starting twilld", "version", version.Version, "backends", reg.Names())
 	d := daemon.New(daemon.Options{
-		Logger:   log,
-		Registry: reg,
-		Subnets: etcdsm.New(etcdsm.Options{Client: cli, Logger: log, Prefix: o.etcdPrefix,
-			TTL: o.leaseTTL, RenewMargin: o.renewMargin}),
+		Logger:         log,
+		Registry:       reg,
+		Subnets:        subnets,
 		Netlink:        h,
 		Iface:          iface,
 		SubnetFile:     o.subnetFile,
@@ -259,4 +268,21 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 	}
 	log.Info("stopped; the data plane stays in place (twilld cleanup removes it)")
 	return nil
+}
+
+func kubeManager(ctx context.Context, log *slog.Logger, o options) (*kubesm.Manager, error) {
+	ann, err := kubesm.NewAnnotations(o.kubeAnnotationPrefix)
+	if err != nil {
+		return nil, err
+	}
+	cli, err := kubesm.NewClient(kubesm.ClientOptions{Kubeconfig: o.kubeconfigFile, APIURL: o.kubeAPIURL, UserAgent: "twilld/" + version.Version})
+	if err != nil {
+		return nil, err
+	}
+	node, err := kubesm.NodeName(ctx, cli, os.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	return kubesm.New(kubesm.Options{Client: cli, NodeName: node, Annotations: ann, NetConfPath: o.netConfigPath,
+		Logger: log, Resync: o.kubeResync}), nil
 }

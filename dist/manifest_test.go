@@ -1,0 +1,210 @@
+// Package dist_test checks the shipped manifests without a cluster: the
+// RBAC grants exactly what twilld needs, and the ConfigMap's files parse
+// the way twilld and the CNI runtime will parse them. The e2e suite applies
+// the same file to a real apiserver.
+package dist_test
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/libcni"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/twill-net/twill/subnet"
+)
+
+type manifest struct {
+	role    rbacv1.ClusterRole
+	binding rbacv1.ClusterRoleBinding
+	sa      corev1.ServiceAccount
+	cm      corev1.ConfigMap
+	ds      appsv1.DaemonSet
+	kinds   []string
+}
+
+func load(t *testing.T) manifest {
+	t.Helper()
+	data, err := os.ReadFile("kube-twill.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m manifest
+	dec := yaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := dec.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(bytes.TrimSpace(stripComments(doc))) == 0 {
+			continue
+		}
+		var meta struct{ Kind string }
+		if err := yaml.Unmarshal(doc, &meta); err != nil {
+			t.Fatal(err)
+		}
+		m.kinds = append(m.kinds, meta.Kind)
+		var dst any
+		switch meta.Kind {
+		case "ClusterRole":
+			dst = &m.role
+		case "ClusterRoleBinding":
+			dst = &m.binding
+		case "ServiceAccount":
+			dst = &m.sa
+		case "ConfigMap":
+			dst = &m.cm
+		case "DaemonSet":
+			dst = &m.ds
+		default:
+			continue
+		}
+		if err := yaml.UnmarshalStrict(doc, dst); err != nil {
+			t.Fatalf("%s: %v", meta.Kind, err)
+		}
+	}
+	return m
+}
+
+func TestManifestKinds(t *testing.T) {
+	m := load(t)
+	want := []string{"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Namespace", "ServiceAccount"}
+	got := slices.Clone(m.kinds)
+	sort.Strings(got)
+	if !slices.Equal(got, want) {
+		t.Fatalf("kube-twill.yml kinds %v, want %v", got, want)
+	}
+}
+
+// TestClusterRoleLeastPrivilege: the role grants nodes get/list/watch and
+// nodes/status patch, and nothing more.
+func TestClusterRoleLeastPrivilege(t *testing.T) {
+	m := load(t)
+	allowed := map[string]bool{
+		"/nodes/get": true, "/nodes/list": true, "/nodes/watch": true, "/nodes/status/patch": true,
+	}
+	granted := map[string]bool{}
+	for i, r := range m.role.Rules {
+		if len(r.NonResourceURLs) > 0 || len(r.ResourceNames) > 0 {
+			t.Errorf("rule %d: nonResourceURLs/resourceNames are not expected: %+v", i, r)
+		}
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				for _, v := range r.Verbs {
+					key := g + "/" + res + "/" + v
+					if !allowed[key] {
+						t.Errorf("ClusterRole %q grants %q (group %q, resource %q, verb %q), which twilld does not need", m.role.Name, key, g, res, v)
+					}
+					granted[key] = true
+				}
+			}
+		}
+	}
+	for k := range allowed {
+		if !granted[k] {
+			t.Errorf("ClusterRole %q lacks %q, which twilld needs", m.role.Name, k)
+		}
+	}
+	if m.role.AggregationRule != nil {
+		t.Error("ClusterRole must not aggregate other roles")
+	}
+	b := m.binding
+	if b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != m.role.Name || len(b.Subjects) != 1 ||
+		b.Subjects[0].Kind != "ServiceAccount" || b.Subjects[0].Name != m.sa.Name || b.Subjects[0].Namespace != m.sa.Namespace {
+		t.Errorf("ClusterRoleBinding %+v must bind ClusterRole %q to ServiceAccount %s/%s alone", b, m.role.Name, m.sa.Namespace, m.sa.Name)
+	}
+}
+
+func TestConfigMapParses(t *testing.T) {
+	m := load(t)
+	cfg, err := subnet.ParseConfig([]byte(m.cm.Data["net-conf.json"]))
+	if err != nil {
+		t.Fatalf("net-conf.json: %v", err)
+	}
+	if cfg.Network.String() != "10.244.0.0/16" {
+		t.Errorf("Network %s: want the kube-controller-manager default cluster CIDR 10.244.0.0/16", cfg.Network)
+	}
+	cl, err := libcni.ConfListFromBytes([]byte(m.cm.Data["cni-conf.json"]))
+	if err != nil {
+		t.Fatalf("cni-conf.json: %v", err)
+	}
+	if cl.Plugins[0].Network.Type != "twill" {
+		t.Errorf("cni-conf.json: first plugin %q, want twill", cl.Plugins[0].Network.Type)
+	}
+	dist, err := os.ReadFile("10-twill.conflist")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if norm(string(dist)) != norm(m.cm.Data["cni-conf.json"]) {
+		t.Error("the ConfigMap's cni-conf.json differs from dist/10-twill.conflist; keep them the same")
+	}
+}
+
+func TestDaemonSet(t *testing.T) {
+	m := load(t)
+	spec := m.ds.Spec.Template.Spec
+	if !spec.HostNetwork {
+		t.Error("DaemonSet: hostNetwork must be true")
+	}
+	if spec.ServiceAccountName != m.sa.Name {
+		t.Errorf("DaemonSet: serviceAccountName %q, want %q", spec.ServiceAccountName, m.sa.Name)
+	}
+	if len(spec.InitContainers) != 2 {
+		t.Errorf("DaemonSet: %d init containers, want 2 (plugin binary, conflist)", len(spec.InitContainers))
+	}
+	c := spec.Containers[0]
+	caps := c.SecurityContext.Capabilities.Add
+	if !slices.Contains(caps, "NET_ADMIN") || !slices.Contains(caps, "NET_RAW") || len(caps) != 2 {
+		t.Errorf("DaemonSet: capabilities %v, want exactly NET_ADMIN and NET_RAW", caps)
+	}
+	if c.SecurityContext.Privileged != nil && *c.SecurityContext.Privileged {
+		t.Error("DaemonSet: the daemon must not be privileged")
+	}
+	var nodeName bool
+	for _, e := range c.Env {
+		if e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName" {
+			nodeName = true
+		}
+	}
+	if !nodeName {
+		t.Error("DaemonSet: NODE_NAME must come from the downward API (spec.nodeName)")
+	}
+	if p := c.LivenessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" {
+		t.Error("DaemonSet: liveness probe must GET /healthz")
+	}
+	if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" {
+		t.Error("DaemonSet: readiness probe must GET /readyz")
+	}
+	args := strings.Join(c.Args, " ")
+	for _, want := range []string{"--kube-subnet-mgr", "--net-config-path=/etc/kube-twill/net-conf.json", "--healthz-port=10267"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("DaemonSet: args %q lack %q", args, want)
+		}
+	}
+}
+
+func norm(s string) string { return strings.Join(strings.Fields(s), "") }
+
+func stripComments(doc []byte) []byte {
+	var out []byte
+	for _, line := range bytes.Split(doc, []byte("\n")) {
+		if t := bytes.TrimSpace(line); len(t) > 0 && t[0] != '#' {
+			out = append(out, line...)
+			out = append(out, '\n')
+		}
+	}
+	return out
+}

@@ -1,0 +1,385 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+
+	"github.com/twill-net/twill/internal/kubetest"
+)
+
+// kubeCluster is a cluster whose nodes run twilld --kube-subnet-mgr against
+// a real kube-apiserver (on the test's etcd), authenticated as the
+// ServiceAccount dist/kube-twill.yml creates, with only its RBAC.
+type kubeCluster struct {
+	*cluster
+	api        *kubetest.APIServer
+	nodes      corev1client.NodeInterface
+	kubeconfig string
+	netConf    string
+}
+
+const kubeHealthPort = "9966"
+
+func newKubeCluster(t *testing.T, n int, backend string) *kubeCluster {
+	t.Helper()
+	c := newCluster(t, n)
+	api := kubetest.Start(t, kubetest.Options{NS: c.topo.Underlay, Addr: c.topo.BridgeAddr, EtcdURL: c.etcdURL, Dir: filepath.Join(c.dir, "kube")})
+	manifest := filepath.Join(kubetest.Root(t), "dist", "kube-twill.yml")
+	// The manifest is schema-valid: the apiserver accepts it in a server
+	// dry run (every object validated and admitted, nothing stored). A dry
+	// run stores no Namespace, so the namespaced objects need it to exist
+	// already, as on any cluster the manifest is re-applied to.
+	if out, err := api.Kubectl("create", "namespace", "kube-twill"); err != nil {
+		t.Fatalf("kubectl create namespace: %v\n%s", err, out)
+	}
+	if out, err := api.Kubectl("apply", "--dry-run=server", "-f", manifest); err != nil {
+		t.Fatalf("kubectl apply --dry-run=server -f dist/kube-twill.yml: %v\n%s", err, out)
+	}
+	if out, err := api.Kubectl("apply", "-f", manifest); err != nil {
+		t.Fatalf("kubectl apply -f dist/kube-twill.yml: %v\n%s", err, out)
+	}
+	k := &kubeCluster{cluster: c, api: api, nodes: api.AdminClient(t).Nodes(),
+		kubeconfig: api.ServiceAccountKubeconfig(t, "kube-twill", "twill"),
+		netConf:    filepath.Join(c.dir, "net-conf.json")}
+	conf := fmt.Sprintf(`{"Network":"10.244.0.0/16","Backend":{"Type":%q}}`, backend)
+	if err := os.WriteFile(k.netConf, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// createNode registers a Node as kubelet and kube-controller-manager would:
+// addresses, and a podCIDR.
+func (k *kubeCluster) createNode(name, podCIDR string, addr netip.Addr, annotations map[string]string) {
+	k.t.Helper()
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations}}
+	n.Spec.PodCIDR, n.Spec.PodCIDRs = podCIDR, []string{podCIDR}
+	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: addr.String()}, {Type: corev1.NodeHostName, Address: name}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := k.nodes.Create(ctx, n, metav1.CreateOptions{}); err != nil {
+		k.t.Fatalf("creating Node %s: %v", name, err)
+	}
+}
+
+func (k *kubeCluster) deleteNode(name string) {
+	k.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := k.nodes.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		k.t.Fatalf("deleting Node %s: %v", name, err)
+	}
+}
+
+func (k *kubeCluster) node(name string) *corev1.Node {
+	k.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := k.nodes.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		k.t.Fatalf("getting Node %s: %v", name, err)
+	}
+	return n
+}
+
+func (k *kubeCluster) startKubeDaemon(i int, extra ...string) *proc {
+	k.t.Helper()
+	n := k.topo.Nodes[i]
+	state := filepath.Join(k.dir, n.Name)
+	if err := os.MkdirAll(state, 0o755); err != nil {
+		k.t.Fatal(err)
+	}
+	args := append([]string{"--kube-subnet-mgr", "--kubeconfig-file", k.kubeconfig, "--net-config-path", k.netConf,
+		"--iface", "eth0", "--subnet-file", k.subnetFile(i), "--state-dir", state,
+		"--healthz-ip", "127.0.0.1", "--healthz-port", kubeHealthPort}, extra...)
+	p := startEnv(k.t, []string{"NODE_NAME=" + n.Name}, n.NS, filepath.Join(k.dir, n.Name+".log"), k.bin+"/twilld", args...)
+	k.daemons[i] = p
+	k.t.Cleanup(func() {
+		if k.t.Failed() {
+			k.t.Logf("%s twilld log:\n%s", n.Name, tailString(p.Output(), 3000))
+		}
+	})
+	return p
+}
+
+func tailString(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// metric reads one unlabelled metric from node i's /metrics, fetched from
+// inside the node's namespace.
+func (k *kubeCluster) metric(i int, name string) string {
+	k.t.Helper()
+	nsPath := "/var/run/netns/" + k.topo.Nodes[i].NS
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var c net.Conn
+			err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+				var err error
+				c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+				return err
+			})
+			return c, err
+		}}}
+	resp, err := client.Get("http://127.0.0.1:" + kubeHealthPort + "/metrics")
+	if err != nil {
+		k.t.Fatalf("node%d /metrics: %v", i+1, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == name {
+			return f[1]
+		}
+	}
+	k.t.Fatalf("node%d /metrics has no %s", i+1, name)
+	return ""
+}
+
+// published waits until node i's Node carries twill's annotations and the
+// NetworkUnavailable=False condition, and returns the annotations.
+func (k *kubeCluster) published(i int) map[string]string {
+	k.t.Helper()
+	name := k.topo.Nodes[i].Name
+	var n *corev1.Node
+	waitFor(k.t, 15*time.Second, name+" annotated and NetworkUnavailable=False", func() bool {
+		n = k.node(name)
+		if n.Annotations["twill.io/backend-type"] == "" {
+			return false
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeNetworkUnavailable && c.Status == corev1.ConditionFalse && c.Reason == "TwillIsUp" {
+				return true
+			}
+		}
+		return false
+	})
+	return n.Annotations
+}
+
+func podCIDR(i int) netip.Prefix { return netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", i+1)) }
+
+// TestKubeHostGW covers Kubernetes mode end to end with host-gw: three
+// nodes annotate themselves and route to each other, pods wired by the CNI
+// plugin talk across nodes, Nodes that come and go are followed within 2 s,
+// and Nodes with bad annotations, a podCIDR outside Network, a spoofed
+// public IP or an overlapping podCIDR never become routes.
+func TestKubeHostGW(t *testing.T) {
+	k := newKubeCluster(t, 3, "host-gw")
+	for i, n := range k.topo.Nodes {
+		k.createNode(n.Name, podCIDR(i).String(), n.Addr.Addr(), nil)
+	}
+	for i := range k.topo.Nodes {
+		k.startKubeDaemon(i)
+	}
+	for i, n := range k.topo.Nodes {
+		ann := k.published(i)
+		if ann["twill.io/backend-type"] != "host-gw" || ann["twill.io/public-ip"] != n.Addr.Addr().String() {
+			t.Errorf("%s annotations %v: want backend-type host-gw, public-ip %s", n.Name, ann, n.Addr.Addr())
+		}
+		if env := k.env(i); env.Subnet != podCIDR(i) || env.Network.String() != "10.244.0.0/16" {
+			t.Errorf("%s subnet.env %+v: want TWILL_SUBNET %s (its podCIDR)", n.Name, env, podCIDR(i))
+		}
+	}
+	routedTo := func(dst netip.Prefix, via netip.Addr, nodes ...int) func() bool {
+		return func() bool {
+			for _, i := range nodes {
+				if !strings.Contains(k.routes(i), fmt.Sprintf("%s via %s dev eth0 proto 167", dst, via)) {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	for j, n := range k.topo.Nodes {
+		var others []int
+		for i := range k.topo.Nodes {
+			if i != j {
+				others = append(others, i)
+			}
+		}
+		waitFor(t, 10*time.Second, "routes to "+n.Name, routedTo(podCIDR(j), n.Addr.Addr(), others...))
+	}
+
+	// Pods wired by the real plugin, on different nodes, exchange packets.
+	podA, addrA := k.addPod(0, "a")
+	podC, addrC := k.addPod(2, "c")
+	if !podCIDR(0).Contains(addrA) || !podCIDR(2).Contains(addrC) {
+		t.Fatalf("pod addresses %s, %s: not in their nodes' podCIDRs", addrA, addrC)
+	}
+	if err := ping(podA, addrC); err != nil {
+		t.Fatal(err)
+	}
+	k.tcp(podC, addrC, podA)
+
+	// Nodes twill must refuse. An unused underlay address stands in for
+	// nodes that exist only as API objects.
+	spare := k.topo.Nodes[2].Addr.Addr().Next().Next().Next()
+	bad := map[string]struct {
+		cidr string
+		addr netip.Addr
+		ann  map[string]string
+	}{
+		"bad-json": {"10.244.20.0/24", spare, map[string]string{"twill.io/backend-type": "host-gw", "twill.io/backend-data": "{oops", "twill.io/public-ip": spare.String()}},
+		"outside":  {"172.31.5.0/24", spare, map[string]string{"twill.io/backend-type": "host-gw", "twill.io/public-ip": spare.String()}},
+		// Claims node2's address, which is not one of its own.
+		"spoof": {"10.244.22.0/24", spare, map[string]string{"twill.io/backend-type": "host-gw", "twill.io/public-ip": k.topo.Nodes[1].Addr.Addr().String()}},
+		// Same podCIDR as node2, created later: node2 keeps its route.
+		"dup": {podCIDR(1).String(), spare, map[string]string{"twill.io/backend-type": "host-gw", "twill.io/public-ip": spare.String()}},
+	}
+	// creationTimestamp has one-second resolution; "dup" must be visibly
+	// younger than node2 for twill to know which of the two to keep.
+	time.Sleep(time.Until(k.node("node2").CreationTimestamp.Add(1100 * time.Millisecond)))
+	for name, b := range bad {
+		k.createNode(name, b.cidr, b.addr, b.ann)
+	}
+	// A good late-comer: its route must appear everywhere within 2 s.
+	late := netip.MustParsePrefix("10.244.30.0/24")
+	k.createNode("late", late.String(), spare, map[string]string{"twill.io/backend-type": "host-gw", "twill.io/backend-data": "null", "twill.io/public-ip": spare.String()})
+	took := waitFor(t, 5*time.Second, "route to the late node", routedTo(late, spare, 0, 1, 2))
+	if took > 2*time.Second {
+		t.Errorf("route to a new Node took %s; want under 2 s", took)
+	}
+	t.Logf("new Node routed on every node %s after it was created", took.Round(time.Millisecond))
+
+	for i := range k.topo.Nodes {
+		table := k.routes(i)
+		for _, dst := range []string{"10.244.20.", "172.31.5.", "10.244.22."} {
+			if strings.Contains(table, dst) {
+				t.Errorf("node%d routes refused Node subnet %s:\n%s", i+1, dst, table)
+			}
+		}
+		if i != 1 && !strings.Contains(table, fmt.Sprintf("%s via %s dev eth0", podCIDR(1), k.topo.Nodes[1].Addr.Addr())) {
+			t.Errorf("node%d: node2's route lost to the overlapping Node:\n%s", i+1, table)
+		}
+	}
+	logs := k.daemons[0].Output()
+	for _, want := range []string{
+		`node \"bad-json\": annotation twill.io/backend-data \"{oops\": must be a JSON object`,
+		`subnet 172.31.5.0/24: not a /24 inside Network 10.244.0.0/16`,
+		`node \"spoof\": annotation twill.io/public-ip \"` + k.topo.Nodes[1].Addr.Addr().String() + `\": not one of the node's status.addresses`,
+		`node \"dup\": pod subnet 10.244.2.0/24 overlaps that of node \"node2\"`,
+	} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("node1's log lacks the refusal %s", want)
+		}
+	}
+	if got := k.metric(0, "twill_leases_refused"); got != "4" {
+		t.Errorf("node1 twill_leases_refused = %s, want 4", got)
+	}
+
+	// Deleting Nodes removes their routes from the others within 2 s: the
+	// API-only node, then a node running twilld (whose daemon stops).
+	k.deleteNode("late")
+	took = waitFor(t, 5*time.Second, "route to the deleted Node gone", func() bool {
+		for i := range k.topo.Nodes {
+			if strings.Contains(k.routes(i), late.String()) {
+				return false
+			}
+		}
+		return true
+	})
+	if took > 2*time.Second {
+		t.Errorf("route to a deleted Node went after %s; want under 2 s", took)
+	}
+	t.Logf("deleted Node's route gone from every node %s after the delete", took.Round(time.Millisecond))
+	k.deleteNode(k.topo.Nodes[2].Name)
+	took = waitFor(t, 5*time.Second, "routes to node3 gone", func() bool {
+		return !strings.Contains(k.routes(0), podCIDR(2).String()) && !strings.Contains(k.routes(1), podCIDR(2).String())
+	})
+	if took > 2*time.Second {
+		t.Errorf("routes to deleted node3 went after %s; want under 2 s", took)
+	}
+	waitFor(t, 10*time.Second, "node3's twilld to exit", func() bool { done, _ := k.daemons[2].Exited(); return done })
+	if out := k.daemons[2].Output(); !strings.Contains(out, `node \"node3\" was deleted`) && !strings.Contains(out, `node "node3" was deleted`) {
+		t.Errorf("node3's twilld did not say why it stopped:\n%s", out)
+	}
+	if err := ping(podA, addrC); err == nil {
+		t.Error("pod on node1 still reaches the pod on deleted node3")
+	}
+}
+
+// TestKubeVXLAN: the vxlan backend in Kubernetes mode publishes its VTEP in
+// backend-data, and pods on different nodes reach each other.
+func TestKubeVXLAN(t *testing.T) {
+	k := newKubeCluster(t, 3, "vxlan")
+	for i, n := range k.topo.Nodes {
+		k.createNode(n.Name, podCIDR(i).String(), n.Addr.Addr(), nil)
+	}
+	for i := range k.topo.Nodes {
+		k.startKubeDaemon(i)
+	}
+	for i, n := range k.topo.Nodes {
+		ann := k.published(i)
+		if ann["twill.io/backend-type"] != "vxlan" || !strings.Contains(ann["twill.io/backend-data"], `"VtepMAC"`) {
+			t.Errorf("%s annotations %v: want backend-type vxlan and a VtepMAC in backend-data", n.Name, ann)
+		}
+	}
+	waitFor(t, 10*time.Second, "vxlan routes to every peer", func() bool {
+		for i := range k.topo.Nodes {
+			table := k.routes(i)
+			for j := range k.topo.Nodes {
+				if i != j && !strings.Contains(table, fmt.Sprintf("%s via %s dev twill.1 proto 167 onlink", podCIDR(j), podCIDR(j).Addr())) {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	podA, _ := k.addPod(0, "a")
+	podB, addrB := k.addPod(1, "b")
+	_, addrC := k.addPod(2, "c")
+	for _, dst := range []netip.Addr{addrB, addrC} {
+		if err := ping(podA, dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k.tcp(podB, addrB, podA)
+}
+
+// TestKubeRBAC asks the apiserver what dist/kube-twill.yml's ServiceAccount
+// may do: exactly what twilld needs.
+func TestKubeRBAC(t *testing.T) {
+	k := newKubeCluster(t, 1, "host-gw")
+	sa := "--as=system:serviceaccount:kube-twill:twill"
+	for _, tc := range []struct {
+		verb, resource string
+		sub            string
+		allowed        bool
+	}{
+		{"get", "nodes", "", true}, {"list", "nodes", "", true}, {"watch", "nodes", "", true},
+		{"patch", "nodes", "status", true},
+		{"patch", "nodes", "", false}, {"update", "nodes", "", false}, {"delete", "nodes", "", false},
+		{"update", "nodes", "status", false}, {"create", "nodes", "", false},
+		{"get", "pods", "", false}, {"get", "secrets", "", false}, {"list", "configmaps", "", false},
+		{"create", "serviceaccounts/token", "", false},
+	} {
+		args := []string{"auth", "can-i", sa, tc.verb, tc.resource}
+		if tc.sub != "" {
+			args = append(args, "--subresource="+tc.sub)
+		}
+		out, _ := k.api.Kubectl(args...)
+		lines := strings.Fields(out) // kubectl may print a warning first
+		got := len(lines) > 0 && lines[len(lines)-1] == "yes"
+		if got != tc.allowed {
+			t.Errorf("can-i %s %s %s: %q, want allowed=%v", tc.verb, tc.resource, tc.sub, strings.TrimSpace(out), tc.allowed)
+		}
+	}
+}

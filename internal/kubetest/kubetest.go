@@ -1,0 +1,366 @@
+// Package kubetest runs a real kube-apiserver for tests, inside a network
+// namespace the test created, on top of an etcd the test runs there too.
+// The binaries come from tools/kube (built from the Go module proxy and
+// cached by version under build/kube/<version>); the test process reaches
+// the apiserver through a dialer that connects from inside that namespace,
+// so nothing listens in, or is sent to, the machine's own namespace.
+package kubetest
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	authv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+)
+
+// Root is the repository root (the directory holding tools/kube).
+func Root(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		if _, err := os.Stat(filepath.Join(dir, "tools", "kube", "go.mod")); err == nil {
+			return dir
+		}
+		dir = filepath.Dir(dir)
+	}
+	t.Fatal("kubetest: tools/kube/go.mod not found above the working directory")
+	return ""
+}
+
+// Binaries returns the paths of kube-apiserver and kubectl, building them
+// (tools/kube/build.sh, a few minutes once) when the cache lacks them.
+// make setup builds them ahead of the tests.
+func Binaries(t testing.TB) (apiserver, kubectl string) {
+	t.Helper()
+	root := Root(t)
+	out, err := exec.Command("bash", filepath.Join(root, "tools", "kube", "build.sh")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("building kube-apiserver and kubectl (tools/kube/build.sh): %v\n%s", err, out)
+	}
+	ver, err := Version(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, "build", "kube", ver)
+	return filepath.Join(dir, "kube-apiserver"), filepath.Join(dir, "kubectl")
+}
+
+// Version is the Kubernetes version tools/kube pins.
+func Version(root string) (string, error) {
+	f, err := os.Open(filepath.Join(root, "tools", "kube", "go.mod"))
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) == 3 && fs[0] == "require" && fs[1] == "k8s.io/kubernetes" {
+			return fs[2], nil
+		}
+	}
+	return "", fmt.Errorf("tools/kube/go.mod: no `require k8s.io/kubernetes <version>` line")
+}
+
+// Options places the apiserver.
+type Options struct {
+	// NS is the network namespace to run in; Addr is an address in it that
+	// the nodes reach (the underlay bridge address).
+	NS   string
+	Addr netip.Addr
+	Port int
+	// EtcdURL is an etcd reachable from NS.
+	EtcdURL string
+	Dir     string
+}
+
+// APIServer is a running kube-apiserver.
+type APIServer struct {
+	URL        string
+	CAFile     string
+	adminToken string
+	dir        string
+	kubectl    string
+	ns         string
+	Admin      *rest.Config
+	cmd        *exec.Cmd
+	done       chan struct{}
+}
+
+// Start runs kube-apiserver in o.NS and waits until it is ready. It is
+// stopped (by PID) when the test ends.
+func Start(t testing.TB, o Options) *APIServer {
+	t.Helper()
+	apiserverBin, kubectl := Binaries(t)
+	if o.Port == 0 {
+		o.Port = 6443
+	}
+	dir := o.Dir
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s := &APIServer{URL: "https://" + net.JoinHostPort(o.Addr.String(), strconv.Itoa(o.Port)), dir: dir, kubectl: kubectl, ns: o.NS,
+		adminToken: randomToken(t), done: make(chan struct{})}
+	caPEM, certPEM, keyPEM := serving(t, o.Addr)
+	s.CAFile = filepath.Join(dir, "ca.crt")
+	saKey := filepath.Join(dir, "sa.key")
+	tokens := filepath.Join(dir, "tokens.csv")
+	for path, data := range map[string][]byte{
+		s.CAFile:                      caPEM,
+		filepath.Join(dir, "tls.crt"): certPEM,
+		filepath.Join(dir, "tls.key"): keyPEM,
+		saKey:                         rsaKey(t),
+		tokens:                        []byte(s.adminToken + ",twill-test-admin,twill-test-admin,system:masters\n"),
+	} {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logPath := filepath.Join(dir, "kube-apiserver.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"netns", "exec", o.NS, apiserverBin,
+		"--etcd-servers=" + o.EtcdURL,
+		"--etcd-prefix=/registry-" + randomToken(t)[:8],
+		"--bind-address=" + o.Addr.String(), "--advertise-address=" + o.Addr.String(),
+		"--secure-port=" + strconv.Itoa(o.Port),
+		"--tls-cert-file=" + filepath.Join(dir, "tls.crt"), "--tls-private-key-file=" + filepath.Join(dir, "tls.key"),
+		"--client-ca-file=" + s.CAFile,
+		"--token-auth-file=" + tokens,
+		"--authorization-mode=RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc",
+		"--service-account-key-file=" + saKey, "--service-account-signing-key-file=" + saKey,
+		"--service-cluster-ip-range=10.96.0.0/24",
+		"--cert-dir=" + filepath.Join(dir, "certs"),
+		"--enable-priority-and-fairness=false",
+		"--v=1",
+	}
+	// `ip netns exec` execs in place: the PID is the apiserver's.
+	cmd := exec.Command("ip", args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		t.Fatal(err)
+	}
+	s.cmd = cmd
+	go func() { _ = cmd.Wait(); logf.Close(); close(s.done) }()
+	t.Cleanup(func() { s.stop() })
+
+	s.Admin = s.Config(s.adminToken)
+	cli, err := corev1client.NewForConfig(s.Admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		body, err := cli.RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		cancel()
+		if err == nil && strings.TrimSpace(string(body)) == "ok" {
+			break
+		}
+		select {
+		case <-s.done:
+			t.Fatalf("kube-apiserver exited before it was ready; log %s:\n%s", logPath, tail(logPath))
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kube-apiserver not ready after 90s (last: %v); log %s:\n%s", err, logPath, tail(logPath))
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	return s
+}
+
+func (s *APIServer) stop() {
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(15 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+	}
+}
+
+// Config is a client configuration for bearer token tok; its connections
+// are made from inside the apiserver's namespace.
+func (s *APIServer) Config(tok string) *rest.Config {
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	nsPath := "/var/run/netns/" + s.ns
+	return &rest.Config{
+		Host:            s.URL,
+		BearerToken:     tok,
+		TLSClientConfig: rest.TLSClientConfig{CAFile: s.CAFile},
+		QPS:             1000, Burst: 2000,
+		Timeout: 30 * time.Second,
+		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var c net.Conn
+			err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+				var err error
+				c, err = d.DialContext(ctx, network, addr)
+				return err
+			})
+			return c, err
+		},
+	}
+}
+
+// AdminClient is a core/v1 client with the admin (system:masters) token.
+func (s *APIServer) AdminClient(t testing.TB) corev1client.CoreV1Interface {
+	t.Helper()
+	c, err := corev1client.NewForConfig(s.Admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// Kubectl runs kubectl as admin inside the namespace and returns its
+// combined output.
+func (s *APIServer) Kubectl(args ...string) (string, error) {
+	kc := filepath.Join(s.dir, "admin.kubeconfig")
+	if _, err := os.Stat(kc); err != nil {
+		if err := os.WriteFile(kc, []byte(s.kubeconfig(s.adminToken)), 0o600); err != nil {
+			return "", err
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	full := append([]string{"netns", "exec", s.ns, s.kubectl, "--kubeconfig", kc}, args...)
+	out, err := exec.CommandContext(ctx, "ip", full...).CombinedOutput()
+	return string(out), err
+}
+
+// ServiceAccountKubeconfig writes a kubeconfig holding a fresh token for
+// the ServiceAccount namespace/name and returns its path. The token is
+// bound to that account alone: it has exactly the RBAC the cluster gives
+// the account.
+func (s *APIServer) ServiceAccountKubeconfig(t testing.TB, namespace, name string) string {
+	t.Helper()
+	ttl := int64(3600)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tr, err := s.AdminClient(t).ServiceAccounts(namespace).CreateToken(ctx, name,
+		&authv1.TokenRequest{Spec: authv1.TokenRequestSpec{ExpirationSeconds: &ttl}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("token for ServiceAccount %s/%s: %v", namespace, name, err)
+	}
+	path := filepath.Join(s.dir, fmt.Sprintf("%s-%s.kubeconfig", namespace, name))
+	if err := os.WriteFile(path, []byte(s.kubeconfig(tr.Status.Token)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// kubeconfig is a kubeconfig for bearer token tok.
+func (s *APIServer) kubeconfig(tok string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster:
+    server: %s
+    certificate-authority: %s
+users:
+- name: test
+  user:
+    token: %s
+contexts:
+- name: test
+  context: {cluster: test, user: test}
+current-context: test
+`, s.URL, s.CAFile, tok)
+}
+
+func tail(path string) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
+
+func randomToken(t testing.TB) string {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%x", b)
+}
+
+// serving makes a CA and a serving certificate for addr.
+func serving(t testing.TB, addr netip.Addr) (caPEM, certPEM, keyPEM []byte) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	ca := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "twill-test-ca"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "kube-apiserver"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IPAddresses: []net.IP{addr.AsSlice()}, DNSNames: []string{"kubernetes", "kubernetes.default.svc"},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
+}
+
+func rsaKey(t testing.TB) []byte {
+	k, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(k)})
+}

@@ -1,0 +1,210 @@
+package kube
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func ann(t testing.TB) Annotations {
+	a, err := NewAnnotations("twill.io")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func node(name, cidr, addr string, annotations map[string]string) *corev1.Node {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations}}
+	n.Spec.PodCIDR = cidr
+	if cidr != "" {
+		n.Spec.PodCIDRs = []string{cidr}
+	}
+	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: addr}, {Type: corev1.NodeHostName, Address: name}}
+	return n
+}
+
+func published(ip string) map[string]string {
+	return map[string]string{"twill.io/backend-type": "host-gw", "twill.io/backend-data": "null", "twill.io/public-ip": ip}
+}
+
+func TestNewAnnotations(t *testing.T) {
+	for _, ok := range []string{"twill.io", "twill.io/", "net.example.com"} {
+		if _, err := NewAnnotations(ok); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "/", "Twill.io", "a/b", "-x.io", "x.io.", "a b"} {
+		_, err := NewAnnotations(bad)
+		if err == nil || !strings.Contains(err.Error(), "--kube-annotation-prefix") {
+			t.Errorf("%q: err %v, want one naming --kube-annotation-prefix", bad, err)
+		}
+	}
+}
+
+func TestNodeLease(t *testing.T) {
+	a := ann(t)
+	l, ok, err := a.NodeLease(node("n1", "10.244.1.0/24", "192.168.0.1", published("192.168.0.1")))
+	if err != nil || !ok || l.Subnet.String() != "10.244.1.0/24" || l.Attrs.PublicIP.String() != "192.168.0.1" || l.Attrs.BackendType != "host-gw" {
+		t.Fatalf("good node: %+v %v %v", l, ok, err)
+	}
+	// Not a peer yet: no annotations, or no podCIDR.
+	if _, ok, err := a.NodeLease(node("n2", "10.244.2.0/24", "192.168.0.2", nil)); ok || err != nil {
+		t.Errorf("node without annotations: ok %v err %v; want not a peer, no error", ok, err)
+	}
+	if _, ok, err := a.NodeLease(node("n3", "", "192.168.0.3", published("192.168.0.3"))); ok || err != nil {
+		t.Errorf("node without podCIDR: ok %v err %v; want not a peer, no error", ok, err)
+	}
+	// Only spec.podCIDR (old clusters).
+	n := node("n4", "10.244.4.0/24", "192.168.0.4", published("192.168.0.4"))
+	n.Spec.PodCIDRs = nil
+	if l, ok, err := a.NodeLease(n); err != nil || !ok || l.Subnet.String() != "10.244.4.0/24" {
+		t.Errorf("spec.podCIDR only: %+v %v %v", l, ok, err)
+	}
+	// Dual stack.
+	n = node("n5", "10.244.5.0/24", "192.168.0.5", published("192.168.0.5"))
+	n.Spec.PodCIDRs = []string{"10.244.5.0/24", "fd00:5::/64"}
+	if l, ok, err := a.NodeLease(n); err != nil || !ok || l.IPv6Subnet.String() != "fd00:5::/64" {
+		t.Errorf("dual stack: %+v %v %v", l, ok, err)
+	}
+}
+
+func TestNodeLeaseRefusals(t *testing.T) {
+	a := ann(t)
+	with := func(k, v string) map[string]string {
+		m := published("192.168.0.9")
+		m[k] = v
+		return m
+	}
+	for _, tc := range []struct {
+		name string
+		n    *corev1.Node
+		want []string // in the error
+	}{
+		{"bad json", node("x", "10.244.9.0/24", "192.168.0.9", with("twill.io/backend-data", "{not json")),
+			[]string{`node "x"`, "twill.io/backend-data", "{not json", "JSON object"}},
+		{"array data", node("x", "10.244.9.0/24", "192.168.0.9", with("twill.io/backend-data", "[1]")),
+			[]string{"twill.io/backend-data", `"[1]"`}},
+		{"bad ip", node("x", "10.244.9.0/24", "192.168.0.9", with("twill.io/public-ip", "10.0.0.300")),
+			[]string{"twill.io/public-ip", "10.0.0.300", "not an IP"}},
+		{"v6 as public-ip", node("x", "10.244.9.0/24", "192.168.0.9", with("twill.io/public-ip", "fd00::1")),
+			[]string{"twill.io/public-ip", "not an IPv4"}},
+		{"missing ip", node("x", "10.244.9.0/24", "192.168.0.9", with("twill.io/public-ip", "")),
+			[]string{"twill.io/public-ip", `""`}},
+		{"spoofed ip", node("x", "10.244.9.0/24", "192.168.0.9", with("twill.io/public-ip", "192.168.0.1")),
+			[]string{"192.168.0.1", "not one of the node's status.addresses", "192.168.0.9", "twill.io/public-ip-overwrite"}},
+		{"empty backend", node("x", "10.244.9.0/24", "192.168.0.9", with("twill.io/backend-type", "")),
+			[]string{"twill.io/backend-type"}},
+		{"bad cidr", node("x", "10.244.9.1/24", "192.168.0.9", published("192.168.0.9")),
+			[]string{"spec.podCIDRs", "10.244.9.1/24"}},
+	} {
+		_, ok, err := a.NodeLease(tc.n)
+		if err == nil || ok {
+			t.Errorf("%s: ok %v err %v; want a refusal", tc.name, ok, err)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: error %q does not mention %q", tc.name, err, w)
+			}
+		}
+	}
+	// The operator's overwrite vouches for an address not in status.addresses.
+	m := with("twill.io/public-ip", "203.0.113.7")
+	m["twill.io/public-ip-overwrite"] = "203.0.113.7"
+	if l, ok, err := a.NodeLease(node("x", "10.244.9.0/24", "192.168.0.9", m)); err != nil || !ok || l.Attrs.PublicIP.String() != "203.0.113.7" {
+		t.Errorf("overwrite: %+v %v %v", l, ok, err)
+	}
+}
+
+func TestSnapshotOverlapKeepsOldest(t *testing.T) {
+	a := ann(t)
+	t0 := time.Now()
+	mk := func(name, cidr, ip string, age time.Duration) *corev1.Node {
+		n := node(name, cidr, ip, published(ip))
+		n.CreationTimestamp = metav1.NewTime(t0.Add(-age))
+		return n
+	}
+	nodes := []*corev1.Node{
+		mk("self", "10.244.0.0/24", "192.168.0.10", time.Hour),
+		mk("old", "10.244.2.0/24", "192.168.0.2", time.Hour),
+		mk("dup", "10.244.2.0/24", "192.168.0.3", time.Minute),
+		mk("wide", "10.244.0.0/23", "192.168.0.4", time.Second), // covers 10.244.1.0/24 below
+		mk("inner", "10.244.1.0/24", "192.168.0.5", 2*time.Hour),
+		mk("fine", "10.244.3.0/24", "192.168.0.6", time.Second),
+	}
+	snap := a.Snapshot(nodes, "self")
+	var got []string
+	for _, l := range snap.Leases {
+		got = append(got, l.Subnet.String()+"@"+l.Attrs.PublicIP.String())
+	}
+	want := "10.244.2.0/24@192.168.0.2 10.244.1.0/24@192.168.0.5 10.244.3.0/24@192.168.0.6"
+	if strings.Join(got, " ") != want {
+		t.Errorf("leases %v, want %s", got, want)
+	}
+	refused := map[string]string{}
+	for _, r := range snap.Refused {
+		refused[r.Key] = r.Err.Error()
+	}
+	if !strings.Contains(refused["node/dup"], `overlaps that of node "old"`) || !strings.Contains(refused["node/wide"], `node "inner"`) || len(refused) != 2 {
+		t.Errorf("refused %v; want dup (yields to old) and wide (yields to inner)", refused)
+	}
+}
+
+func TestStripKeepsWhatTwillReads(t *testing.T) {
+	a := ann(t)
+	n := node("n1", "10.244.1.0/24", "192.168.0.1", published("192.168.0.1"))
+	n.Annotations["other.io/big"] = strings.Repeat("x", 1000)
+	n.Status.Images = []corev1.ContainerImage{{Names: []string{"a"}, SizeBytes: 1}}
+	n.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue},
+		{Type: corev1.NodeNetworkUnavailable, Status: corev1.ConditionFalse, Reason: ConditionReason, Message: "long"}}
+	obj, _ := a.strip(n)
+	s := obj.(*corev1.Node)
+	if len(s.Annotations) != 3 || s.Status.Images != nil || s.ManagedFields != nil || len(s.Status.Conditions) != 1 || s.Status.Conditions[0].Message != "" {
+		t.Errorf("stripped node keeps too much: %+v", s)
+	}
+	l1, _, err1 := a.NodeLease(n)
+	l2, _, err2 := a.NodeLease(s)
+	if err1 != nil || err2 != nil || l1.Subnet != l2.Subnet || !l1.Attrs.Equal(l2.Attrs) {
+		t.Errorf("stripping changed the lease: %+v / %+v (%v %v)", l1, l2, err1, err2)
+	}
+}
+
+func FuzzNodeLease(f *testing.F) {
+	f.Add("10.244.1.0/24", "host-gw", `{"VNI":1,"VtepMAC":"0a:00:00:00:00:01"}`, "192.168.0.1", "")
+	f.Add("fd00::/64", "vxlan", "null", "", "192.168.0.1")
+	f.Add("10.244.1.0/24", "", "{", "1.2.3.4", "1.2.3.4")
+	a := ann(f)
+	f.Fuzz(func(t *testing.T, cidr, bt, data, ip, overwrite string) {
+		m := map[string]string{"twill.io/backend-type": bt, "twill.io/backend-data": data, "twill.io/public-ip": ip}
+		if overwrite != "" {
+			m["twill.io/public-ip-overwrite"] = overwrite
+		}
+		l, ok, err := a.NodeLease(node("f", cidr, "192.168.0.1", m))
+		if err != nil {
+			if ok || !strings.Contains(err.Error(), `node "f"`) {
+				t.Fatalf("error %q (ok %v) must name the node and not be a peer", err, ok)
+			}
+			return
+		}
+		if ok && l.Subnet.IsValid() && !l.Attrs.PublicIP.IsValid() {
+			t.Fatalf("IPv4 peer without a public IP: %+v", l)
+		}
+	})
+}
+
+func TestSnapshotOverlapSameSecondRefusesBoth(t *testing.T) {
+	a := ann(t)
+	ts := metav1.NewTime(time.Now().Truncate(time.Second))
+	x := node("x", "10.244.7.0/24", "192.168.0.7", published("192.168.0.7"))
+	y := node("y", "10.244.7.0/24", "192.168.0.8", published("192.168.0.8"))
+	x.CreationTimestamp, y.CreationTimestamp = ts, ts
+	snap := a.Snapshot([]*corev1.Node{x, y}, "self")
+	if len(snap.Leases) != 0 || len(snap.Refused) != 2 || !strings.Contains(snap.Refused[0].Err.Error(), "same second") {
+		t.Errorf("same-age overlap: leases %v refused %v; want both refused", snap.Leases, snap.Refused)
+	}
+}
