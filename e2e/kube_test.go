@@ -34,9 +34,16 @@ type kubeCluster struct {
 
 const kubeHealthPort = "9966"
 
-func newKubeCluster(t *testing.T, n int, backend string) *kubeCluster {
+func newKubeCluster(t testing.TB, n int, backend string) *kubeCluster {
 	t.Helper()
-	c := newCluster(t, n)
+	return newKubeClusterOn(t, n, netip.MustParsePrefix("10.99.0.0/24"), "10.244.0.0/16", backend)
+}
+
+// newKubeClusterOn is newKubeCluster with the nodes on underlay and
+// net-conf.json's Network set to network.
+func newKubeClusterOn(t testing.TB, n int, underlay netip.Prefix, network, backend string) *kubeCluster {
+	t.Helper()
+	c := newClusterOn(t, n, underlay)
 	api := kubetest.Start(t, kubetest.Options{NS: c.topo.Underlay, Addr: c.topo.BridgeAddr, EtcdURL: c.etcdURL, Dir: filepath.Join(c.dir, "kube")})
 	manifest := filepath.Join(kubetest.Root(t), "dist", "kube-twill.yml")
 	// The manifest is schema-valid: the apiserver accepts it in a server
@@ -55,7 +62,7 @@ func newKubeCluster(t *testing.T, n int, backend string) *kubeCluster {
 	k := &kubeCluster{cluster: c, api: api, nodes: api.AdminClient(t).Nodes(),
 		kubeconfig: api.ServiceAccountKubeconfig(t, "kube-twill", "twill"),
 		netConf:    filepath.Join(c.dir, "net-conf.json")}
-	conf := fmt.Sprintf(`{"Network":"10.244.0.0/16","Backend":{"Type":%q}}`, backend)
+	conf := fmt.Sprintf(`{"Network":%q,"Backend":{"Type":%q}}`, network, backend)
 	if err := os.WriteFile(k.netConf, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -22,8 +22,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/twill-net/twill/subnet"
@@ -38,7 +36,7 @@ const ConditionReason = "TwillIsUp"
 
 // Options configures a Manager.
 type Options struct {
-	Client   corev1client.NodesGetter
+	Client   Client
 	NodeName string
 	// Annotations names twill's annotations (NewAnnotations).
 	Annotations Annotations
@@ -98,14 +96,11 @@ func (m *Manager) NetworkConfig(context.Context) (*subnet.Config, error) {
 
 func (m *Manager) start(ctx context.Context) {
 	m.startOnce.Do(func() {
-		nodes := m.o.Client.Nodes()
 		lw := &cache.ListWatch{
 			ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-				return nodes.List(ctx, opts)
+				return m.o.Client.ListNodes(ctx, opts)
 			},
-			WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-				return nodes.Watch(ctx, opts)
-			},
+			WatchFuncWithContext: m.o.Client.WatchNodes,
 		}
 		m.informer = cache.NewSharedIndexInformer(lw, &corev1.Node{}, m.o.Resync, cache.Indexers{})
 		_ = m.informer.SetTransform(m.ann.strip)
@@ -238,7 +233,7 @@ func (m *Manager) patchAnnotations(ctx context.Context, want map[string]string) 
 	}
 	// Through the status subresource: the ClusterRole grants nodes/status
 	// patch, not nodes patch, so twilld cannot touch a node's spec.
-	if _, err := m.o.Client.Nodes().Patch(ctx, m.o.NodeName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "twilld"}, "status"); err != nil {
+	if _, err := m.o.Client.PatchNodeStatus(ctx, m.o.NodeName, types.MergePatchType, patch); err != nil {
 		return fmt.Errorf("publishing annotations on node %q: %w", m.o.NodeName, err)
 	}
 	return nil
@@ -263,7 +258,7 @@ func (m *Manager) setCondition(ctx context.Context) error {
 		return err
 	}
 	// Strategic merge: conditions merge by type, so kubelet's stay.
-	if _, err := m.o.Client.Nodes().Patch(ctx, m.o.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: "twilld"}, "status"); err != nil {
+	if _, err := m.o.Client.PatchNodeStatus(ctx, m.o.NodeName, types.StrategicMergePatchType, patch); err != nil {
 		return fmt.Errorf("setting NetworkUnavailable=False on node %q: %w", m.o.NodeName, err)
 	}
 	return nil
