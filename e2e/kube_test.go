@@ -56,6 +56,10 @@ func newKubeClusterOn(t testing.TB, n int, underlay netip.Prefix, network, backe
 	if out, err := api.Kubectl("apply", "--dry-run=server", "-f", manifest); err != nil {
 		t.Fatalf("kubectl apply --dry-run=server -f dist/kube-twill.yml: %v\n%s", err, out)
 	}
+	cleanup := filepath.Join(kubetest.Root(t), "dist", "kube-twill-cleanup.yml")
+	if out, err := api.Kubectl("apply", "--dry-run=server", "-f", cleanup); err != nil {
+		t.Fatalf("kubectl apply --dry-run=server -f dist/kube-twill-cleanup.yml: %v\n%s", err, out)
+	}
 	if out, err := api.Kubectl("apply", "-f", manifest); err != nil {
 		t.Fatalf("kubectl apply -f dist/kube-twill.yml: %v\n%s", err, out)
 	}
@@ -223,6 +227,16 @@ func TestKubeHostGW(t *testing.T) {
 			}
 		}
 		waitFor(t, 10*time.Second, "routes to "+n.Name, routedTo(podCIDR(j), n.Addr.Addr(), others...))
+	}
+
+	// Someone overwrites node1's annotation and flips its condition:
+	// twilld puts both back (level-triggered on its own Node too).
+	patch := `{"metadata":{"annotations":{"twill.io/public-ip":"10.99.0.250"}},"status":{"conditions":[{"type":"NetworkUnavailable","status":"True","reason":"Test"}]}}`
+	if out, err := k.api.Kubectl("patch", "node", "node1", "--subresource=status", "--type=strategic", "-p", patch); err != nil {
+		t.Fatalf("kubectl patch: %v\n%s", err, out)
+	}
+	if ann := k.published(0); ann["twill.io/public-ip"] != k.topo.Nodes[0].Addr.Addr().String() {
+		t.Errorf("node1 public-ip annotation %q after the tampering; want it restored to %s", ann["twill.io/public-ip"], k.topo.Nodes[0].Addr.Addr())
 	}
 
 	// Pods wired by the real plugin, on different nodes, exchange packets.
