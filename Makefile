@@ -68,6 +68,7 @@ fuzz: ## Fuzz every parser of untrusted input for FUZZTIME each (default 30s)
 		$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $${FUZZTIME:-30s} ./subnet/ || exit 1; done
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConf$$' -fuzztime $${FUZZTIME:-30s} ./plugin/
 	$(GO) test -run '^$$' -fuzz '^FuzzNodeLease$$' -fuzztime $${FUZZTIME:-30s} ./subnet/kube/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $${FUZZTIME:-30s} ./backend/eni/
 
 .PHONY: lint
 lint: ## gofmt, go vet, and the rule that netlink is used only through backend/nl

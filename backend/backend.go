@@ -42,6 +42,20 @@ type Network interface {
 	Reconcile(ctx context.Context, peers []subnet.Lease) error
 }
 
+// EnvProvider is implemented by Networks that tell the CNI plugin more than
+// the subnet and MTU: the map's keys are written to subnet.env with the
+// TWILL_ prefix (the eni backend's route table and rule priorities).
+type EnvProvider interface {
+	Env() map[string]string
+}
+
+// Runner is implemented by Networks with a long-lived loop of their own (the
+// eni backend's warm IP pool). The daemon runs it once the lease is held and
+// subnet.env is written, until shutdown; an error stops the daemon.
+type Runner interface {
+	Run(ctx context.Context) error
+}
+
 // KernelWatcher is implemented by a Network that can notice changes made
 // behind its back (a route deleted by hand, a device removed). WatchKernel
 // blocks until ctx is done and calls poke, which never blocks, whenever the

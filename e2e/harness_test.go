@@ -279,33 +279,44 @@ func (c *cluster) addPod(i int, name string) (string, netip.Addr) {
 		c.t.Fatalf("ip netns add %s: %v: %s", podNS, err, out)
 	}
 	c.t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", podNS).Run() })
-	state := filepath.Join(c.dir, c.topo.Nodes[i].Name)
-	list := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"pods","plugins":[{"type":"twill","subnetFile":%q,"dataDir":%q}]}`,
-		c.subnetFile(i), filepath.Join(state, "networks"))
-	req := cnidriver.Request{Op: "add", ConfList: json.RawMessage(list), BinDirs: []string{c.bin}, CacheDir: filepath.Join(state, "cni-cache"),
-		Attachments: []cnidriver.Attachment{{ContainerID: name, IfName: "eth0", Netns: "/var/run/netns/" + podNS}}}
-	body, _ := json.Marshal(req)
-	cmd := exec.Command("ip", "netns", "exec", c.topo.Nodes[i].NS, c.bin+"/twillctl", "cni", "run")
-	cmd.Stdin = strings.NewReader(string(body))
-	out, err := cmd.Output()
-	if err != nil {
-		c.t.Fatalf("cni add %s on node%d: %v", name, i+1, err)
-	}
-	var resp cnidriver.Response
-	if err := json.Unmarshal(out, &resp); err != nil || len(resp.Outcomes) != 1 || resp.Outcomes[0].Error != "" {
-		c.t.Fatalf("cni add %s on node%d: %s (%v)", name, i+1, out, err)
+	out := c.cni(i, "add", name, podNS)
+	if out.Error != "" {
+		c.t.Fatalf("cni add %s on node%d: %s", name, i+1, out.Error)
 	}
 	var res struct {
 		IPs []struct{ Address string } `json:"ips"`
 	}
-	if err := json.Unmarshal(resp.Outcomes[0].Result, &res); err != nil || len(res.IPs) == 0 {
-		c.t.Fatalf("cni add %s: result %s", name, resp.Outcomes[0].Result)
+	if err := json.Unmarshal(out.Result, &res); err != nil || len(res.IPs) == 0 {
+		c.t.Fatalf("cni add %s: result %s", name, out.Result)
 	}
 	p, err := netip.ParsePrefix(res.IPs[0].Address)
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	return podNS, p.Addr()
+}
+
+// cni runs one CNI operation (add, check, del) for pod name on node i
+// through libcni, inside the node's namespace, and returns its outcome.
+func (c *cluster) cni(i int, op, name, podNS string) cnidriver.Outcome {
+	c.t.Helper()
+	state := filepath.Join(c.dir, c.topo.Nodes[i].Name)
+	list := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"pods","plugins":[{"type":"twill","subnetFile":%q,"dataDir":%q}]}`,
+		c.subnetFile(i), filepath.Join(state, "networks"))
+	req := cnidriver.Request{Op: op, ConfList: json.RawMessage(list), BinDirs: []string{c.bin}, CacheDir: filepath.Join(state, "cni-cache"),
+		Attachments: []cnidriver.Attachment{{ContainerID: name, IfName: "eth0", Netns: "/var/run/netns/" + podNS}}}
+	body, _ := json.Marshal(req)
+	cmd := exec.Command("ip", "netns", "exec", c.topo.Nodes[i].NS, c.bin+"/twillctl", "cni", "run")
+	cmd.Stdin = strings.NewReader(string(body))
+	out, err := cmd.Output()
+	if err != nil {
+		c.t.Fatalf("cni %s %s on node%d: %v", op, name, i+1, err)
+	}
+	var resp cnidriver.Response
+	if err := json.Unmarshal(out, &resp); err != nil || len(resp.Outcomes) != 1 {
+		c.t.Fatalf("cni %s %s on node%d: %s (%v)", op, name, i+1, out, err)
+	}
+	return resp.Outcomes[0]
 }
 
 // tcp runs an iperf3 exchange from client to server's address: a real TCP

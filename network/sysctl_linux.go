@@ -22,6 +22,11 @@ func EnableForwarding(v4, v6 bool) error {
 	return nil
 }
 
+// SetSysctl sets /proc/sys/<name> (slash-separated, such as
+// "net/ipv4/conf/eth1/rp_filter") in the calling process's network
+// namespace, writing only when the value differs.
+func SetSysctl(name, value string) error { return writeSysctl(name, value) }
+
 func writeSysctl(name, value string) error {
 	path := "/proc/sys/" + name
 	cur, err := os.ReadFile(path)

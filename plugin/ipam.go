@@ -94,7 +94,11 @@ type reservation struct {
 // reservations lists the allocation files of the network (the caller holds
 // the store lock when it matters).
 func reservations(c *NetConf) ([]reservation, error) {
-	dir := filepath.Join(c.DataDir, c.Name)
+	return reservationsAt(filepath.Join(c.DataDir, c.Name))
+}
+
+// reservationsAt lists the allocation files of a host-local store directory.
+func reservationsAt(dir string) ([]reservation, error) {
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil

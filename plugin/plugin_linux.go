@@ -78,6 +78,10 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	if err != nil {
 		return err
 	}
+	em, isENI, err := eniFromEnv(env)
+	if err != nil {
+		return err
+	}
 	mtu := env.MTU
 	if c.MTU > 0 {
 		mtu = c.MTU
@@ -100,11 +104,24 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		}
 	}()
 
-	ips, ipamResult, err := addAddresses(c, args, env)
-	if err != nil {
-		return err
+	var (
+		ips        []netip.Addr
+		ipamResult *current.Result
+	)
+	if isENI && em.Mode == eniModeSecondaryIP && c.IPAM.Type == "" {
+		ip, err := allocateFromPool(em.PoolDir, args.ContainerID, args.IfName)
+		if err != nil {
+			return err
+		}
+		ips = []netip.Addr{ip}
+		undo = append(undo, func() { _, _ = poolRelease(em.PoolDir, args.ContainerID, args.IfName) })
+	} else {
+		ips, ipamResult, err = addAddresses(c, args, env)
+		if err != nil {
+			return err
+		}
+		undo = append(undo, func() { _ = delAddresses(c, args) })
 	}
-	undo = append(undo, func() { _ = delAddresses(c, args) })
 
 	hostName := HostVethName(args.ContainerID, args.IfName)
 	hostLink, err := host.VethAdd(hostName, args.IfName, args.Netns, mtu, LinkAlias(c.Name, args.ContainerID, args.IfName))
@@ -156,6 +173,19 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		r := nl.Route{Dst: hostPrefix(ip), LinkIndex: hostLink.Index, Scope: nl.ScopeLink, Protocol: owned.PodRouteProtocol}
 		if err := host.RouteAdd(r); err != nil {
 			return fmt.Errorf("twill: routing to pod %s: %w", ip, err)
+		}
+	}
+	if isENI {
+		undo = append(undo, func() { _ = deletePodRules(host, ips) })
+		for _, ip := range ips {
+			if !ip.Is4() {
+				continue
+			}
+			for _, rule := range em.podRules(ip) {
+				if err := host.RuleAdd(rule); err != nil {
+					return fmt.Errorf("twill: policy rule for pod %s: %w", ip, err)
+				}
+			}
 		}
 	}
 
@@ -251,6 +281,29 @@ func cmdDel(args *skel.CmdArgs) error {
 		return fmt.Errorf("twill: %w", err)
 	}
 	defer host.Close()
+	// The pod's addresses, for its policy rules (eni): from prevResult,
+	// the allocation records and the warm pool, so that DEL finds them with
+	// the daemon down and the pod gone.
+	ips := prevIPs(c)
+	if res, err := reservations(c); err == nil {
+		for _, rv := range res {
+			if rv.ContainerID == args.ContainerID && rv.IfName == args.IfName {
+				ips = append(ips, rv.IP)
+			}
+		}
+	}
+	if env, err := subnet.ReadEnv(c.SubnetFile); err == nil {
+		if em, isENI, _ := eniFromEnv(env); isENI && em.PoolDir != "" {
+			poolIPs, err := poolRelease(em.PoolDir, args.ContainerID, args.IfName)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			ips = append(ips, poolIPs...)
+		}
+	}
+	if err := deletePodRules(host, ips); err != nil {
+		errs = append(errs, err)
+	}
 	// Deleting the host end deletes the pod end and both /32 routes.
 	if l, err := host.LinkByName(HostVethName(args.ContainerID, args.IfName)); err == nil {
 		if err := host.LinkDel(l.Index); err != nil {
@@ -286,6 +339,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 	}
 	defer pod.Close()
 	defer host.Close()
+	env, _ := subnet.ReadEnv(c.SubnetFile) // only its eni settings matter here
 
 	hostName := HostVethName(args.ContainerID, args.IfName)
 	hostLink, err := host.LinkByName(hostName)
@@ -356,6 +410,11 @@ func cmdCheck(args *skel.CmdArgs) error {
 		}
 		if !hasRoute(hostRoutes, hostPrefix(ip), netip.Addr{}) {
 			return fmt.Errorf("twill: CHECK: host route %s dev %s missing", hostPrefix(ip), hostName)
+		}
+		if em, isENI, _ := eniFromEnv(env); isENI && ip.Is4() {
+			if err := checkPodRules(host, em, ip); err != nil {
+				return err
+			}
 		}
 	}
 	if c.IPAM.Type != "" {
@@ -459,6 +518,22 @@ func cmdGC(args *skel.CmdArgs) error {
 	// An allocation is recorded before its veth exists, and the veth's
 	// name follows from the record: this finds the veth of an ADD killed
 	// before it could label the link with its alias.
+	if env, err := subnet.ReadEnv(c.SubnetFile); err == nil {
+		if em, isENI, _ := eniFromEnv(env); isENI && em.PoolDir != "" {
+			poolStale, err := poolStale(em.PoolDir, valid)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			stale = append(stale, poolStale...)
+		}
+	}
+	var staleIPs []netip.Addr
+	for _, rv := range stale {
+		staleIPs = append(staleIPs, rv.IP)
+	}
+	if err := deletePodRules(host, staleIPs); err != nil {
+		errs = append(errs, err)
+	}
 	for _, rv := range stale {
 		if l, err := host.LinkByName(HostVethName(rv.ContainerID, rv.IfName)); err == nil {
 			if err := host.LinkDel(l.Index); err != nil {

@@ -116,3 +116,29 @@ type VXLAN struct {
 	MTU          int
 	HardwareAddr []byte
 }
+
+// Rule is a policy-routing rule: packets matching Src and/or Dst look up
+// Table, at Priority.
+type Rule struct {
+	Priority int
+	Src      netip.Prefix // invalid: any source
+	Dst      netip.Prefix // invalid: any destination
+	Table    int
+	Protocol int // FRA_PROTOCOL: who installed the rule (twill's 167/168)
+}
+
+// Same reports whether two rules match and act alike (the protocol aside).
+func (r Rule) Same(o Rule) bool {
+	return r.Priority == o.Priority && r.Src == o.Src && r.Dst == o.Dst && r.Table == o.Table
+}
+
+func (r Rule) String() string {
+	s := fmt.Sprintf("pref %d", r.Priority)
+	if r.Src.IsValid() {
+		s += " from " + r.Src.String()
+	}
+	if r.Dst.IsValid() {
+		s += " to " + r.Dst.String()
+	}
+	return s + fmt.Sprintf(" lookup %d", r.Table)
+}

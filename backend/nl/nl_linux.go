@@ -552,3 +552,57 @@ func (h *Handle) AddrDel(index int, p netip.Prefix) error {
 	}
 	return nil
 }
+
+// Rules lists the policy-routing rules of a family.
+func (h *Handle) Rules(family Family) ([]Rule, error) {
+	rules, err := retryDump(func() ([]netlink.Rule, error) { return h.h.RuleList(int(family)) })
+	if err != nil {
+		return nil, fmt.Errorf("listing rules: %w", err)
+	}
+	out := make([]Rule, 0, len(rules))
+	for _, r := range rules {
+		rule := Rule{Priority: r.Priority, Table: r.Table, Protocol: int(r.Protocol)}
+		if r.Src != nil {
+			rule.Src = prefixFromIPNet(r.Src)
+		}
+		if r.Dst != nil {
+			rule.Dst = prefixFromIPNet(r.Dst)
+		}
+		out = append(out, rule)
+	}
+	return out, nil
+}
+
+func toNetlinkRule(r Rule) *netlink.Rule {
+	nr := netlink.NewRule()
+	nr.Priority, nr.Table, nr.Protocol = r.Priority, r.Table, uint8(r.Protocol)
+	nr.Family = unix.AF_INET
+	for _, p := range []netip.Prefix{r.Src, r.Dst} {
+		if p.IsValid() && p.Addr().Is6() {
+			nr.Family = unix.AF_INET6
+		}
+	}
+	if r.Src.IsValid() {
+		nr.Src = &net.IPNet{IP: r.Src.Addr().AsSlice(), Mask: net.CIDRMask(r.Src.Bits(), r.Src.Addr().BitLen())}
+	}
+	if r.Dst.IsValid() {
+		nr.Dst = &net.IPNet{IP: r.Dst.Addr().AsSlice(), Mask: net.CIDRMask(r.Dst.Bits(), r.Dst.Addr().BitLen())}
+	}
+	return nr
+}
+
+// RuleAdd adds a rule; an identical rule already present is not an error.
+func (h *Handle) RuleAdd(r Rule) error {
+	if err := h.h.RuleAdd(toNetlinkRule(r)); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("adding rule %s: %w", r, err)
+	}
+	return nil
+}
+
+// RuleDel deletes a rule; an absent rule is not an error.
+func (h *Handle) RuleDel(r Rule) error {
+	if err := h.h.RuleDel(toNetlinkRule(r)); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("deleting rule %s: %w", r, err)
+	}
+	return nil
+}

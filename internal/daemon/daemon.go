@@ -167,6 +167,9 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 		return fmt.Errorf("installing iptables rules: %w", err)
 	}
 	env := subnet.Env{MTU: nw.MTU(), IPMasq: d.o.IPMasq, Backend: cfg.BackendType}
+	if ep, ok := nw.(backend.EnvProvider); ok {
+		env.Extra = ep.Env()
+	}
 	if cfg.EnableIPv4 {
 		env.Network, env.Subnet = cfg.Network, lease.Subnet
 	}
@@ -178,6 +181,9 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 	}
 
 	g.Go(func() error { return d.o.Subnets.Run(ctx, d.publish) })
+	if r, ok := nw.(backend.Runner); ok {
+		g.Go(func() error { return r.Run(ctx) })
+	}
 	g.Go(func() error { return chains.Run(ctx) })
 	if w, ok := nw.(backend.KernelWatcher); ok {
 		// Watching starts once the first reconcile is done, so that the

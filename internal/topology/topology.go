@@ -32,6 +32,9 @@ type Options struct {
 	// the underlay namespace route to the other segment via the router
 	// (.253 on each segment), so only L3 crosses between segments.
 	Routed bool
+	// VPC, when set, makes a simulated cloud VPC instead of a bridge: see
+	// VPCOptions. Underlay is then the nodes' primary subnet.
+	VPC *VPCOptions
 }
 
 // Topology is a built cluster.
@@ -53,6 +56,9 @@ type Node struct {
 	Name string
 	NS   string
 	Addr netip.Prefix // eth0's address with the underlay prefix length
+	// ENIAddr and ENIMAC describe eth1, the node's ENI, in a VPC topology.
+	ENIAddr netip.Prefix
+	ENIMAC  string
 }
 
 // IP runs `ip -n ns args...`.
@@ -89,6 +95,12 @@ func Build(o Options) (_ *Topology, err error) {
 	}()
 	if err := t.addNS(t.Underlay); err != nil {
 		return nil, err
+	}
+	if o.VPC != nil {
+		if err := t.buildVPC(o); err != nil {
+			return nil, err
+		}
+		return t, nil
 	}
 	last := lastUsable(o.Underlay)
 	t.BridgeAddr = last

@@ -1,0 +1,434 @@
+// Package eni is the eni backend: cloud-VPC style networking where each node
+// has a secondary NIC (the "ENI") in the VPC subnet, pods get addresses the
+// VPC routes to that ENI, and packets leave the node by policy routing, not
+// through an overlay.
+//
+// Per node it keeps a route table for the ENI (RouteTable, 100 by default):
+//
+//	<VPC subnet> dev <eni> scope link table 100 proto 167
+//	default via <VPC gateway> dev <eni> table 100 proto 167
+//
+// removes the VPC subnet's route from main (so pod traffic cannot leave by
+// the ENI without the table), adds `from <ENI primary IP> lookup 100`, and
+// sets loose rp_filter on the ENI. The CNI plugin adds, per pod,
+// `to <pod> lookup main pref 512` and `from <pod> lookup 100 pref 1536`.
+//
+// Two modes. In prefix mode the node's lease subnet is delegated to its ENI
+// by the provider, and for each peer lease the table gets
+// `<peer prefix> via <peer ENI IP> dev <eni>`. In secondary-ip mode each pod
+// takes one of the ENI's secondary IPs from a warm pool the daemon keeps
+// filled through the provider (see pool.go).
+//
+// Cloud calls sit behind Provider; "static" (declared ENIs) is built in, and
+// the backend/eni/sim package registers "sim", the simulated VPC of the
+// tests and the lab.
+package eni
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/twill-net/twill/backend"
+	enicni "github.com/twill-net/twill/backend/eni/cni"
+	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/backend/owned"
+	"github.com/twill-net/twill/network"
+	"github.com/twill-net/twill/subnet"
+)
+
+// Type is the name under which the backend registers.
+const Type = "eni"
+
+func init() { backend.Register(Type, New) }
+
+// Modes.
+const (
+	ModePrefix      = enicni.ModePrefix
+	ModeSecondaryIP = enicni.ModeSecondaryIP
+)
+
+// Config is the backend's net-conf.json Backend object.
+type Config struct {
+	Interface           string // the ENI's name on the node, e.g. "eth1"
+	Mode                string // "prefix" (default) or "secondary-ip"
+	RouteTable          int    // default owned.ENIRouteTable
+	RulePriorityToPod   int    // default owned.RulePriorityToPod
+	RulePriorityFromPod int    // default owned.RulePriorityFromPod
+	Provider            string // default "static"
+	ProviderConfig      json.RawMessage
+	// Warm pool (secondary-ip mode): keep at least PoolLowWater free
+	// secondary IPs, grow to PoolHighWater free when below, and release
+	// free IPs above PoolHighWater once they have been surplus for
+	// PoolReleaseCooldown.
+	PoolLowWater        int
+	PoolHighWater       int
+	PoolReleaseCooldown string
+}
+
+// Settings is Config validated, with defaults applied.
+type Settings struct {
+	Interface              string
+	Mode                   string
+	Table                  int
+	RuleToPod, RuleFromPod int
+	Provider               string
+	ProviderConfig         json.RawMessage
+	LowWater, HighWater    int
+	Cooldown               time.Duration
+}
+
+// ParseConfig decodes and checks the Backend object. Errors name the field
+// and the value.
+func ParseConfig(raw json.RawMessage) (Settings, error) {
+	var c Config
+	if err := backend.DecodeConfig(raw, &c); err != nil {
+		return Settings{}, err
+	}
+	s := Settings{Interface: c.Interface, Mode: c.Mode, Table: c.RouteTable, RuleToPod: c.RulePriorityToPod, RuleFromPod: c.RulePriorityFromPod,
+		Provider: c.Provider, ProviderConfig: c.ProviderConfig, LowWater: c.PoolLowWater, HighWater: c.PoolHighWater, Cooldown: 30 * time.Second}
+	bad := func(field string, v any, why string) (Settings, error) {
+		return Settings{}, fmt.Errorf("net-conf.json: Backend.%s %q: %s", field, fmt.Sprint(v), why)
+	}
+	if s.Interface == "" || len(s.Interface) > 15 {
+		return bad("Interface", s.Interface, "name the ENI's interface on the node, such as eth1")
+	}
+	switch s.Mode {
+	case "":
+		s.Mode = ModePrefix
+	case ModePrefix, ModeSecondaryIP:
+	default:
+		return bad("Mode", s.Mode, `must be "prefix" or "secondary-ip"`)
+	}
+	if s.Table == 0 {
+		s.Table = owned.ENIRouteTable
+	}
+	if s.Table < 1 || s.Table > 0xfffffff0 || s.Table == owned.MainTable || s.Table == 253 || s.Table == 255 {
+		return bad("RouteTable", c.RouteTable, "must be a table number other than main (254), default (253) and local (255)")
+	}
+	if s.RuleToPod == 0 {
+		s.RuleToPod = owned.RulePriorityToPod
+	}
+	if s.RuleFromPod == 0 {
+		s.RuleFromPod = owned.RulePriorityFromPod
+	}
+	if s.RuleToPod < 1 || s.RuleToPod >= 32766 {
+		return bad("RulePriorityToPod", c.RulePriorityToPod, "must be between 1 and 32765 (before the main table's rule)")
+	}
+	if s.RuleFromPod <= s.RuleToPod || s.RuleFromPod >= 32766 {
+		return bad("RulePriorityFromPod", c.RulePriorityFromPod, fmt.Sprintf("must be above RulePriorityToPod (%d) and below 32766", s.RuleToPod))
+	}
+	if s.Provider == "" {
+		s.Provider = "static"
+	}
+	if s.LowWater == 0 {
+		s.LowWater = 2
+	}
+	if s.HighWater == 0 {
+		s.HighWater = max(5, s.LowWater)
+	}
+	if s.LowWater < 1 {
+		return bad("PoolLowWater", c.PoolLowWater, "must be at least 1, or ADD could wait for an IP nobody assigns")
+	}
+	if s.HighWater < s.LowWater {
+		return bad("PoolHighWater", c.PoolHighWater, fmt.Sprintf("must not be below PoolLowWater (%d)", s.LowWater))
+	}
+	if c.PoolReleaseCooldown != "" {
+		d, err := time.ParseDuration(c.PoolReleaseCooldown)
+		if err != nil || d < 0 {
+			return bad("PoolReleaseCooldown", c.PoolReleaseCooldown, "must be a duration such as 30s")
+		}
+		s.Cooldown = d
+	}
+	return s, nil
+}
+
+// Data is the eni backend's lease BackendData.
+type Data struct {
+	ENI   string     `json:"ENI"`
+	ENIIP netip.Addr `json:"ENIIP"`
+}
+
+// ParseData decodes a peer's BackendData.
+func ParseData(raw json.RawMessage) (Data, error) {
+	var d Data
+	if err := json.Unmarshal(raw, &d); err != nil {
+		return Data{}, fmt.Errorf("eni BackendData %s: %w", raw, err)
+	}
+	if !d.ENIIP.Is4() {
+		return Data{}, fmt.Errorf("eni BackendData %s: ENIIP must be an IPv4 address", raw)
+	}
+	return d, nil
+}
+
+// Backend is eni on one node.
+type Backend struct {
+	opts backend.Options
+	set  Settings
+	prov Provider
+	log  *slog.Logger
+
+	link nl.Link
+	eni  ENI
+}
+
+// New is the eni Factory.
+func New(opts backend.Options) (backend.Backend, error) {
+	set, err := ParseConfig(opts.Config.Backend)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Config.EnableIPv6 {
+		return nil, errors.New("eni: IPv6 is not supported by this backend yet (set EnableIPv6 false)")
+	}
+	prov, err := newProvider(set.Provider, set.ProviderConfig)
+	if err != nil {
+		return nil, err
+	}
+	return &Backend{opts: opts, set: set, prov: prov, log: opts.Logger.With("backend", Type, "mode", set.Mode)}, nil
+}
+
+// Prepare finds the ENI, asks the provider what it is, and publishes its
+// primary IP for the peers' routes.
+func (b *Backend) Prepare(ctx context.Context) (subnet.LeaseAttrs, error) {
+	h := b.opts.Netlink
+	link, err := h.LinkByName(b.set.Interface)
+	if err != nil {
+		return subnet.LeaseAttrs{}, fmt.Errorf("eni: Backend.Interface %q: %w", b.set.Interface, err)
+	}
+	mac := net.HardwareAddr(link.HardwareAddr).String()
+	eni, err := b.prov.DescribeENI(ctx, mac)
+	if err != nil {
+		return subnet.LeaseAttrs{}, fmt.Errorf("eni: describing the ENI of %s (%s): %w", link.Name, mac, err)
+	}
+	addrs, err := h.Addrs(link.Index, nl.FamilyV4)
+	if err != nil {
+		return subnet.LeaseAttrs{}, fmt.Errorf("eni: %w", err)
+	}
+	has := false
+	for _, a := range addrs {
+		has = has || a.Prefix == eni.PrimaryIP
+	}
+	if !has {
+		// What the cloud's DHCP would have done.
+		if err := h.AddrAdd(link.Index, eni.PrimaryIP); err != nil {
+			return subnet.LeaseAttrs{}, fmt.Errorf("eni: %w", err)
+		}
+	}
+	if !link.Up {
+		if err := h.LinkSetUp(link.Index); err != nil {
+			return subnet.LeaseAttrs{}, fmt.Errorf("eni: %w", err)
+		}
+	}
+	b.link, b.eni = link, eni
+	data, _ := json.Marshal(Data{ENI: eni.ID, ENIIP: eni.PrimaryIP.Addr()})
+	ext := b.opts.ExtIface
+	b.log.Info("using ENI", "eni", eni.ID, "iface", link.Name, "primary_ip", eni.PrimaryIP, "gateway", eni.Gateway, "provider", b.set.Provider)
+	return subnet.LeaseAttrs{PublicIP: ext.PublicIP, BackendType: Type, BackendData: data}, nil
+}
+
+// Attach delegates the lease prefix to the ENI (prefix mode) and returns the
+// Network that keeps the node's policy routing in place.
+func (b *Backend) Attach(ctx context.Context, lease subnet.Lease) (backend.Network, error) {
+	if b.set.Mode == ModePrefix {
+		if err := b.prov.AssignPrefix(ctx, b.eni.ID, lease.Subnet); err != nil {
+			return nil, fmt.Errorf("eni: delegating the lease %s to ENI %s: %w", lease.Subnet, b.eni.ID, err)
+		}
+	}
+	n := &Network{
+		b: b, set: b.set, link: b.link, eni: b.eni, log: b.log, metrics: b.opts.Metrics,
+		routes: &backend.RouteSync{NL: b.opts.Netlink, Table: b.set.Table, FullSyncEvery: b.opts.FullSyncEvery},
+	}
+	if b.set.Mode == ModeSecondaryIP {
+		n.pool = &Pool{Dir: filepath.Join(b.opts.StateDir, "eni-pool"), Provider: b.prov, ENI: b.eni, Log: b.log,
+			LowWater: b.set.LowWater, HighWater: b.set.HighWater, Cooldown: b.set.Cooldown}
+		if err := n.pool.Init(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return n, nil
+}
+
+// Network keeps one node's ENI policy routing.
+type Network struct {
+	b       *Backend
+	set     Settings
+	link    nl.Link
+	eni     ENI
+	log     *slog.Logger
+	metrics *backend.Metrics
+	routes  *backend.RouteSync
+	pool    *Pool
+
+	mu      sync.Mutex
+	badPeer map[string]string // guarded by mu; peers with unusable data, logged once
+}
+
+var (
+	_ backend.KernelWatcher = (*Network)(nil)
+	_ backend.DriftReporter = (*Network)(nil)
+	_ backend.EnvProvider   = (*Network)(nil)
+	_ backend.Runner        = (*Network)(nil)
+)
+
+// MTU is the ENI's: nothing is encapsulated.
+func (n *Network) MTU() int { return n.link.MTU }
+
+// Env tells the CNI plugin the table, the rule priorities and, in
+// secondary-ip mode, where the warm pool is.
+func (n *Network) Env() map[string]string {
+	m := map[string]string{
+		enicni.EnvMode: n.set.Mode, enicni.EnvTable: strconv.Itoa(n.set.Table), enicni.EnvENIInterface: n.link.Name,
+		enicni.EnvRuleToPod: strconv.Itoa(n.set.RuleToPod), enicni.EnvRuleFromPod: strconv.Itoa(n.set.RuleFromPod),
+	}
+	if n.pool != nil {
+		m[enicni.EnvPoolDir] = n.pool.Dir
+	}
+	return m
+}
+
+// Run keeps the warm pool (secondary-ip mode); in prefix mode it has
+// nothing to do.
+func (n *Network) Run(ctx context.Context) error {
+	if n.pool == nil {
+		return nil
+	}
+	return n.pool.Run(ctx)
+}
+
+// DesiredRoutes is the ENI table twill wants for these peers.
+func (n *Network) DesiredRoutes(peers []subnet.Lease, emit func(nl.Route)) (bad map[string]string) {
+	idx := n.link.Index
+	emit(nl.Route{Dst: n.eni.Subnet(), LinkIndex: idx, Scope: nl.ScopeLink, Src: n.eni.PrimaryIP.Addr()})
+	emit(nl.Route{Dst: netip.PrefixFrom(netip.IPv4Unspecified(), 0), Gw: n.eni.Gateway, LinkIndex: idx})
+	if n.set.Mode != ModePrefix {
+		return nil
+	}
+	for _, p := range peers {
+		if !p.Subnet.IsValid() {
+			continue
+		}
+		d, err := ParseData(p.Attrs.BackendData)
+		if err == nil && !n.eni.Subnet().Contains(d.ENIIP) {
+			err = fmt.Errorf("ENIIP %s is not in this VPC subnet %s", d.ENIIP, n.eni.Subnet())
+		}
+		if err != nil {
+			if bad == nil {
+				bad = map[string]string{}
+			}
+			bad[p.Key()] = err.Error()
+			continue
+		}
+		emit(nl.Route{Dst: p.Subnet, Gw: d.ENIIP, LinkIndex: idx})
+	}
+	return bad
+}
+
+// Reconcile makes the node's ENI policy routing match: the table's routes,
+// no VPC subnet route in main, the rule for the ENI's own address, and
+// loose reverse-path filtering on the ENI.
+func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
+	if err := n.nodeSetup(); err != nil {
+		return fmt.Errorf("eni: %w", err)
+	}
+	var bad map[string]string
+	st, err := n.routes.Sync(func(emit func(nl.Route)) { bad = n.DesiredRoutes(peers, emit) })
+	n.reportBad(bad)
+	n.metrics.AddDriftRepairs(st.Repaired)
+	if st.Repaired > 0 {
+		n.log.Info("repaired routes that had drifted", "count", st.Repaired)
+	}
+	if err != nil {
+		return fmt.Errorf("eni: %w", err)
+	}
+	return nil
+}
+
+func (n *Network) reportBad(bad map[string]string) {
+	n.metrics.SetPeersUnroutable(len(bad))
+	n.mu.Lock()
+	old := n.badPeer
+	n.badPeer = bad
+	n.mu.Unlock()
+	for k, why := range bad {
+		if old[k] != why {
+			n.log.Warn("refusing peer: its ENI data cannot be routed", "lease", k, "reason", why)
+		}
+	}
+}
+
+func (n *Network) nodeRule() nl.Rule {
+	return nl.Rule{Priority: n.set.RuleFromPod, Src: netip.PrefixFrom(n.eni.PrimaryIP.Addr(), 32), Table: n.set.Table, Protocol: owned.RouteProtocol}
+}
+
+func (n *Network) nodeSetup() error {
+	h := n.routes.NL
+	if err := network.SetSysctl("net/ipv4/conf/"+n.link.Name+"/rp_filter", "2"); err != nil {
+		return err
+	}
+	main, err := h.Routes(nl.FamilyV4, nl.RouteFilter{LinkIndex: n.link.Index})
+	if err != nil {
+		return err
+	}
+	for _, r := range main {
+		if r.Dst == n.eni.Subnet() {
+			if err := h.RouteDel(r); err != nil {
+				return fmt.Errorf("removing the VPC subnet's route from main: %w", err)
+			}
+			n.log.Info("removed the VPC subnet's route from the main table; pods reach it only through table "+strconv.Itoa(n.set.Table), "route", r.String())
+		}
+	}
+	rules, err := h.Rules(nl.FamilyV4)
+	if err != nil {
+		return err
+	}
+	want := n.nodeRule()
+	for _, r := range rules {
+		if r.Same(want) {
+			return nil
+		}
+	}
+	return h.RuleAdd(want)
+}
+
+// Drift compares the kernel with what peers call for, changing nothing.
+func (n *Network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift, error) {
+	var routes []nl.Route
+	n.DesiredRoutes(peers, func(r nl.Route) { routes = append(routes, r) })
+	d, err := backend.RouteDrift(n.routes.NL, n.set.Table, routes)
+	if err != nil {
+		return d, err
+	}
+	rules, err := n.routes.NL.Rules(nl.FamilyV4)
+	if err != nil {
+		return d, err
+	}
+	found := false
+	for _, r := range rules {
+		found = found || r.Same(n.nodeRule())
+	}
+	if !found {
+		d.Missing = append(d.Missing, "rule "+n.nodeRule().String())
+	}
+	return d, nil
+}
+
+// WatchKernel pokes when one of twill's routes changes behind its back.
+func (n *Network) WatchKernel(ctx context.Context, poke func()) error {
+	h := n.routes.NL
+	return backend.WatchLoop(ctx, n.log, "route", func() { n.routes.Invalidate(); poke() }, func(ctx context.Context, subscribed func()) error {
+		return h.WatchRoutes(ctx, subscribed, func(ev nl.RouteEvent) {
+			if n.routes.Observe(ev) {
+				poke()
+			}
+		})
+	})
+}
