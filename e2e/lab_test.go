@@ -102,6 +102,19 @@ func TestLabRoutedVXLAN(t *testing.T) {
 	l.check(n, 8)
 }
 
+// TestLabENI: `twillctl lab up --backend eni` on its simulated VPC, in both
+// modes, and `lab check` passes.
+func TestLabENI(t *testing.T) {
+	for _, mode := range []string{"prefix", "secondary-ip"} {
+		t.Run(mode, func(t *testing.T) {
+			l := newLabCtl(t)
+			n := labName("e" + mode[:1])
+			l.up(n, "--nodes", "3", "--pods-per-node", "2", "--backend", "eni", "--eni-mode", mode)
+			l.check(n, 6)
+		})
+	}
+}
+
 func TestLabTenNodes(t *testing.T) {
 	l := newLabCtl(t)
 	n := labName("ten")

@@ -68,8 +68,9 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 	}
 	up.Flags().IntVar(&o.Nodes, "nodes", 3, "number of nodes")
 	up.Flags().IntVar(&o.PodsPerNode, "pods-per-node", 2, "pods per node")
-	up.Flags().StringVar(&o.Backend, "backend", "vxlan", "vxlan or host-gw")
-	up.Flags().StringVar(&o.Underlay, "underlay", "flat", "flat (one L2 segment) or routed (two segments and a router)")
+	up.Flags().StringVar(&o.Backend, "backend", "vxlan", "vxlan, host-gw or eni (eni runs on a simulated cloud VPC)")
+	up.Flags().StringVar(&o.Underlay, "underlay", "flat", "flat (one L2 segment) or routed (two segments and a router); eni always uses its VPC")
+	up.Flags().StringVar(&o.ENIMode, "eni-mode", "prefix", "with --backend eni: prefix or secondary-ip")
 
 	check := &cobra.Command{
 		Use:   "check",

@@ -37,7 +37,8 @@ type Options struct {
 	Nodes       int
 	PodsPerNode int
 	Backend     string // vxlan or host-gw (or any backend the twilld in BinDir has)
-	Underlay    string // flat or routed
+	Underlay    string // flat or routed; "vpc" for eni (set by Validate)
+	ENIMode     string // eni: prefix or secondary-ip
 	BinDir      string // holds twilld, twill and twillctl
 	StateRoot   string
 }
@@ -64,6 +65,19 @@ func (o *Options) Validate() error {
 	default:
 		return fmt.Errorf("--underlay %q: flat or routed", o.Underlay)
 	}
+	if o.Backend == "eni" {
+		if o.Underlay == "routed" {
+			return errors.New("--backend eni --underlay routed: the eni lab runs on its own simulated VPC; drop --underlay")
+		}
+		o.Underlay = "vpc"
+		switch o.ENIMode {
+		case "":
+			o.ENIMode = "prefix"
+		case "prefix", "secondary-ip":
+		default:
+			return fmt.Errorf("--eni-mode %q: prefix or secondary-ip", o.ENIMode)
+		}
+	}
 	if o.Backend == "host-gw" && o.Underlay == "routed" {
 		return errors.New("--backend host-gw --underlay routed: host-gw routes each peer's subnet via the peer's own address, " +
 			"which must be on the same L2 segment; across a router it cannot work. Use --underlay flat, or --backend vxlan")
@@ -88,6 +102,7 @@ type State struct {
 	Name     string    `json:"name"`
 	Dir      string    `json:"dir"`
 	Backend  string    `json:"backend"`
+	ENIMode  string    `json:"eniMode,omitempty"`
 	Underlay string    `json:"underlay"`
 	Created  time.Time `json:"created"`
 	EtcdURL  string    `json:"etcdURL"`

@@ -35,7 +35,7 @@ func Up(ctx context.Context, o Options, progress io.Writer) (_ *State, err error
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating %s: %w", dir, err)
 	}
-	s := &State{Name: o.Name, Dir: dir, Backend: o.Backend, Underlay: o.Underlay, Created: time.Now()}
+	s := &State{Name: o.Name, Dir: dir, Backend: o.Backend, ENIMode: o.ENIMode, Underlay: o.Underlay, Created: time.Now()}
 	if err := s.save(); err != nil {
 		return nil, err
 	}
@@ -51,8 +51,21 @@ func Up(ctx context.Context, o Options, progress io.Writer) (_ *State, err error
 	start := time.Now()
 
 	step("underlay (%s) and %d node namespaces", o.Underlay, o.Nodes)
-	topo, err := topology.Build(topology.Options{Prefix: Prefix(o.Name), Nodes: o.Nodes,
-		Underlay: netip.MustParsePrefix("10.99.0.0/24"), Routed: o.Underlay == "routed"})
+	topts := topology.Options{Prefix: Prefix(o.Name), Nodes: o.Nodes,
+		Underlay: netip.MustParsePrefix("10.99.0.0/24"), Routed: o.Underlay == "routed"}
+	conf := fmt.Sprintf(`{"Network":"10.244.0.0/16","Backend":{"Type":%q}}`, o.Backend)
+	if o.Backend == "eni" {
+		// A simulated VPC 10.10.0.0/16: primary NICs on 10.10.0.0/24, ENIs
+		// on 10.10.1.0/24, pod prefixes (or secondary IPs) routed by the
+		// fabric, up to 16 secondary IPs per ENI.
+		state := filepath.Join(dir, "vpc.json")
+		topts.Underlay = netip.MustParsePrefix("10.10.0.0/24")
+		topts.VPC = &topology.VPCOptions{Space: netip.MustParsePrefix("10.10.0.0/16"), ENISubnet: netip.MustParsePrefix("10.10.1.0/24"),
+			MaxIPsPerENI: 16, StateFile: state}
+		conf = fmt.Sprintf(`{"Network":"10.10.128.0/17","SubnetLen":24,"Backend":{"Type":"eni","Interface":"eth1","Mode":%q,"Provider":"sim","ProviderConfig":{"StateFile":%q}}}`,
+			o.ENIMode, state)
+	}
+	topo, err := topology.Build(topts)
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +88,6 @@ func Up(ctx context.Context, o Options, progress io.Writer) (_ *State, err error
 		return nil, err
 	}
 	defer cli.Close()
-	conf := fmt.Sprintf(`{"Network":"10.244.0.0/16","Backend":{"Type":%q}}`, o.Backend)
 	if err := poll(ctx, 30*time.Second, "etcd to answer", func() error {
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
@@ -160,13 +172,22 @@ func (s *State) waitReady(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		filter, want := nl.RouteFilter{Protocol: owned.RouteProtocol}, len(s.Nodes)-1
+		if s.Backend == "eni" {
+			// The ENI table: the VPC subnet, the gateway, and (prefix
+			// mode) a route per peer prefix.
+			filter.Table, want = owned.ENIRouteTable, 2
+			if s.ENIMode == "prefix" {
+				want += len(s.Nodes) - 1
+			}
+		}
 		err = poll(ctx, 30*time.Second, n.Name+" to route to every peer", func() error {
-			rs, err := h.Routes(nl.FamilyV4, nl.RouteFilter{Protocol: owned.RouteProtocol})
+			rs, err := h.Routes(nl.FamilyV4, filter)
 			if err != nil {
 				return err
 			}
-			if len(rs) < len(s.Nodes)-1 {
-				return s.daemonError(n.NS, fmt.Errorf("%d of %d peer routes", len(rs), len(s.Nodes)-1))
+			if len(rs) < want {
+				return s.daemonError(n.NS, fmt.Errorf("%d of %d routes", len(rs), want))
 			}
 			return nil
 		})
