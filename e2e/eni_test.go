@@ -235,6 +235,18 @@ func TestENIPrefixMode(t *testing.T) {
 	if left := v.leftovers(0); len(left) > 0 {
 		t.Errorf("node1 after DEL with the daemon killed: %v", left)
 	}
+
+	// twilld cleanup undoes the node setup: the ENI table, the ENI's rule,
+	// and the VPC subnet's route in main comes back.
+	if out, err := exec.Command("ip", "netns", "exec", v.topo.Nodes[0].NS, v.bin+"/twilld", "cleanup", "--subnet-file", v.subnetFile(0)).CombinedOutput(); err != nil {
+		t.Fatalf("twilld cleanup: %v\n%s", err, out)
+	}
+	if strings.Contains(v.rules(0), "proto 167") || strings.TrimSpace(eniTable(0)) != "" {
+		t.Errorf("after cleanup: rules\n%s\ntable 100:\n%s", v.rules(0), eniTable(0))
+	}
+	if !strings.Contains(v.routes(0), "10.10.1.0/24 dev eth1 proto kernel scope link src "+v.topo.Nodes[0].ENIAddr.Addr().String()) {
+		t.Errorf("after cleanup the VPC subnet's route is not back in main:\n%s", v.routes(0))
+	}
 }
 
 func TestENISecondaryIPMode(t *testing.T) {
@@ -296,6 +308,9 @@ func TestENISecondaryIPMode(t *testing.T) {
 	}
 	if took := time.Since(start); took > 3*time.Second {
 		t.Errorf("ADD beyond the limit took %s to fail; want no hang", took)
+	}
+	if out := v.cni(0, "status", "", ""); !strings.Contains(out.Error, "pool cannot grow") {
+		t.Errorf("STATUS with the ENI at its limit: %q; want code 50 saying the pool cannot grow", out.Error)
 	}
 
 	// Deleting pods leaves surplus; it is released after the cooldown.

@@ -221,3 +221,27 @@ func poolStale(dir string, valid map[types.GCAttachment]bool) ([]reservation, er
 	}
 	return stale, nil
 }
+
+// poolStatus fails with code 50 when the warm pool has no free IP and says
+// it cannot grow; a pool that is merely empty will be refilled by twilld.
+func poolStatus(dir string) error {
+	pool, err := eni.ReadPoolFile(dir)
+	if err != nil {
+		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("twill: warm pool: %v", err), "")
+	}
+	used, err := eni.PoolInUse(dir)
+	if err != nil {
+		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("twill: warm pool: %v", err), "")
+	}
+	free := 0
+	for _, ip := range pool.IPs {
+		if !used[ip] {
+			free++
+		}
+	}
+	if free == 0 && pool.Exhausted != "" {
+		return types.NewError(types.ErrPluginNotAvailable,
+			fmt.Sprintf("twill: no free secondary IP on ENI %s and the pool cannot grow: %s", pool.ENI, pool.Exhausted), "")
+	}
+	return nil
+}

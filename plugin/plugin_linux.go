@@ -439,6 +439,12 @@ func cmdStatus(args *skel.CmdArgs) error {
 	if c.IPAM.Type != "" || !env.Subnet.IsValid() {
 		return nil
 	}
+	if em, isENI, err := eniFromEnv(env); isENI && em.Mode == eniModeSecondaryIP {
+		if err != nil {
+			return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
+		}
+		return poolStatus(em.PoolDir)
+	}
 	rs, err := rangeSet(env.Subnet)
 	if err != nil {
 		return err
