@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -304,6 +305,28 @@ func TestKubeHostGW(t *testing.T) {
 	}
 	if got := k.metric(0, "twill_leases_refused"); got != "4" {
 		t.Errorf("node1 twill_leases_refused = %s, want 4", got)
+	}
+	// twillctl leases says the same, from the apiserver, with the
+	// ServiceAccount's read-only view.
+	out, err := exec.Command("ip", "netns", "exec", k.topo.Nodes[0].NS, k.bin+"/twillctl", "leases", "--kubeconfig", k.kubeconfig,
+		"--net-config-path", k.netConf).CombinedOutput()
+	if err != nil {
+		t.Fatalf("twillctl leases --kubeconfig: %v\n%s", err, out)
+	}
+	state := map[string]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 2 {
+			state[f[0]] = strings.Join(f[1:], " ")
+		}
+	}
+	for node, want := range map[string]string{
+		"node2": "10.244.2.0/24 " + k.topo.Nodes[1].Addr.Addr().String() + " host-gw peer", "late": "10.244.30.0/24 " + spare.String() + " host-gw peer",
+		"bad-json": `REFUSED: node "bad-json": annotation twill.io/backend-data`, "spoof": `REFUSED: node "spoof"`,
+		"dup": `REFUSED: node "dup"`, "outside": "REFUSED: subnet 172.31.5.0/24: not a /24 inside Network 10.244.0.0/16",
+	} {
+		if !strings.Contains(state[node], want) {
+			t.Errorf("twillctl leases on %s: %q, want %q\n%s", node, state[node], want, out)
+		}
 	}
 
 	// Deleting Nodes removes their routes from the others within 2 s: the

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"os"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/twill-net/twill/backend"
 	_ "github.com/twill-net/twill/backend/hostgw" // the built-in backends, to compute their desired state
@@ -22,6 +25,7 @@ import (
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/subnet"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
+	kubesm "github.com/twill-net/twill/subnet/kube"
 )
 
 type statusOptions struct {
@@ -154,12 +158,20 @@ func runStatus(ctx context.Context, w io.Writer, o statusOptions) error {
 var errDrift = errors.New("the kernel differs from what twill should have (twilld repairs it within moments if it is running)")
 
 func newLeasesCommand() *cobra.Command {
-	var o configOptions
+	var (
+		o    configOptions
+		kube kubeLeaseOptions
+	)
 	cmd := &cobra.Command{
 		Use:   "leases",
-		Short: "List the cluster's subnet leases (etcd mode)",
-		Args:  cobra.NoArgs,
+		Short: "List the cluster's subnet leases (etcd, or Kubernetes with --kubeconfig)",
+		Example: `  twillctl leases --etcd-endpoints http://10.0.0.1:2379
+  twillctl leases --kubeconfig ~/.kube/config     # Node leases, and which twill refuses and why`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if kube.kubeconfig != "" || kube.apiURL != "" {
+				return kubeLeases(cmd.Context(), cmd.OutOrStdout(), kube)
+			}
 			cli, err := o.client()
 			if err != nil {
 				return err
@@ -183,12 +195,7 @@ func newLeasesCommand() *cobra.Command {
 					fmt.Fprintf(tw, "%s\t(unreadable: %v)\t\t\n", key, errors.Join(kerr, aerr))
 					continue
 				}
-				name := v4.String()
-				if !v4.IsValid() {
-					name = v6.String()
-				} else if v6.IsValid() {
-					name += "," + v6.String()
-				}
+				name := subnetsString(v4, v6)
 				expires := "never (reservation)"
 				if kv.Lease != 0 {
 					ttl, ok := ttls[kv.Lease]
@@ -207,7 +214,87 @@ func newLeasesCommand() *cobra.Command {
 		},
 	}
 	addEtcdFlags(cmd.Flags(), &o)
+	cmd.Flags().StringVar(&kube.kubeconfig, "kubeconfig", "", "list the Node leases of this Kubernetes cluster instead of etcd's")
+	cmd.Flags().StringVar(&kube.apiURL, "kube-api-url", "", "apiserver URL (overrides the kubeconfig's server)")
+	cmd.Flags().StringVar(&kube.prefix, "kube-annotation-prefix", kubesm.DefaultAnnotationPrefix, "prefix of twill's Node annotations")
+	cmd.Flags().StringVar(&kube.netConf, "net-config-path", "", "with --kubeconfig: also refuse subnets outside this net-conf.json's Network, as twilld does")
 	return cmd
+}
+
+type kubeLeaseOptions struct{ kubeconfig, apiURL, prefix, netConf string }
+
+// kubeLeases lists every Node with what twilld makes of it: a peer lease,
+// not a peer yet, or refused with the reason every twilld logs.
+func kubeLeases(ctx context.Context, w io.Writer, o kubeLeaseOptions) error {
+	ann, err := kubesm.NewAnnotations(o.prefix)
+	if err != nil {
+		return err
+	}
+	cli, err := kubesm.NewClient(kubesm.ClientOptions{Kubeconfig: o.kubeconfig, APIURL: o.apiURL, UserAgent: "twillctl"})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	list, err := cli.ListNodes(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("listing Nodes: %w", err)
+	}
+	nodes := make([]*corev1.Node, len(list.Items))
+	for i := range list.Items {
+		nodes[i] = &list.Items[i]
+	}
+	var cfg *subnet.Config
+	if o.netConf != "" {
+		data, err := os.ReadFile(o.netConf)
+		if err != nil {
+			return fmt.Errorf("--net-config-path: %w", err)
+		}
+		if cfg, err = subnet.ParseConfig(data); err != nil {
+			return fmt.Errorf("%s: %w", o.netConf, err)
+		}
+	}
+	refused := map[string]string{}
+	for _, r := range ann.Snapshot(nodes, "").Refused {
+		refused[strings.TrimPrefix(r.Key, "node/")] = r.Err.Error()
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tSUBNET\tPUBLIC IP\tBACKEND\tSTATE")
+	for _, n := range nodes {
+		l, peer, _ := ann.NodeLease(n)
+		v4, v6, _ := kubesm.PodCIDRs(n)
+		if peer && cfg != nil && refused[n.Name] == "" {
+			c := *cfg // in Kubernetes the podCIDR's length is the node's own
+			c.SubnetLen, c.IPv6SubnetLen = l.Subnet.Bits(), l.IPv6Subnet.Bits()
+			if err := subnet.CheckPeer(&c, subnet.Lease{}, l); err != nil {
+				refused[n.Name] = err.Error()
+			}
+		}
+		state := "peer"
+		switch {
+		case refused[n.Name] != "":
+			state = "REFUSED: " + refused[n.Name]
+		case !peer && !v4.IsValid() && !v6.IsValid():
+			state = "not a peer yet: no podCIDR"
+		case !peer:
+			state = "not a peer yet: no twill annotations"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, subnetsString(v4, v6), pubIP(l.Attrs), l.Attrs.BackendType, state)
+	}
+	return tw.Flush()
+}
+
+func subnetsString(v4, v6 netip.Prefix) string {
+	var s []string
+	for _, p := range []netip.Prefix{v4, v6} {
+		if p.IsValid() {
+			s = append(s, p.String())
+		}
+	}
+	if len(s) == 0 {
+		return "-"
+	}
+	return strings.Join(s, ",")
 }
 
 func pubIP(a subnet.LeaseAttrs) string {
