@@ -1,8 +1,10 @@
 package backend
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -263,4 +265,18 @@ func (s *RouteSync) table() int {
 		return owned.MainTable
 	}
 	return s.Table
+}
+
+// Watch follows the kernel's route events until ctx ends, and pokes when
+// one contradicts the record (a route of twill's changed behind its back).
+// Every (re)subscription invalidates the record and pokes, since events
+// before it were not seen. It is the route half of a KernelWatcher.
+func (s *RouteSync) Watch(ctx context.Context, log *slog.Logger, poke func()) error {
+	return WatchLoop(ctx, log, "route", func() { s.Invalidate(); poke() }, func(ctx context.Context, subscribed func()) error {
+		return s.NL.WatchRoutes(ctx, subscribed, func(ev nl.RouteEvent) {
+			if s.Observe(ev) {
+				poke()
+			}
+		})
+	})
 }

@@ -186,6 +186,18 @@ func (k *kubeCluster) published(i int) map[string]string {
 	return n.Annotations
 }
 
+// startNodes registers a Node per node namespace, with podCIDR(i), and
+// starts twilld in each.
+func (k *kubeCluster) startNodes() {
+	k.t.Helper()
+	for i, n := range k.topo.Nodes {
+		k.createNode(n.Name, podCIDR(i).String(), n.Addr.Addr(), nil)
+	}
+	for i := range k.topo.Nodes {
+		k.startKubeDaemon(i)
+	}
+}
+
 func podCIDR(i int) netip.Prefix { return netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", i+1)) }
 
 // TestKubeHostGW covers Kubernetes mode end to end with host-gw: three
@@ -195,12 +207,7 @@ func podCIDR(i int) netip.Prefix { return netip.MustParsePrefix(fmt.Sprintf("10.
 // public IP or an overlapping podCIDR never become routes.
 func TestKubeHostGW(t *testing.T) {
 	k := newKubeCluster(t, 3, "host-gw")
-	for i, n := range k.topo.Nodes {
-		k.createNode(n.Name, podCIDR(i).String(), n.Addr.Addr(), nil)
-	}
-	for i := range k.topo.Nodes {
-		k.startKubeDaemon(i)
-	}
+	k.startNodes()
 	for i, n := range k.topo.Nodes {
 		ann := k.published(i)
 		if ann["twill.io/backend-type"] != "host-gw" || ann["twill.io/public-ip"] != n.Addr.Addr().String() {
@@ -364,12 +371,7 @@ func TestKubeHostGW(t *testing.T) {
 // backend-data, and pods on different nodes reach each other.
 func TestKubeVXLAN(t *testing.T) {
 	k := newKubeCluster(t, 3, "vxlan")
-	for i, n := range k.topo.Nodes {
-		k.createNode(n.Name, podCIDR(i).String(), n.Addr.Addr(), nil)
-	}
-	for i := range k.topo.Nodes {
-		k.startKubeDaemon(i)
-	}
+	k.startNodes()
 	for i, n := range k.topo.Nodes {
 		ann := k.published(i)
 		if ann["twill.io/backend-type"] != "vxlan" || !strings.Contains(ann["twill.io/backend-data"], `"VtepMAC"`) {

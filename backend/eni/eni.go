@@ -423,12 +423,5 @@ func (n *Network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift,
 
 // WatchKernel pokes when one of twill's routes changes behind its back.
 func (n *Network) WatchKernel(ctx context.Context, poke func()) error {
-	h := n.routes.NL
-	return backend.WatchLoop(ctx, n.log, "route", func() { n.routes.Invalidate(); poke() }, func(ctx context.Context, subscribed func()) error {
-		return h.WatchRoutes(ctx, subscribed, func(ev nl.RouteEvent) {
-			if n.routes.Observe(ev) {
-				poke()
-			}
-		})
-	})
+	return n.routes.Watch(ctx, n.log, poke)
 }

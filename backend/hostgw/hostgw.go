@@ -172,12 +172,5 @@ func prefixes(ps []netip.Prefix) string {
 // Every (re)subscription counts as a change, because events before it were
 // not seen: the next reconcile re-reads the kernel.
 func (n *Network) WatchKernel(ctx context.Context, poke func()) error {
-	h := n.routes.NL
-	return backend.WatchLoop(ctx, n.log, "route", func() { n.routes.Invalidate(); poke() }, func(ctx context.Context, subscribed func()) error {
-		return h.WatchRoutes(ctx, subscribed, func(ev nl.RouteEvent) {
-			if n.routes.Observe(ev) {
-				poke()
-			}
-		})
-	})
+	return n.routes.Watch(ctx, n.log, poke)
 }

@@ -685,14 +685,6 @@ func (n *Network) WatchKernel(ctx context.Context, poke func()) error {
 			})
 		})
 	})
-	g.Go(func() error {
-		return backend.WatchLoop(ctx, n.b.log, "route", func() { n.routes.Invalidate(); poke() }, func(ctx context.Context, subscribed func()) error {
-			return h.WatchRoutes(ctx, subscribed, func(ev nl.RouteEvent) {
-				if n.routes.Observe(ev) {
-					poke()
-				}
-			})
-		})
-	})
+	g.Go(func() error { return n.routes.Watch(ctx, n.b.log, poke) })
 	return g.Wait()
 }
