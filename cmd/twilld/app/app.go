@@ -35,7 +35,7 @@ import (
 // changes) for a smaller heap: twilld runs on every node and idles almost
 // all the time, so its resident memory matters more than its GC cycles. The
 // GOGC environment variable overrides it.
-const defaultGCPercent = 50
+const defaultGCPercent = 30
 
 // Main runs twilld with the backends in reg and returns the process exit
 // code.
