@@ -20,6 +20,7 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/twill-net/twill/internal/kubetest"
+	"github.com/twill-net/twill/internal/topology"
 )
 
 // kubeCluster is a cluster whose nodes run twilld --kube-subnet-mgr against
@@ -203,15 +204,32 @@ func podCIDR(i int) netip.Prefix { return netip.MustParsePrefix(fmt.Sprintf("10.
 // TestKubeHostGW covers Kubernetes mode end to end with host-gw: three
 // nodes annotate themselves and route to each other, pods wired by the CNI
 // plugin talk across nodes, Nodes that come and go are followed within 2 s,
-// and Nodes with bad annotations, a podCIDR outside Network, a spoofed
-// public IP or an overlapping podCIDR never become routes.
+// Nodes with bad annotations, a podCIDR outside Network, a spoofed public
+// IP or an overlapping podCIDR never become routes, and a node with an
+// operator's public-ip-overwrite is published and routed at that address.
 func TestKubeHostGW(t *testing.T) {
 	k := newKubeCluster(t, 3, "host-gw")
-	k.startNodes()
+	// node3 is to be reached at a second address, not in its
+	// status.addresses: an operator vouches for it with public-ip-overwrite.
+	alias := k.topo.Nodes[2].Addr.Addr().Next().Next().Next().Next().Next().Next().Next().Next()
+	if err := topology.IP(k.topo.Nodes[2].NS, "addr", "add", netip.PrefixFrom(alias, 24).String(), "dev", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	publicIP := []netip.Addr{k.topo.Nodes[0].Addr.Addr(), k.topo.Nodes[1].Addr.Addr(), alias}
+	for i, n := range k.topo.Nodes {
+		var ann map[string]string
+		if i == 2 {
+			ann = map[string]string{"twill.io/public-ip-overwrite": alias.String()}
+		}
+		k.createNode(n.Name, podCIDR(i).String(), n.Addr.Addr(), ann)
+	}
+	for i := range k.topo.Nodes {
+		k.startKubeDaemon(i)
+	}
 	for i, n := range k.topo.Nodes {
 		ann := k.published(i)
-		if ann["twill.io/backend-type"] != "host-gw" || ann["twill.io/public-ip"] != n.Addr.Addr().String() {
-			t.Errorf("%s annotations %v: want backend-type host-gw, public-ip %s", n.Name, ann, n.Addr.Addr())
+		if ann["twill.io/backend-type"] != "host-gw" || ann["twill.io/public-ip"] != publicIP[i].String() {
+			t.Errorf("%s annotations %v: want backend-type host-gw, public-ip %s", n.Name, ann, publicIP[i])
 		}
 		if env := k.env(i); env.Subnet != podCIDR(i) || env.Network.String() != "10.244.0.0/16" {
 			t.Errorf("%s subnet.env %+v: want TWILL_SUBNET %s (its podCIDR)", n.Name, env, podCIDR(i))
@@ -234,7 +252,7 @@ func TestKubeHostGW(t *testing.T) {
 				others = append(others, i)
 			}
 		}
-		waitFor(t, 10*time.Second, "routes to "+n.Name, routedTo(podCIDR(j), n.Addr.Addr(), others...))
+		waitFor(t, 10*time.Second, "routes to "+n.Name, routedTo(podCIDR(j), publicIP[j], others...))
 	}
 
 	// Someone overwrites node1's annotation and flips its condition:
