@@ -146,6 +146,9 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 	}
 	lease, err := d.o.Subnets.AcquireLease(ctx, cfg, attrs, hint)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting for the lease
+		}
 		return fmt.Errorf("acquiring a subnet lease: %w", err)
 	}
 	d.log.Info("holding lease", "subnet", lease.Subnet, "ipv6_subnet", lease.IPv6Subnet, "backend", cfg.BackendType)

@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/twill-net/twill/subnet"
@@ -67,6 +68,8 @@ type Manager struct {
 	staleRV   string            // guarded by mu; the node's resourceVersion before that patch
 	lease     subnet.Lease      // guarded by mu
 	ready     atomic.Bool
+	// lastListErr is the informer's last failed list, for the wait message.
+	lastListErr atomic.Value
 }
 
 // New returns a Manager. Nothing talks to the apiserver until
@@ -98,9 +101,19 @@ func (m *Manager) start(ctx context.Context) {
 	m.startOnce.Do(func() {
 		lw := &cache.ListWatch{
 			ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-				return m.o.Client.ListNodes(ctx, opts)
+				l, err := m.o.Client.ListNodes(ctx, opts)
+				if err != nil {
+					m.lastListErr.Store(err.Error())
+				}
+				return l, err
 			},
-			WatchFuncWithContext: m.o.Client.WatchNodes,
+			WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+				w, err := m.o.Client.WatchNodes(ctx, opts)
+				if err != nil {
+					m.lastListErr.Store(err.Error())
+				}
+				return w, err
+			},
 		}
 		m.informer = cache.NewSharedIndexInformer(lw, &corev1.Node{}, m.o.Resync, cache.Indexers{})
 		_ = m.informer.SetTransform(m.ann.strip)
@@ -163,7 +176,11 @@ func (m *Manager) AcquireLease(ctx context.Context, cfg *subnet.Config, attrs su
 			} else if _, ok := m.self(); !ok {
 				what = "for its Node object to exist (check NODE_NAME)"
 			}
-			m.log.Info("waiting "+what, "waited", time.Since(began).Round(time.Second))
+			args := []any{"waited", time.Since(began).Round(time.Second)}
+			if e, _ := m.lastListErr.Load().(string); e != "" && !m.informer.HasSynced() {
+				args = append(args, "last_error", e)
+			}
+			m.log.Info("waiting "+what, args...)
 		}
 	}
 	v4, v6, _ := PodCIDRs(node)

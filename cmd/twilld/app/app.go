@@ -21,6 +21,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
@@ -271,6 +272,8 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 }
 
 func kubeManager(ctx context.Context, log *slog.Logger, o options) (*kubesm.Manager, error) {
+	// client-go logs through klog; send it to twilld's structured log.
+	klog.SetSlogLogger(log.With("component", "client-go"))
 	ann, err := kubesm.NewAnnotations(o.kubeAnnotationPrefix)
 	if err != nil {
 		return nil, err
