@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -15,6 +17,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/containernetworking/plugins/pkg/ipam"
 
+	eni "github.com/twill-net/twill/backend/eni/cni"
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/subnet"
@@ -284,25 +287,39 @@ func cmdDel(args *skel.CmdArgs) error {
 	// The pod's addresses, for its policy rules (eni): from prevResult,
 	// the allocation records and the warm pool, so that DEL finds them with
 	// the daemon down and the pod gone.
+	// An address another attachment holds now (a repeated DEL, after the
+	// address was reused) keeps its rules: they are that pod's.
 	ips := prevIPs(c)
-	if res, err := reservations(c); err == nil {
+	others := map[netip.Addr]bool{}
+	note := func(res []reservation) {
 		for _, rv := range res {
 			if rv.ContainerID == args.ContainerID && rv.IfName == args.IfName {
 				ips = append(ips, rv.IP)
+			} else {
+				others[rv.IP] = true
 			}
 		}
 	}
+	if res, err := reservations(c); err == nil {
+		note(res)
+	}
+	var poolDir string
 	if env, err := subnet.ReadEnv(c.SubnetFile); err == nil {
 		if em, isENI, _ := eniFromEnv(env); isENI && em.PoolDir != "" {
-			poolIPs, err := poolRelease(em.PoolDir, args.ContainerID, args.IfName)
-			if err != nil {
-				errs = append(errs, err)
+			poolDir = em.PoolDir
+			if res, err := reservationsAt(filepath.Join(poolDir, eni.PoolStoreName)); err == nil {
+				note(res)
 			}
-			ips = append(ips, poolIPs...)
 		}
 	}
+	ips = slices.DeleteFunc(ips, func(ip netip.Addr) bool { return others[ip] })
 	if err := deletePodRules(host, ips); err != nil {
 		errs = append(errs, err)
+	}
+	if poolDir != "" {
+		if _, err := poolRelease(poolDir, args.ContainerID, args.IfName); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	// Deleting the host end deletes the pod end and both /32 routes.
 	if l, err := host.LinkByName(HostVethName(args.ContainerID, args.IfName)); err == nil {
@@ -521,9 +538,6 @@ func cmdGC(args *skel.CmdArgs) error {
 		return fmt.Errorf("twill: %w", err)
 	}
 	defer host.Close()
-	// An allocation is recorded before its veth exists, and the veth's
-	// name follows from the record: this finds the veth of an ADD killed
-	// before it could label the link with its alias.
 	if env, err := subnet.ReadEnv(c.SubnetFile); err == nil {
 		if em, isENI, _ := eniFromEnv(env); isENI && em.PoolDir != "" {
 			poolStale, err := poolStale(em.PoolDir, valid)
@@ -540,6 +554,9 @@ func cmdGC(args *skel.CmdArgs) error {
 	if err := deletePodRules(host, staleIPs); err != nil {
 		errs = append(errs, err)
 	}
+	// An allocation is recorded before its veth exists, and the veth's
+	// name follows from the record: this finds the veth of an ADD killed
+	// before it could label the link with its alias.
 	for _, rv := range stale {
 		if l, err := host.LinkByName(HostVethName(rv.ContainerID, rv.IfName)); err == nil {
 			if err := host.LinkDel(l.Index); err != nil {
