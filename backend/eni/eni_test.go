@@ -2,11 +2,15 @@ package eni
 
 import (
 	"encoding/json"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/backend/owned"
+	"github.com/twill-net/twill/subnet"
 )
 
 func TestParseConfigDefaults(t *testing.T) {
@@ -81,4 +85,39 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("accepted an unusable config %s: %+v", conf, s)
 		}
 	})
+}
+
+func TestDesiredRoutes(t *testing.T) {
+	eni := ENI{ID: "eni-1", PrimaryIP: netip.MustParsePrefix("10.10.1.1/24"), Gateway: netip.MustParseAddr("10.10.1.254")}
+	peer := func(sub, eniIP string) subnet.Lease {
+		return subnet.Lease{Subnet: netip.MustParsePrefix(sub), Attrs: subnet.LeaseAttrs{BackendType: Type,
+			BackendData: json.RawMessage(`{"ENI":"x","ENIIP":"` + eniIP + `"}`)}}
+	}
+	peers := []subnet.Lease{peer("10.10.200.0/24", "10.10.1.2"), peer("10.10.201.0/24", "10.99.0.9"), peer("10.10.202.0/24", "nope")}
+	for _, tc := range []struct {
+		mode    string
+		want    []string
+		badKeys []string
+	}{
+		{ModePrefix, []string{"10.10.1.0/24 dev#7 table 100", "0.0.0.0/0 via 10.10.1.254 dev#7 table 100", "10.10.200.0/24 via 10.10.1.2 dev#7 table 100"},
+			[]string{"10.10.201.0-24", "10.10.202.0-24"}},
+		{ModeSecondaryIP, []string{"10.10.1.0/24 dev#7 table 100", "0.0.0.0/0 via 10.10.1.254 dev#7 table 100"}, nil},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			n := &Network{set: Settings{Mode: tc.mode, Table: 100}, link: nl.Link{Index: 7, Name: "eth1"}, eni: eni}
+			var got []string
+			bad := n.DesiredRoutes(peers, func(r nl.Route) { r.Table = 100; got = append(got, r.String()) })
+			if strings.Join(got, "|") != strings.Join(tc.want, "|") {
+				t.Errorf("routes\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+			}
+			var keys []string
+			for k := range bad {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			if !slices.Equal(keys, tc.badKeys) {
+				t.Errorf("refused peers %v, want %v (%v)", keys, tc.badKeys, bad)
+			}
+		})
+	}
 }
