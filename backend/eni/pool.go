@@ -28,6 +28,7 @@ type Pool struct {
 	// Every is the check period (default 200ms).
 	Every time.Duration
 
+	// Used by Init, then only by Run's goroutine.
 	assigned     []netip.Addr
 	exhausted    string
 	lastTry      time.Time
