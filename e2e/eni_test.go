@@ -15,6 +15,7 @@ import (
 	enicni "github.com/twill-net/twill/backend/eni/cni"
 	"github.com/twill-net/twill/backend/eni/sim"
 	"github.com/twill-net/twill/internal/topology"
+	"github.com/twill-net/twill/subnet"
 )
 
 // vpcCluster is a cluster on a simulated VPC: every node has eth0 (primary
@@ -176,6 +177,33 @@ func TestENIPrefixMode(t *testing.T) {
 			t.Errorf("sim: ENI %s prefixes %v, want the lease %s", e.ID, e.Prefixes, leases[i])
 		}
 	}
+
+	// node3 loses its lease and comes back with another: the cloud takes
+	// the old prefix back from its ENI, and the peers route the new one.
+	v.daemons[2].Stop(t)
+	v.cluster.del(fmt.Sprintf("/twill.io/network/subnets/%s-24", leases[2].Addr()))
+	// A subnet.env naming a free subnet steers the new lease (a restarting
+	// node asks for the subnet recorded there).
+	old := leases[2]
+	next := netip.MustParsePrefix("10.10.250.0/24")
+	for next == leases[0] || next == leases[1] || next == old {
+		next = netip.PrefixFrom(next.Addr().Prev().Prev(), 24).Masked()
+	}
+	env := v.env(2)
+	env.Subnet = next
+	if err := subnet.WriteEnv(v.subnetFile(2), env); err != nil {
+		t.Fatal(err)
+	}
+	v.startDaemon(2)
+	leases[2] = next
+	waitFor(t, 10*time.Second, "node3's new prefix on its ENI alone", func() bool {
+		st, err := sim.Load(v.state)
+		return err == nil && slices.Equal(st.ENIs[2].Prefixes, []netip.Prefix{leases[2]})
+	})
+	waitFor(t, 10*time.Second, "peers routing node3's new prefix", func() bool {
+		want := fmt.Sprintf("%s via %s dev eth1 proto 167", leases[2], v.topo.Nodes[2].ENIAddr.Addr())
+		return strings.Contains(eniTable(0), want) && strings.Contains(eniTable(1), want) && !strings.Contains(eniTable(0), old.String())
+	})
 
 	var pods []vpcPod
 	for i := range v.topo.Nodes {

@@ -242,6 +242,17 @@ func (b *Backend) Attach(ctx context.Context, lease subnet.Lease) (backend.Netwo
 		if err := b.prov.AssignPrefix(ctx, b.eni.ID, lease.Subnet); err != nil {
 			return nil, fmt.Errorf("eni: delegating the lease %s to ENI %s: %w", lease.Subnet, b.eni.ID, err)
 		}
+		// A prefix from an earlier lease of this node would stay routed to
+		// it in the cloud, and blackhole whoever holds that subnet next.
+		for _, p := range b.eni.Prefixes {
+			if p == lease.Subnet {
+				continue
+			}
+			if err := b.prov.UnassignPrefix(ctx, b.eni.ID, p); err != nil {
+				return nil, fmt.Errorf("eni: taking the old prefix %s back from ENI %s: %w", p, b.eni.ID, err)
+			}
+			b.log.Info("took back a prefix of an earlier lease from the ENI", "eni", b.eni.ID, "prefix", p, "lease", lease.Subnet)
+		}
 	}
 	n := &Network{
 		b: b, set: b.set, link: b.link, eni: b.eni, log: b.log, metrics: b.opts.Metrics,
