@@ -103,7 +103,7 @@ func checkPodRules(h *nl.Handle, m eniMode, ip netip.Addr) error {
 }
 
 // poolWait bounds how long ADD waits for the daemon to grow the warm pool.
-var poolWait = 5 * time.Second
+const poolWait = 5 * time.Second
 
 // allocateFromPool reserves one of the ENI's secondary IPs from the warm
 // pool the daemon keeps. With none free it waits (bounded) for the daemon

@@ -261,7 +261,7 @@ func (b *Backend) Attach(ctx context.Context, lease subnet.Lease) (backend.Netwo
 	if b.set.Mode == ModeSecondaryIP {
 		n.pool = &Pool{Dir: filepath.Join(b.opts.StateDir, "eni-pool"), Provider: b.prov, ENI: b.eni, Log: b.log,
 			LowWater: b.set.LowWater, HighWater: b.set.HighWater, Cooldown: b.set.Cooldown}
-		if err := n.pool.Init(ctx); err != nil {
+		if err := n.pool.Init(); err != nil {
 			return nil, err
 		}
 	}

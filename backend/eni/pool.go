@@ -36,7 +36,7 @@ type Pool struct {
 }
 
 // Init creates the directory and publishes the ENI's current secondary IPs.
-func (p *Pool) Init(ctx context.Context) error {
+func (p *Pool) Init() error {
 	if p.Every <= 0 {
 		p.Every = 200 * time.Millisecond
 	}

@@ -28,10 +28,6 @@ import (
 	"github.com/twill-net/twill/subnet"
 )
 
-var (
-	noAddr netip.Addr
-)
-
 // ConditionReason is the reason twill gives on NetworkUnavailable=False.
 const ConditionReason = "TwillIsUp"
 
@@ -204,7 +200,7 @@ func (m *Manager) AcquireLease(ctx context.Context, cfg *subnet.Config, attrs su
 		attrs.PublicIPv6 = ip
 	}
 	if !cfg.EnableIPv6 {
-		attrs.PublicIPv6, attrs.BackendV6Data = noAddr, nil
+		attrs.PublicIPv6, attrs.BackendV6Data = netip.Addr{}, nil
 	}
 	lease.Attrs = attrs
 	want := m.ann.Publish(attrs)
@@ -228,7 +224,7 @@ func fitConfig(cfg *subnet.Config, node string, v4, v6 netip.Prefix) error {
 			return fmt.Errorf("node %q: spec.podCIDR %s: not inside net-conf.json Network %s (it must match kube-controller-manager --cluster-cidr)", node, v4, cfg.Network)
 		}
 		cfg.SubnetLen = v4.Bits()
-		cfg.SubnetMin, cfg.SubnetMax = noAddr, noAddr
+		cfg.SubnetMin, cfg.SubnetMax = netip.Addr{}, netip.Addr{}
 	}
 	if cfg.EnableIPv6 {
 		if !v6.IsValid() {
@@ -238,7 +234,7 @@ func fitConfig(cfg *subnet.Config, node string, v4, v6 netip.Prefix) error {
 			return fmt.Errorf("node %q: IPv6 podCIDR %s: not inside net-conf.json IPv6Network %s", node, v6, cfg.IPv6Network)
 		}
 		cfg.IPv6SubnetLen = v6.Bits()
-		cfg.IPv6SubnetMin, cfg.IPv6SubnetMax = noAddr, noAddr
+		cfg.IPv6SubnetMin, cfg.IPv6SubnetMax = netip.Addr{}, netip.Addr{}
 	}
 	return nil
 }
