@@ -56,7 +56,7 @@ test-unit: ## Unit tier: no root needed (privileged tests skip themselves in -sh
 
 .PHONY: test-privileged
 test-privileged: setup ## Privileged tier: real netns, netlink, iptables (root)
-	$(GO) test -race -count=1 -run 'Privileged' ./backend/... ./network/... ./internal/... ./subnet/...
+	$(GO) test -race -count=1 -run 'Privileged' ./backend/... ./network/... ./internal/... ./subnet/... ./plugin/...
 
 .PHONY: e2e
 e2e: setup ## Multi-node clusters in network namespaces with the built binaries (root)
@@ -76,6 +76,8 @@ lint: ## gofmt, go vet, and the rule that netlink is used only through backend/n
 	$(GO) vet ./...
 	@bad=$$(grep -rln --include='*.go' '"github.com/vishvananda/netlink"' . | grep -v '^./backend/nl/' || true); \
 	if [ -n "$$bad" ]; then echo "netlink used outside backend/nl (use the seam):"; echo "$$bad"; exit 1; fi
+	@big=$$(git ls-files -z | xargs -0 -r stat -c '%s %n' 2>/dev/null | awk '$$1 > 1048576 {print "  " $$2 " (" $$1 " bytes)"}'); \
+	if [ -n "$$big" ]; then echo "tracked files over 1 MB (build output? use make build, which writes bin/):"; echo "$$big"; exit 1; fi
 
 .PHONY: bench
 bench: setup ## Benchmarks with full output (root); figures go in Documentation/benchmarks.md
