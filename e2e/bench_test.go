@@ -15,8 +15,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/internal/netnstest"
 	"github.com/twill-net/twill/subnet"
 )
@@ -46,42 +44,6 @@ func benchPeerIP(i int) netip.Addr {
 }
 
 func benchMAC(i int) string { return fmt.Sprintf("0a:b0:00:00:%02x:%02x", i>>8&0xff, i&0xff) }
-
-// routeEvents streams twill route events of a namespace.
-func routeEvents(tb testing.TB, ns string) <-chan nl.RouteEvent {
-	h, err := nl.Open(ns)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ch := make(chan nl.RouteEvent, 4*benchPeers)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = h.WatchRoutes(ctx, nil, func(ev nl.RouteEvent) {
-			if ev.Route.Protocol == owned.RouteProtocol {
-				ch <- ev
-			}
-		})
-	}()
-	tb.Cleanup(func() { cancel(); <-done; h.Close() })
-	return ch
-}
-
-func waitRoute(tb testing.TB, events <-chan nl.RouteEvent, dst netip.Prefix, deleted bool) {
-	tb.Helper()
-	timeout := time.After(10 * time.Second)
-	for {
-		select {
-		case ev := <-events:
-			if ev.Route.Dst == dst && ev.Deleted == deleted {
-				return
-			}
-		case <-timeout:
-			tb.Fatalf("route %s (deleted=%v) not seen within 10s", dst, deleted)
-		}
-	}
-}
 
 func median(ds []time.Duration) time.Duration {
 	s := slices.Clone(ds)
@@ -146,22 +108,14 @@ func benchEtcd(b *testing.B, backendType string) {
 			b.Fatal(err)
 		}
 	}
-	events := routeEvents(b, c.topo.Nodes[0].NS)
+	routes := watchRoutes(b, c.topo.Nodes[0].NS)
 	b.ResetTimer()
 
 	start := time.Now()
 	b.Logf("daemon started at %s", start.UTC().Format("15:04:05.000"))
 	d := c.startDaemon(0)
-	timeout := time.After(60 * time.Second)
-	for n := 0; n < benchPeers; {
-		select {
-		case ev := <-events:
-			if !ev.Deleted {
-				n++
-			}
-		case <-timeout:
-			b.Fatalf("only %d of %d routes after 60s; log:\n%s", n, benchPeers, d.Output())
-		}
+	if err := routes.waitCount(benchPeers, 60*time.Second); err != nil {
+		b.Fatalf("%v; log:\n%s", err, d.Output())
 	}
 	startup := time.Since(start)
 
@@ -177,14 +131,14 @@ func benchEtcd(b *testing.B, backendType string) {
 		k, v, dst := benchLease(backendType, benchPeers+i)
 		t0 := time.Now()
 		c.put(k, v)
-		waitRoute(b, events, dst, false)
+		routes.waitRoute(dst, false)
 		adds = append(adds, time.Since(t0))
 	}
 	for i := range benchSamples {
 		k, _, dst := benchLease(backendType, benchPeers+i)
 		t0 := time.Now()
 		c.del(k)
-		waitRoute(b, events, dst, true)
+		routes.waitRoute(dst, true)
 		dels = append(dels, time.Since(t0))
 	}
 

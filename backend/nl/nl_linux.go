@@ -303,12 +303,18 @@ type RouteEvent struct {
 	Route   Route
 }
 
+// watchReceiveBuffer is the receive buffer of event subscriptions. A burst
+// of thousands of route changes (a start-up, a mass lease change) overflows
+// the kernel's default and loses the subscription (ENOBUFS); 8 MiB holds
+// about 50,000 route messages. The kernel allocates it only as it fills.
+const watchReceiveBuffer = 8 << 20
+
 // WatchRoutes calls subscribed once the subscription is in place, then fn
 // for every route change in the handle's namespace, until ctx is done.
 // Neither may block: they are meant to poke a reconciler.
 func (h *Handle) WatchRoutes(ctx context.Context, subscribed func(), fn func(RouteEvent)) error {
 	return watch(ctx, "route", subscribed, func(ch chan netlink.RouteUpdate, done chan struct{}, errCb func(error)) error {
-		opts := netlink.RouteSubscribeOptions{ErrorCallback: errCb}
+		opts := netlink.RouteSubscribeOptions{ErrorCallback: errCb, ReceiveBufferSize: watchReceiveBuffer, ReceiveBufferForceSize: true}
 		if h.ns >= 0 {
 			ns := h.ns
 			opts.Namespace = &ns
@@ -529,7 +535,7 @@ type LinkEvent struct {
 // change in the handle's namespace, until ctx is done. Neither may block.
 func (h *Handle) WatchLinks(ctx context.Context, subscribed func(), fn func(LinkEvent)) error {
 	return watch(ctx, "link", subscribed, func(ch chan netlink.LinkUpdate, done chan struct{}, errCb func(error)) error {
-		opts := netlink.LinkSubscribeOptions{ErrorCallback: errCb}
+		opts := netlink.LinkSubscribeOptions{ErrorCallback: errCb, ReceiveBufferSize: watchReceiveBuffer, ReceiveBufferForceSize: true}
 		if h.ns >= 0 {
 			ns := h.ns
 			opts.Namespace = &ns

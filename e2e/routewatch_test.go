@@ -1,0 +1,165 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/backend/owned"
+)
+
+// routeWatch follows twill's routes (proto 167, main table) in one
+// namespace through the kernel's route events, so a benchmark can time
+// when a route appears or goes without polling. Events are a fast path,
+// not the truth: when the subscription breaks (ENOBUFS under a burst of
+// thousands of changes) or a wait runs out, the kernel is read instead, so
+// a lost event never reads as a missing route.
+type routeWatch struct {
+	tb      testing.TB
+	ns      string
+	h       *nl.Handle
+	changed chan struct{}
+
+	mu      sync.Mutex
+	present map[netip.Prefix]bool // guarded by mu; from events
+	err     error                 // guarded by mu; why the subscription ended
+}
+
+// watchRoutes subscribes to ns's route events and returns once the
+// subscription is in place; it fails the test if that cannot happen.
+func watchRoutes(tb testing.TB, ns string) *routeWatch {
+	tb.Helper()
+	h, err := nl.Open(ns)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	w := &routeWatch{tb: tb, ns: ns, h: h, changed: make(chan struct{}, 1), present: map[netip.Prefix]bool{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	subscribed, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		err := h.WatchRoutes(ctx, func() { close(subscribed) }, w.observe)
+		if err == nil && ctx.Err() == nil {
+			err = errors.New("subscription ended")
+		}
+		w.mu.Lock()
+		w.err = err
+		w.mu.Unlock()
+		w.signal()
+	}()
+	tb.Cleanup(func() { cancel(); <-done; h.Close() })
+	select {
+	case <-subscribed:
+	case <-done:
+		tb.Fatalf("subscribing to route events in %s: %v", ns, w.broken())
+	case <-time.After(10 * time.Second):
+		tb.Fatalf("subscribing to route events in %s: not in place after 10s", ns)
+	}
+	return w
+}
+
+func (w *routeWatch) observe(ev nl.RouteEvent) {
+	if ev.Route.Protocol != owned.RouteProtocol || ev.Route.Key().Table != owned.MainTable {
+		return
+	}
+	w.mu.Lock()
+	if ev.Deleted {
+		delete(w.present, ev.Route.Dst)
+	} else {
+		w.present[ev.Route.Dst] = true
+	}
+	w.mu.Unlock()
+	w.signal()
+}
+
+func (w *routeWatch) signal() {
+	select {
+	case w.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (w *routeWatch) broken() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// kernel reads twill's routes in the main table.
+func (w *routeWatch) kernel() (map[netip.Prefix]bool, error) {
+	rs, err := w.h.Routes(nl.FamilyAll, nl.RouteFilter{Protocol: owned.RouteProtocol})
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[netip.Prefix]bool, len(rs))
+	for _, r := range rs {
+		m[r.Dst] = true
+	}
+	return m, nil
+}
+
+// wait blocks until cond holds over the routes present, or timeout. It
+// returns an error saying what was last seen when cond never held, read
+// from the kernel itself.
+func (w *routeWatch) wait(timeout time.Duration, what string, cond func(present map[netip.Prefix]bool) bool) error {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	poll := time.NewTicker(20 * time.Millisecond)
+	defer poll.Stop()
+	warned := false
+	for {
+		w.mu.Lock()
+		ok, err := cond(w.present), w.err
+		w.mu.Unlock()
+		if ok {
+			return nil
+		}
+		if err != nil {
+			// Without events, read the kernel at every poll.
+			if !warned {
+				w.tb.Logf("route events in %s lost (%v); reading the kernel instead", w.ns, err)
+				warned = true
+			}
+			if k, kerr := w.kernel(); kerr == nil && cond(k) {
+				return nil
+			}
+		}
+		select {
+		case <-w.changed:
+		case <-poll.C:
+		case <-deadline.C:
+			k, kerr := w.kernel()
+			if kerr != nil {
+				return fmt.Errorf("%s: not seen within %s, and reading the kernel failed: %w", what, timeout, kerr)
+			}
+			if cond(k) {
+				w.tb.Logf("%s: the kernel has it, but its route events never arrived (subscription: %v)", what, w.broken())
+				return nil
+			}
+			return fmt.Errorf("%s: not within %s (the kernel holds %d twill routes)", what, timeout, len(k))
+		}
+	}
+}
+
+// waitCount waits until at least n twill routes are present.
+func (w *routeWatch) waitCount(n int, timeout time.Duration) error {
+	return w.wait(timeout, fmt.Sprintf("%d twill routes", n), func(p map[netip.Prefix]bool) bool { return len(p) >= n })
+}
+
+// waitRoute waits until the route to dst is present (or, with deleted,
+// gone), failing the benchmark after 10s.
+func (w *routeWatch) waitRoute(dst netip.Prefix, deleted bool) {
+	w.tb.Helper()
+	what := fmt.Sprintf("route %s present", dst)
+	if deleted {
+		what = fmt.Sprintf("route %s gone", dst)
+	}
+	if err := w.wait(10*time.Second, what, func(p map[netip.Prefix]bool) bool { return p[dst] != deleted }); err != nil {
+		w.tb.Fatal(err)
+	}
+}
