@@ -4,10 +4,13 @@ GO    ?= go
 BIN   ?= bin
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/twill-net/twill/internal/version.Version=$(VERSION)
-# Debian packages the tests, the lab and the benchmarks run.
-APT_PACKAGES := iproute2 iptables iputils-ping iperf3
-# The command each package provides, to check before installing.
-APT_COMMANDS := ip iptables ping iperf3
+# Debian packages the tests, the lab and the benchmarks run: the Kubernetes
+# lab's nodes run Debian's containerd and runc, with the CNI plugins a node
+# provides next to twill (loopback, portmap) from containernetworking-plugins.
+APT_PACKAGES := iproute2 iptables iputils-ping iperf3 containerd runc containernetworking-plugins util-linux
+# A file each package provides, to check before installing.
+APT_FILES := /usr/sbin/ip /usr/sbin/iptables /usr/bin/ping /usr/bin/iperf3 /usr/bin/containerd /usr/sbin/runc \
+	/usr/lib/cni/portmap /usr/bin/nsenter
 
 .DEFAULT_GOAL := help
 # The lab and the tests need root (network namespaces).
@@ -28,17 +31,25 @@ lab: setup-base build ## Start the local lab (3 nodes x 2 pods, vxlan) and print
 build: ## Build twilld, twillctl and the twill CNI plugin into bin/
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
+.PHONY: image
+image: build ## Build twill's image and the lab's pause image as tarballs in build/images (no Docker needed; ctr images import reads them)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o build/images/.pause ./tools/pause
+	$(GO) run ./tools/mkimage -bin $(BIN) -pause build/images/.pause -debs build/debs -out build/images -tag $(VERSION)
+
 .PHONY: setup
 setup: setup-base kube-tools ## Install what a fresh machine lacks (iproute2, iptables, ping, iperf3, kube-apiserver+kubectl); only what is missing
 
 .PHONY: setup-base
 setup-base: ## What the lab needs: the Debian packages and the Go modules
-	@missing=""; for c in $(APT_COMMANDS); do command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
-	if [ -z "$$missing" ]; then echo "setup: all tools present"; exit 0; fi; \
+	@missing=""; for f in $(APT_FILES); do [ -e $$f ] || missing="$$missing $$f"; done; \
+	if [ -z "$$missing" ]; then echo "setup: all packages present"; exit 0; fi; \
 	echo "setup: missing:$$missing; installing $(APT_PACKAGES)"; \
 	if [ "$$(id -u)" != 0 ]; then echo "setup: need root to apt-get install; run: sudo make setup" >&2; exit 1; fi; \
 	export DEBIAN_FRONTEND=noninteractive; \
-	apt-get update -qq && apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) >/dev/null
+	policy=""; if [ -d /run/systemd/system ] && [ ! -e /usr/sbin/policy-rc.d ]; then \
+		policy=/usr/sbin/policy-rc.d; printf '#!/bin/sh\nexit 101\n' > $$policy; chmod 755 $$policy; fi; \
+	apt-get update -qq && apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) >/dev/null; rc=$$?; \
+	[ -z "$$policy" ] || rm -f $$policy; exit $$rc
 	$(GO) mod download
 
 .PHONY: kube-tools

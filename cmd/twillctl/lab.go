@@ -3,12 +3,9 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"net/netip"
+	"strings"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -71,6 +68,10 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 	up.Flags().StringVar(&o.Backend, "backend", "vxlan", "vxlan, host-gw or eni (eni runs on a simulated cloud VPC)")
 	up.Flags().StringVar(&o.Underlay, "underlay", "flat", "flat (one L2 segment) or routed (two segments and a router); eni always uses its VPC")
 	up.Flags().StringVar(&o.ENIMode, "eni-mode", "prefix", "with --backend eni: prefix or secondary-ip")
+	up.Flags().BoolVar(&o.KeepOnFailure, "keep-on-failure", false, "leave what was built in place when up fails, to inspect it (lab down removes it)")
+	up.Flags().BoolVar(&o.Kubernetes, "kubernetes", false, "a Kubernetes cluster: control plane, containerd, kubelet and kube-proxy per node, twill installed from dist/kube-twill.yml")
+	up.Flags().StringVar(&o.KubeBinDir, "kube-bin-dir", "", "with --kubernetes: the Kubernetes binaries (default: build/kube/current next to bin/, made by make setup)")
+	up.Flags().StringVar(&o.ImageDir, "image-dir", "", "with --kubernetes: twill.tar and pause.tar (default: build/images next to bin/, made by make image)")
 
 	check := &cobra.Command{
 		Use:   "check",
@@ -102,23 +103,7 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 			if err != nil {
 				return err
 			}
-			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintf(w, "lab %s\tbackend %s\tunderlay %s\tup since %s\n\n", s.Name, s.Backend, s.Underlay, s.Created.Format(time.RFC3339))
-			fmt.Fprintln(w, "NODE\tNETNS\tADDRESS\tSUBNET\tTWILLD")
-			for _, n := range s.Nodes {
-				state := "not running"
-				for _, p := range s.Processes {
-					if p.NS == n.NS && p.Role == "twilld" && syscallAlive(p.PID) {
-						state = fmt.Sprintf("running (pid %d)", p.PID)
-					}
-				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.NS, n.Addr, n.Subnet, state)
-			}
-			fmt.Fprintln(w, "\nPOD\tNODE\tIP")
-			for _, p := range s.Pods {
-				fmt.Fprintf(w, "%s\t%s\t%s\n", p.Name, p.Node, p.IP)
-			}
-			return w.Flush()
+			return lab.PrintStatus(cmd.Context(), s, cmd.OutOrStdout())
 		},
 	}
 
@@ -131,11 +116,10 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 			if err != nil {
 				return err
 			}
-			ns, ok := s.Find(args[0])
-			if !ok {
-				return fmt.Errorf("no node or pod %q in lab %q (see twillctl lab status)", args[0], o.Name)
+			c, err := lab.ExecCommand(s, args[0], args[1:])
+			if err != nil {
+				return fmt.Errorf("%w (see twillctl lab status)", err)
 			}
-			c := exec.Command("ip", append([]string{"netns", "exec", ns}, args[1:]...)...)
 			c.Stdin, c.Stdout, c.Stderr = os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr()
 			return c.Run()
 		},
@@ -172,26 +156,75 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 		Short:  "Connect to each IP's echo server and print the results as JSON",
 		Hidden: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var targets []netip.Addr
 			for _, a := range args {
-				ip, err := netip.ParseAddr(a)
-				if err != nil {
-					return fmt.Errorf("target %q: %w", a, err)
+				if _, err := lab.ProbeTarget(a, port); err != nil {
+					return err
 				}
-				targets = append(targets, ip)
 			}
-			return json.NewEncoder(cmd.OutOrStdout()).Encode(lab.Probe(targets, port, 3*time.Second))
+			return json.NewEncoder(cmd.OutOrStdout()).Encode(lab.Probe(args, port, 3*time.Second))
 		},
 	}
 	probe.Flags().IntVar(&port, "port", lab.EchoPort, "port")
-	cmd.AddCommand(up, check, status, execCmd, down, echo, probe)
+	kubectl := &cobra.Command{
+		Use:                "kubectl [ARG...]",
+		Short:              "Run kubectl as the admin of a Kubernetes lab (lab up --kubernetes)",
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, stateRoot, rest, err := labFlags(args, o.Name, o.StateRoot)
+			if err != nil {
+				return err
+			}
+			s, err := lab.Load(stateRoot, name)
+			if err != nil {
+				return err
+			}
+			if !s.Kubernetes {
+				return fmt.Errorf("lab %q is not a Kubernetes lab (lab up --kubernetes)", name)
+			}
+			c := s.KubectlCommand(rest...)
+			c.Stdin, c.Stdout, c.Stderr = os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr()
+			return c.Run()
+		},
+	}
+	var root lab.NodeRootOptions
+	nodeRoot := &cobra.Command{
+		Use:    "node-root",
+		Short:  "Hold a Kubernetes lab node's mount namespace (started by lab up)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE:   func(cmd *cobra.Command, _ []string) error { return lab.RunNodeRoot(cmd.Context(), root) },
+	}
+	nodeRoot.Flags().StringVar(&root.Dir, "dir", "", "the node's directory")
+	nodeRoot.Flags().StringVar(&root.ReadyFile, "ready-file", "", "created once the mounts are in place")
+	nodeRoot.Flags().StringSliceVar(&root.Keep, "keep", nil, "a path of the machine the node must still see")
+	cmd.AddCommand(up, check, status, execCmd, down, echo, probe, kubectl, nodeRoot)
 	return cmd
 }
 
-func syscallAlive(pid int) bool {
-	p, err := os.FindProcess(pid)
-	if err != nil {
-		return false
+// labFlags takes --name and --state-root out of args (for commands that
+// pass the rest through untouched, such as lab kubectl).
+func labFlags(args []string, name, stateRoot string) (string, string, []string, error) {
+	var rest []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--name" || a == "--state-root":
+			if i+1 >= len(args) {
+				return "", "", nil, fmt.Errorf("%s needs a value", a)
+			}
+			if a == "--name" {
+				name = args[i+1]
+			} else {
+				stateRoot = args[i+1]
+			}
+			i++
+		case strings.HasPrefix(a, "--name="):
+			name = strings.TrimPrefix(a, "--name=")
+		case strings.HasPrefix(a, "--state-root="):
+			stateRoot = strings.TrimPrefix(a, "--state-root=")
+		default:
+			rest = append(rest, a)
+		}
 	}
-	return p.Signal(syscall.Signal(0)) == nil
+	return name, stateRoot, rest, nil
 }

@@ -51,9 +51,10 @@ func ServeEcho(ctx context.Context, port int, readyFile string) error {
 }
 
 // Probe connects to each target's echo server and reports, per target, ""
-// for a correct echo or what went wrong.
-func Probe(targets []netip.Addr, port int, timeout time.Duration) map[netip.Addr]string {
-	out := make(map[netip.Addr]string, len(targets))
+// for a correct echo or what went wrong. A target is an address, reached on
+// port, or an address:port.
+func Probe(targets []string, port int, timeout time.Duration) map[string]string {
+	out := make(map[string]string, len(targets))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, t := range targets {
@@ -70,8 +71,25 @@ func Probe(targets []netip.Addr, port int, timeout time.Duration) map[netip.Addr
 	return out
 }
 
-func probeOne(t netip.Addr, port int, timeout time.Duration) string {
-	c, err := net.DialTimeout("tcp", netip.AddrPortFrom(t, uint16(port)).String(), timeout)
+// ProbeTarget parses a probe target: an IP address (the port given
+// elsewhere) or address:port.
+func ProbeTarget(t string, port int) (netip.AddrPort, error) {
+	if ap, err := netip.ParseAddrPort(t); err == nil {
+		return ap, nil
+	}
+	ip, err := netip.ParseAddr(t)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("target %q: want an IP address or address:port", t)
+	}
+	return netip.AddrPortFrom(ip, uint16(port)), nil
+}
+
+func probeOne(t string, port int, timeout time.Duration) string {
+	ap, err := ProbeTarget(t, port)
+	if err != nil {
+		return err.Error()
+	}
+	c, err := net.DialTimeout("tcp", ap.String(), timeout)
 	if err != nil {
 		return err.Error()
 	}
@@ -91,36 +109,65 @@ func probeOne(t netip.Addr, port int, timeout time.Duration) string {
 	return ""
 }
 
-// Result is the connectivity matrix: Errors[src][dst] is "" when src
-// reached dst over TCP.
+// Vantage is where probes start: a network namespace, by path.
+type Vantage struct {
+	Name  string
+	NetNS string
+}
+
+// Target is an echo server to reach.
+type Target struct {
+	Name string
+	Addr netip.AddrPort
+}
+
+// Result is the connectivity matrix: Errors[from][to] is "" when from
+// reached to over TCP.
 type Result struct {
-	Pods   []Pod
+	From   []Vantage
+	To     []Target
 	Errors map[string]map[string]string
 	Failed int
 }
 
 // Check probes every pod from every pod, each source from inside its own
-// namespace.
+// namespace; in a Kubernetes lab also from every node, and the ClusterIP
+// Service and the hostPort pod from everywhere.
 func Check(ctx context.Context, s *State, binDir string) (Result, error) {
-	res := Result{Pods: s.Pods, Errors: map[string]map[string]string{}}
-	var targets []string
+	if s.Kubernetes {
+		return checkKube(ctx, s, binDir)
+	}
+	var from []Vantage
+	var to []Target
 	for _, p := range s.Pods {
-		targets = append(targets, p.IP.String())
+		from = append(from, Vantage{Name: p.Name, NetNS: "/var/run/netns/" + p.NS})
+		to = append(to, Target{Name: p.Name, Addr: netip.AddrPortFrom(p.IP, EchoPort)})
+	}
+	return Matrix(ctx, binDir, from, to), nil
+}
+
+// Matrix probes every target from every vantage point, running twillctl
+// lab probe inside each vantage point's network namespace.
+func Matrix(ctx context.Context, binDir string, from []Vantage, to []Target) Result {
+	res := Result{From: from, To: to, Errors: map[string]map[string]string{}}
+	var targets []string
+	for _, t := range to {
+		targets = append(targets, t.Addr.String())
 	}
 	type row struct {
 		src  string
-		errs map[netip.Addr]string
+		errs map[string]string
 		err  error
 	}
-	rows := make(chan row, len(s.Pods))
+	rows := make(chan row, len(from))
 	sem := make(chan struct{}, 8)
-	for _, p := range s.Pods {
+	for _, v := range from {
 		go func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			args := append([]string{"netns", "exec", p.NS, filepath.Join(binDir, "twillctl"), "lab", "probe", "--port", fmt.Sprint(EchoPort)}, targets...)
-			out, err := exec.CommandContext(ctx, "ip", args...).Output()
-			r := row{src: p.Name}
+			args := append([]string{"--net=" + v.NetNS, filepath.Join(binDir, "twillctl"), "lab", "probe"}, targets...)
+			out, err := exec.CommandContext(ctx, "nsenter", args...).Output()
+			r := row{src: v.Name}
 			if err == nil {
 				err = json.Unmarshal(out, &r.errs)
 			}
@@ -128,35 +175,35 @@ func Check(ctx context.Context, s *State, binDir string) (Result, error) {
 			rows <- r
 		}()
 	}
-	for range s.Pods {
+	for range from {
 		r := <-rows
 		m := map[string]string{}
-		for _, dst := range s.Pods {
+		for _, t := range to {
 			switch {
 			case r.err != nil:
-				m[dst.Name] = "probe failed: " + r.err.Error()
+				m[t.Name] = "probe failed: " + r.err.Error()
 			default:
-				m[dst.Name] = r.errs[dst.IP]
+				m[t.Name] = r.errs[t.Addr.String()]
 			}
-			if m[dst.Name] != "" {
+			if m[t.Name] != "" {
 				res.Failed++
 			}
 		}
 		res.Errors[r.src] = m
 	}
-	return res, nil
+	return res
 }
 
 // Print writes the matrix as a table.
 func (r Result) Print(w io.Writer) {
 	fmt.Fprintf(w, "%-14s", "from \\ to")
-	for _, p := range r.Pods {
-		fmt.Fprintf(w, " %-11s", short(p.Name))
+	for _, t := range r.To {
+		fmt.Fprintf(w, " %-11s", short(t.Name))
 	}
 	fmt.Fprintln(w)
-	for _, src := range r.Pods {
+	for _, src := range r.From {
 		fmt.Fprintf(w, "%-14s", short(src.Name))
-		for _, dst := range r.Pods {
+		for _, dst := range r.To {
 			cell := "ok"
 			if r.Errors[src.Name][dst.Name] != "" {
 				cell = "FAIL"
@@ -165,14 +212,20 @@ func (r Result) Print(w io.Writer) {
 		}
 		fmt.Fprintln(w)
 	}
-	for _, src := range r.Pods {
-		for _, dst := range r.Pods {
+	for _, src := range r.From {
+		for _, dst := range r.To {
 			if e := r.Errors[src.Name][dst.Name]; e != "" {
-				fmt.Fprintf(w, "%s -> %s (%s): %s\n", src.Name, dst.Name, dst.IP, e)
+				fmt.Fprintf(w, "%s -> %s (%s): %s\n", src.Name, dst.Name, dst.Addr, e)
 			}
 		}
 	}
-	fmt.Fprintf(w, "%d of %d pairs OK\n", len(r.Pods)*len(r.Pods)-r.Failed, len(r.Pods)*len(r.Pods))
+	fmt.Fprintf(w, "%d of %d pairs OK\n", len(r.From)*len(r.To)-r.Failed, len(r.From)*len(r.To))
 }
 
-func short(name string) string { return strings.Replace(name, "-pod", "/p", 1) }
+func short(name string) string {
+	name = strings.Replace(name, "-pod", "/p", 1)
+	if len(name) > 11 {
+		name = name[:11]
+	}
+	return name
+}

@@ -68,6 +68,14 @@ func Down(stateRoot, name string) error {
 	for _, ns := range nss {
 		pids = append(pids, pidsIn(ns)...)
 	}
+	// A Kubernetes lab's containers live in pod namespaces that have no
+	// name; they are found through the cgroups the lab made for them.
+	cgroups := cgroupRoots(Prefix(name))
+	for _, pid := range cgroupPIDs(cgroups) {
+		if !contains(pids, pid) {
+			pids = append(pids, pid)
+		}
+	}
 	// A recorded process whose namespace mount is already gone (a node
 	// deleted by hand, an interrupted down) lives on in an unnamed
 	// namespace the scan above cannot see. Every process the lab starts
@@ -93,6 +101,9 @@ func Down(stateRoot, name string) error {
 		}
 	}
 	var errs []error
+	if err := removeCgroups(cgroups); err != nil {
+		errs = append(errs, err)
+	}
 	// Pods first, then nodes, then the underlay (reverse of creation).
 	for i := len(nss) - 1; i >= 0; i-- {
 		if out, err := exec.Command("ip", "netns", "del", nss[i]).CombinedOutput(); err != nil && !strings.Contains(string(out), "No such file") {

@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sync"
 	"time"
 )
 
@@ -41,6 +42,15 @@ type Options struct {
 	ENIMode     string // eni: prefix or secondary-ip
 	BinDir      string // holds twilld, twill and twillctl
 	StateRoot   string
+	// Kubernetes makes the lab a Kubernetes cluster (control plane,
+	// containerd, kubelet, kube-proxy) with twill installed from
+	// dist/kube-twill.yml; KubeBinDir and ImageDir default to build/
+	// next to BinDir.
+	Kubernetes bool
+	KubeBinDir string
+	ImageDir   string
+	// KeepOnFailure leaves a lab whose up failed in place, to look at.
+	KeepOnFailure bool
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9]{1,8}$`)
@@ -87,6 +97,9 @@ func (o *Options) Validate() error {
 			return fmt.Errorf("%s not found next to twillctl in %s (run make build): %w", b, o.BinDir, err)
 		}
 	}
+	if o.Kubernetes {
+		return o.validateKube()
+	}
 	return nil
 }
 
@@ -112,6 +125,20 @@ type State struct {
 	// Processes the lab started, by PID, with the namespace they run in.
 	Processes []Process `json:"processes"`
 	Ready     bool      `json:"ready"`
+	BinDir    string    `json:"binDir"`
+
+	// A Kubernetes lab's control plane, binaries and images.
+	Kubernetes      bool   `json:"kubernetes,omitempty"`
+	KubeBinDir      string `json:"kubeBinDir,omitempty"`
+	ImageDir        string `json:"imageDir,omitempty"`
+	APIServer       string `json:"apiserver,omitempty"`
+	CAFile          string `json:"caFile,omitempty"`
+	AdminKubeconfig string `json:"adminKubeconfig,omitempty"`
+	TwillImage      string `json:"twillImage,omitempty"`
+	PauseImage      string `json:"pauseImage,omitempty"`
+
+	// mu guards Processes and saving while nodes start in parallel.
+	mu sync.Mutex
 }
 
 // Node is one simulated host.
@@ -122,12 +149,15 @@ type Node struct {
 	Subnet netip.Prefix `json:"subnet"`
 }
 
-// Pod is one pod namespace.
+// Pod is one pod: a network namespace wired by the plugin through
+// libcni, or in a Kubernetes lab a pod of the lab's workload (UID set, NS
+// empty: its namespace is found through its cgroup).
 type Pod struct {
 	Name string     `json:"name"`
 	Node string     `json:"node"`
-	NS   string     `json:"netns"`
+	NS   string     `json:"netns,omitempty"`
 	IP   netip.Addr `json:"ip"`
+	UID  string     `json:"uid,omitempty"`
 }
 
 // Process is a process the lab started.
@@ -139,6 +169,8 @@ type Process struct {
 }
 
 func (s *State) save() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	b, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
 		return err

@@ -18,6 +18,7 @@ import (
 	"github.com/twill-net/twill/internal/cnidriver"
 	"github.com/twill-net/twill/internal/topology"
 	"github.com/twill-net/twill/subnet"
+	"github.com/twill-net/twill/internal/ociimage"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
 )
 
@@ -35,12 +36,24 @@ func Up(ctx context.Context, o Options, progress io.Writer) (_ *State, err error
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating %s: %w", dir, err)
 	}
-	s := &State{Name: o.Name, Dir: dir, Backend: o.Backend, ENIMode: o.ENIMode, Underlay: o.Underlay, Created: time.Now()}
+	s := &State{Name: o.Name, Dir: dir, Backend: o.Backend, ENIMode: o.ENIMode, Underlay: o.Underlay, Created: time.Now(), BinDir: o.BinDir}
+	if o.Kubernetes {
+		// Read the images' names first: a missing or broken image fails
+		// before anything is built.
+		if s.TwillImage, err = ociimage.Ref(filepath.Join(o.ImageDir, "twill.tar")); err != nil {
+			return nil, err
+		}
+		if s.PauseImage, err = ociimage.Ref(filepath.Join(o.ImageDir, "pause.tar")); err != nil {
+			return nil, err
+		}
+	}
 	if err := s.save(); err != nil {
 		return nil, err
 	}
 	defer func() {
-		if err != nil {
+		if err != nil && o.KeepOnFailure {
+			fmt.Fprintf(progress, "lab up failed; kept for inspection (twillctl lab down --name %s removes it)\n", o.Name)
+		} else if err != nil {
 			fmt.Fprintf(progress, "lab up failed; removing what was built\n")
 			if derr := Down(o.StateRoot, o.Name); derr != nil {
 				err = fmt.Errorf("%w (and cleaning up: %v)", err, derr)
@@ -52,7 +65,7 @@ func Up(ctx context.Context, o Options, progress io.Writer) (_ *State, err error
 
 	step("underlay (%s) and %d node namespaces", o.Underlay, o.Nodes)
 	topts := topology.Options{Prefix: Prefix(o.Name), Nodes: o.Nodes,
-		Underlay: netip.MustParsePrefix("10.99.0.0/24"), Routed: o.Underlay == "routed"}
+		Underlay: netip.MustParsePrefix("10.99.0.0/24"), Routed: o.Underlay == "routed", DefaultRoute: o.Kubernetes}
 	conf := fmt.Sprintf(`{"Network":"10.244.0.0/16","Backend":{"Type":%q}}`, o.Backend)
 	if o.Backend == "eni" {
 		// A simulated VPC 10.10.0.0/16: primary NICs on 10.10.0.0/24, ENIs
@@ -97,6 +110,24 @@ func Up(ctx context.Context, o Options, progress io.Writer) (_ *State, err error
 		return nil, err
 	}
 
+	if o.Kubernetes {
+		if err := s.upKube(ctx, o, topo, step); err != nil {
+			return nil, err
+		}
+		if o.PodsPerNode > 0 {
+			step("%d pods per node (Deployment echo), a ClusterIP Service, a hostPort pod", o.PodsPerNode)
+			if err := s.deployWorkload(ctx, o.PodsPerNode); err != nil {
+				return nil, err
+			}
+		}
+		s.Ready = true
+		if err := s.save(); err != nil {
+			return nil, err
+		}
+		step("ready in %s", time.Since(start).Round(100*time.Millisecond))
+		return s, nil
+	}
+
 	step("twilld (%s) in every node", o.Backend)
 	for _, n := range s.Nodes {
 		nodeDir := filepath.Join(dir, n.Name)
@@ -132,22 +163,31 @@ func Up(ctx context.Context, o Options, progress io.Writer) (_ *State, err error
 // spawn starts a process in a namespace, detached from the caller (its own
 // session, output to a log file), and records its PID.
 func (s *State) spawn(role, ns, bin string, args ...string) error {
+	_, err := s.start(role, ns, append([]string{"ip", "netns", "exec", ns, bin}, args...), &syscall.SysProcAttr{Setsid: true})
+	return err
+}
+
+// start runs argv (a launcher such as `ip netns exec` or nsenter, which
+// exec the process in place, so the PID is the process's own), logs to
+// <role>-<ns>.log and records the PID.
+func (s *State) start(role, ns string, argv []string, attr *syscall.SysProcAttr) (int, error) {
 	log := filepath.Join(s.Dir, fmt.Sprintf("%s-%s.log", role, strings.TrimPrefix(ns, Prefix(s.Name)+"-")))
 	f, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer f.Close()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, bin}, args...)...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.SysProcAttr = attr
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting %s in %s: %w", role, ns, err)
+		return 0, fmt.Errorf("starting %s in %s: %w", role, ns, err)
 	}
-	// `ip netns exec` execs in place: this is the process's own PID.
+	s.mu.Lock()
 	s.Processes = append(s.Processes, Process{PID: cmd.Process.Pid, Role: role, NS: ns, Log: log})
+	s.mu.Unlock()
 	go func() { _ = cmd.Wait() }() // reap it if it dies while we run
-	return s.save()
+	return cmd.Process.Pid, s.save()
 }
 
 // waitReady waits until every node wrote subnet.env and routes to every

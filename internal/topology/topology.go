@@ -35,6 +35,10 @@ type Options struct {
 	// VPC, when set, makes a simulated cloud VPC instead of a bridge: see
 	// VPCOptions. Underlay is then the nodes' primary subnet.
 	VPC *VPCOptions
+	// DefaultRoute gives nodes on a flat underlay a default route via the
+	// underlay namespace's bridge address, as real hosts have one (twilld
+	// finds its interface by it when --iface is not given).
+	DefaultRoute bool
 }
 
 // Topology is a built cluster.
@@ -187,6 +191,8 @@ func Build(o Options) (_ *Topology, err error) {
 		}
 		if o.Routed {
 			steps = append(steps, []string{"route", "add", "default", "via", lastUsable(seg.prefix).Prev().String()})
+		} else if o.DefaultRoute {
+			steps = append(steps, []string{"route", "add", "default", "via", last.String()})
 		}
 		if o.UnderlayV6.IsValid() {
 			a := o.UnderlayV6.Addr().As16()

@@ -1,0 +1,20 @@
+// Package dist holds what twill ships for users to install: the Kubernetes
+// manifest, the CNI conflist, the sample net-conf.json. They are embedded
+// here so that the lab installs the very files users install, not copies.
+package dist
+
+import _ "embed"
+
+// KubeManifest is kube-twill.yml.
+//
+//go:embed kube-twill.yml
+var KubeManifest []byte
+
+// Conflist is 10-twill.conflist.
+//
+//go:embed 10-twill.conflist
+var Conflist []byte
+
+// ShippedImage is the image reference kube-twill.yml names; installers
+// replace it with their own build.
+const ShippedImage = "ghcr.io/twill-net/twill:v0.1.0"

@@ -1,0 +1,463 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/twill-net/twill/internal/topology"
+	"github.com/twill-net/twill/network"
+)
+
+// upKube turns the lab's namespaces into a Kubernetes cluster: the control
+// plane in the underlay namespace, containerd, kubelet and kube-proxy in
+// every node (each in its own mount namespace, see RunNodeRoot), then twill
+// installed from dist/kube-twill.yml with kubectl, as users install it.
+func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, step func(string, ...any)) error {
+	s.Kubernetes, s.KubeBinDir, s.ImageDir = true, o.KubeBinDir, o.ImageDir
+	s.APIServer = fmt.Sprintf("https://%s:%d", topo.BridgeAddr, APIServerPort)
+	step("Kubernetes control plane in %s", topo.Underlay)
+	p, err := newPKI(filepath.Join(s.Dir, "pki"))
+	if err != nil {
+		return err
+	}
+	s.CAFile = p.CAFile()
+	if err := s.startControlPlane(ctx, p, topo); err != nil {
+		return err
+	}
+	step("containerd, kubelet and kube-proxy in every node")
+	// kube-proxy's identity: the built-in system:node-proxier binding
+	// grants it what it needs.
+	pxCrt, pxKey, err := p.issue(certSpec{name: "kube-proxy", cn: "system:kube-proxy"})
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(s.Dir, "kube-proxy.kubeconfig"), []byte(kubeconfig(s.APIServer, p.CAFile(), pxCrt, pxKey)), 0o600); err != nil {
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	for i := range s.Nodes {
+		crt, key, err := p.issue(certSpec{name: "node-" + s.Nodes[i].Name, cn: "system:node:" + s.Nodes[i].Name, orgs: []string{"system:nodes"}})
+		if err != nil {
+			return err
+		}
+		g.Go(func() error { return s.startNode(gctx, i, crt, key) })
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	if err := s.save(); err != nil {
+		return err
+	}
+	if err := poll(ctx, 60*time.Second, "every kubelet to register its Node", func() error {
+		nodes, err := s.kubeNodes(ctx)
+		if err != nil {
+			return err
+		}
+		if len(nodes) < len(s.Nodes) {
+			return s.nodeError(fmt.Errorf("%d of %d Nodes registered", len(nodes), len(s.Nodes)))
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+
+	step("twill: kubectl apply -f dist/kube-twill.yml (image %s)", s.TwillImage)
+	manifest, err := InstallManifest(s.TwillImage, o.Backend)
+	if err != nil {
+		return err
+	}
+	if out, err := s.Kubectl(ctx, bytes.NewReader(manifest), "apply", "-f", "-"); err != nil {
+		return fmt.Errorf("kubectl apply -f kube-twill.yml: %w\n%s", err, out)
+	}
+	if err := s.waitTwill(ctx); err != nil {
+		return err
+	}
+	return s.save()
+}
+
+// startControlPlane runs kube-apiserver, kube-controller-manager and
+// kube-scheduler in the underlay namespace, each with its own identity.
+func (s *State) startControlPlane(ctx context.Context, p *pki, topo *topology.Topology) error {
+	addr := topo.BridgeAddr
+	apiCrt, apiKey, err := p.issue(certSpec{name: "apiserver", cn: "kube-apiserver", server: true,
+		ips: []netip.Addr{addr, netip.MustParseAddr(KubernetesSvc), netip.MustParseAddr("127.0.0.1")},
+		dns: []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}})
+	if err != nil {
+		return err
+	}
+	saKey, saPub, err := p.serviceAccountKey()
+	if err != nil {
+		return err
+	}
+	// The apiserver's identity towards kubelets (exec, logs): bound to
+	// system:kubelet-api-admin below, not a member of system:masters.
+	kcCrt, kcKey, err := p.issue(certSpec{name: "apiserver-kubelet-client", cn: "kube-apiserver-kubelet-client"})
+	if err != nil {
+		return err
+	}
+	admCrt, admKey, err := p.issue(certSpec{name: "admin", cn: "twill-lab-admin", orgs: []string{"system:masters"}})
+	if err != nil {
+		return err
+	}
+	s.AdminKubeconfig = filepath.Join(s.Dir, "admin.kubeconfig")
+	if err := os.WriteFile(s.AdminKubeconfig, []byte(kubeconfig(s.APIServer, p.CAFile(), admCrt, admKey)), 0o600); err != nil {
+		return err
+	}
+	bin := func(name string) string { return filepath.Join(s.KubeBinDir, name) }
+	if err := s.spawn("kube-apiserver", topo.Underlay, bin("kube-apiserver"),
+		"--etcd-servers="+s.EtcdURL,
+		"--bind-address="+addr.String(), "--advertise-address="+addr.String(), "--secure-port="+strconv.Itoa(APIServerPort),
+		"--tls-cert-file="+apiCrt, "--tls-private-key-file="+apiKey, "--client-ca-file="+p.CAFile(),
+		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file="+saPub, "--service-account-signing-key-file="+saKey,
+		"--service-cluster-ip-range="+ServiceCIDR,
+		"--kubelet-client-certificate="+kcCrt, "--kubelet-client-key="+kcKey,
+		"--kubelet-preferred-address-types=InternalIP",
+		"--allow-privileged=true", "--enable-priority-and-fairness=false", "--profiling=false",
+		"--cert-dir="+filepath.Join(s.Dir, "apiserver"), "--v=1"); err != nil {
+		return err
+	}
+	if err := poll(ctx, 90*time.Second, "kube-apiserver to be ready", func() error {
+		body, err := s.apiGet(ctx, "/readyz")
+		if err == nil && strings.TrimSpace(string(body)) != "ok" {
+			err = fmt.Errorf("/readyz: %s", body)
+		}
+		return s.processError(err, "kube-apiserver")
+	}); err != nil {
+		return err
+	}
+	rbac := `apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: twill-lab-apiserver-kubelet-client}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:kubelet-api-admin}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: kube-apiserver-kubelet-client}]
+`
+	if out, err := s.Kubectl(ctx, strings.NewReader(rbac), "apply", "-f", "-"); err != nil {
+		return fmt.Errorf("binding the apiserver's kubelet client: %w\n%s", err, out)
+	}
+	for _, c := range []struct {
+		name, cn string
+		args     []string
+	}{
+		{"kube-controller-manager", "system:kube-controller-manager", []string{
+			"--allocate-node-cidrs", "--cluster-cidr=" + ClusterCIDR, "--node-cidr-mask-size=24",
+			"--service-cluster-ip-range=" + ServiceCIDR,
+			"--service-account-private-key-file=" + saKey, "--root-ca-file=" + p.CAFile(),
+			"--use-service-account-credentials", "--leader-elect=false",
+			// Its default, /usr/libexec/kubernetes/..., would be created on
+			// the machine.
+			"--flex-volume-plugin-dir=" + filepath.Join(s.Dir, "flexvolume"),
+			"--bind-address=127.0.0.1", "--secure-port=10257", "--v=1"}},
+		{"kube-scheduler", "system:kube-scheduler", []string{"--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=10259", "--v=1"}},
+	} {
+		crt, key, err := p.issue(certSpec{name: c.name, cn: c.cn})
+		if err != nil {
+			return err
+		}
+		kc := filepath.Join(s.Dir, c.name+".kubeconfig")
+		if err := os.WriteFile(kc, []byte(kubeconfig(s.APIServer, p.CAFile(), crt, key)), 0o600); err != nil {
+			return err
+		}
+		args := append([]string{"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc}, c.args...)
+		if err := s.spawn(c.name, topo.Underlay, bin(c.name), args...); err != nil {
+			return err
+		}
+	}
+	return s.save()
+}
+
+// startNode makes node i a Kubernetes node: its own root (mount
+// namespace), Debian's containerd with the lab's images imported, kubelet
+// and kube-proxy.
+func (s *State) startNode(ctx context.Context, i int, nodeCrt, nodeKey string) error {
+	n := s.Nodes[i]
+	dir := filepath.Join(s.Dir, n.Name)
+	if err := os.MkdirAll(filepath.Join(dir, "rootfs", "opt", "cni", "bin"), 0o755); err != nil {
+		return err
+	}
+	// The node's operating system: IP forwarding on (a Kubernetes node
+	// prerequisite), the CNI plugins the OS package provides, cgroups for
+	// its pods under a parent the lab owns.
+	if err := ns.WithNetNSPath("/var/run/netns/"+n.NS, func(ns.NetNS) error { return network.SetSysctl("net/ipv4/ip_forward", "1") }); err != nil {
+		return err
+	}
+	for _, p := range []string{"loopback", "portmap"} {
+		if err := copyFile("/usr/lib/cni/"+p, filepath.Join(dir, "rootfs", "opt", "cni", "bin", p), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := makeCgroupRoot(n.NS); err != nil {
+		return err
+	}
+	ready := filepath.Join(dir, "root.ready")
+	root, err := s.spawnNodeRoot(n.NS, "--dir", dir, "--ready-file", ready,
+		"--keep", s.Dir, "--keep", s.KubeBinDir, "--keep", s.ImageDir, "--keep", s.BinDir)
+	if err != nil {
+		return err
+	}
+	if err := poll(ctx, 30*time.Second, n.Name+"'s root", func() error {
+		_, err := os.Stat(ready)
+		return s.processError(err, "node-root")
+	}); err != nil {
+		return err
+	}
+	for name, content := range map[string]string{
+		"containerd.toml":    containerdConfig(s.PauseImage),
+		"kubelet.yaml":       kubeletConfig(n.NS, s.CAFile),
+		"kubelet.kubeconfig": kubeconfig(s.APIServer, s.CAFile, nodeCrt, nodeKey),
+		"kube-proxy.yaml":    kubeProxyConfig(n.Name, filepath.Join(s.Dir, "kube-proxy.kubeconfig")),
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			return err
+		}
+	}
+	if err := s.spawnInNode("containerd", n.NS, root, "/usr/bin/containerd", "--config", filepath.Join(dir, "containerd.toml")); err != nil {
+		return err
+	}
+	if err := poll(ctx, 30*time.Second, n.Name+"'s containerd", func() error {
+		_, err := s.NodeExec(ctx, n.Name, nil, "/usr/bin/ctr", "-a", "/run/containerd/containerd.sock", "version")
+		return s.processError(err, "containerd")
+	}); err != nil {
+		return err
+	}
+	for _, img := range []string{"twill.tar", "pause.tar"} {
+		if out, err := s.NodeExec(ctx, n.Name, nil, "/usr/bin/ctr", "-a", "/run/containerd/containerd.sock", "-n", "k8s.io",
+			"images", "import", filepath.Join(s.ImageDir, img)); err != nil {
+			return fmt.Errorf("importing %s into %s's containerd: %w\n%s", img, n.Name, err, out)
+		}
+	}
+	if err := s.spawnInNode("kubelet", n.NS, root, filepath.Join(s.KubeBinDir, "kubelet"),
+		"--config="+filepath.Join(dir, "kubelet.yaml"), "--kubeconfig="+filepath.Join(dir, "kubelet.kubeconfig"),
+		"--hostname-override="+n.Name, "--node-ip="+n.Addr.String(), "--v=1"); err != nil {
+		return err
+	}
+	return s.spawnInNode("kube-proxy", n.NS, root, filepath.Join(s.KubeBinDir, "kube-proxy"),
+		"--config="+filepath.Join(dir, "kube-proxy.yaml"), "--v=1")
+}
+
+// spawnNodeRoot starts `twillctl lab node-root` in a new mount namespace
+// and in node namespace nsName, and returns its PID.
+func (s *State) spawnNodeRoot(nsName string, args ...string) (int, error) {
+	argv := append([]string{"nsenter", "--net=/var/run/netns/" + nsName, filepath.Join(s.BinDir, "twillctl"), "lab", "node-root"}, args...)
+	// CLONE_NEWNS: the child gets its own mount namespace, and Go makes
+	// its root mount private before exec, so nothing mounted in it
+	// propagates back to the machine.
+	return s.start("node-root", nsName, argv, &syscall.SysProcAttr{Setsid: true, Unshareflags: syscall.CLONE_NEWNS})
+}
+
+// spawnInNode starts a node process in the node's network namespace and
+// in its root's mount namespace. nsenter rather than `ip netns exec`,
+// which mounts a fresh /sys without the cgroup hierarchies runc needs.
+func (s *State) spawnInNode(role, nsName string, rootPID int, bin string, args ...string) error {
+	argv := append([]string{"nsenter", "-t", strconv.Itoa(rootPID), "-m", "--net=/var/run/netns/" + nsName, bin}, args...)
+	_, err := s.start(role, nsName, argv, &syscall.SysProcAttr{Setsid: true})
+	return err
+}
+
+// rootPID is the PID of a node's root process.
+func (s *State) rootPID(nsName string) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.Processes {
+		if p.Role == "node-root" && p.NS == nsName && alive(p.PID) {
+			return p.PID, nil
+		}
+	}
+	return 0, fmt.Errorf("node %s has no running root process (lab down, then up again)", nsName)
+}
+
+// NodeExec runs a command on a node as its own processes see it: in its
+// network namespace and its root's mount namespace.
+func (s *State) NodeExec(ctx context.Context, node string, stdin io.Reader, name string, args ...string) (string, error) {
+	c, err := s.nodeCommand(node, append([]string{name}, args...))
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.CommandContext(ctx, c.Path, c.Args[1:]...)
+	cmd.Stdin = stdin
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func (s *State) nodeCommand(node string, argv []string) (*exec.Cmd, error) {
+	nsName := ""
+	for _, n := range s.Nodes {
+		if n.Name == node || n.NS == node {
+			nsName = n.NS
+		}
+	}
+	if nsName == "" {
+		return nil, fmt.Errorf("no node %q in lab %q", node, s.Name)
+	}
+	pid, err := s.rootPID(nsName)
+	if err != nil {
+		return nil, err
+	}
+	return exec.Command("nsenter", append([]string{"-t", strconv.Itoa(pid), "-m", "--net=/var/run/netns/" + nsName}, argv...)...), nil
+}
+
+// ExecCommand is a command run inside a lab node or pod: in a Kubernetes
+// lab's node, in its mount namespace too, as kubelet sees the node; in a
+// Kubernetes pod, in the pod's network namespace.
+func ExecCommand(s *State, target string, argv []string) (*exec.Cmd, error) {
+	if s.Kubernetes {
+		for _, n := range s.Nodes {
+			if n.Name == target || n.NS == target {
+				return s.nodeCommand(target, argv)
+			}
+		}
+		for _, p := range s.Pods {
+			if p.Name == target || p.Label() == target {
+				nsPath, err := PodNetNS(s, p)
+				if err != nil {
+					return nil, err
+				}
+				return exec.Command("nsenter", append([]string{"--net=" + nsPath}, argv...)...), nil
+			}
+		}
+	}
+	ns, ok := s.Find(target)
+	if !ok {
+		return nil, fmt.Errorf("no node or pod %q in lab %q", target, s.Name)
+	}
+	return exec.Command("ip", append([]string{"netns", "exec", ns}, argv...)...), nil
+}
+
+// KubectlCommand is kubectl as the lab's admin, run in the underlay
+// namespace (where the apiserver listens).
+func (s *State) KubectlCommand(args ...string) *exec.Cmd {
+	full := append([]string{"netns", "exec", Prefix(s.Name) + "-ul", filepath.Join(s.KubeBinDir, "kubectl"), "--kubeconfig", s.AdminKubeconfig}, args...)
+	return exec.Command("ip", full...)
+}
+
+// Kubectl runs kubectl as the lab's admin and returns its output.
+func (s *State) Kubectl(ctx context.Context, stdin io.Reader, args ...string) (string, error) {
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	c := s.KubectlCommand(args...)
+	cmd := exec.CommandContext(cctx, c.Path, c.Args[1:]...)
+	cmd.Stdin = stdin
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out) + stderr.String(), err
+	}
+	return string(out), nil
+}
+
+// apiGet reads an apiserver path as the lab's admin, connecting from the
+// underlay namespace (nothing listens in, or is sent to, the machine's).
+func (s *State) apiGet(ctx context.Context, path string) ([]byte, error) {
+	cert, err := tls.LoadX509KeyPair(filepath.Join(s.Dir, "pki", "admin.crt"), filepath.Join(s.Dir, "pki", "admin.key"))
+	if err != nil {
+		return nil, err
+	}
+	caPEM, err := os.ReadFile(s.CAFile)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	underlay := "/var/run/netns/" + Prefix(s.Name) + "-ul"
+	dialer := &net.Dialer{Timeout: 5 * time.Second}
+	tr := &http.Transport{
+		TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool},
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var c net.Conn
+			err := ns.WithNetNSPath(underlay, func(ns.NetNS) error {
+				var err error
+				c, err = dialer.DialContext(ctx, network, addr)
+				return err
+			})
+			return c, err
+		},
+	}
+	defer tr.CloseIdleConnections()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(cctx, http.MethodGet, s.APIServer+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return body, fmt.Errorf("GET %s: %s: %s", path, resp.Status, strings.TrimSpace(string(body)))
+	}
+	return body, nil
+}
+
+// apiJSON decodes an apiserver path into v.
+func (s *State) apiJSON(ctx context.Context, path string, v any) error {
+	body, err := s.apiGet(ctx, path)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(body, v)
+}
+
+// processError adds the end of a lab process's log to err when a process
+// in one of roles has exited, so a failed wait says why.
+func (s *State) processError(err error, roles ...string) error {
+	if err == nil {
+		return nil
+	}
+	s.mu.Lock()
+	procs := slices.Clone(s.Processes)
+	s.mu.Unlock()
+	for _, p := range procs {
+		if slices.Contains(roles, p.Role) && !alive(p.PID) {
+			return fmt.Errorf("%w; %s (pid %d) exited; the end of %s:\n%s", err, p.Role, p.PID, p.Log, tailFile(p.Log, 1500))
+		}
+	}
+	return err
+}
+
+// nodeError is processError for every node process.
+func (s *State) nodeError(err error) error {
+	return s.processError(err, "node-root", "containerd", "kubelet", "kube-proxy")
+}
+
+func tailFile(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+func copyFile(src, dst string, mode os.FileMode) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, mode)
+}

@@ -1,0 +1,52 @@
+// Command mkimage writes twill's container image and the lab's pause image
+// as docker-archive tarballs (make image), without Docker or a registry:
+//
+//	go run ./tools/mkimage -bin bin -pause build/images/pause -debs build/debs -out build/images -tag v0.2.0
+//
+// The tarballs load with `ctr -n k8s.io images import` or `docker load`.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/twill-net/twill/internal/ociimage"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "mkimage:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	bin := flag.String("bin", "bin", "directory holding twilld, twill and twillctl")
+	pause := flag.String("pause", "", "pause binary for the pause image (none: no pause image)")
+	debs := flag.String("debs", "build/debs", "cache of the Debian packages the image is made of")
+	out := flag.String("out", "build/images", "directory to write twill.tar (and pause.tar) to")
+	tag := flag.String("tag", "dev", "image tag")
+	repo := flag.String("repo", "twill.local/twill", "image repository")
+	flag.Parse()
+	files, err := ociimage.FetchDebs(*debs, ociimage.TwillDebs)
+	if err != nil {
+		return err
+	}
+	ref := *repo + ":" + *tag
+	path := filepath.Join(*out, "twill.tar")
+	if err := ociimage.Write(path, ociimage.TwillImage(ref, *bin, files)); err != nil {
+		return err
+	}
+	fmt.Printf("%s: %s\n", path, ref)
+	if *pause != "" {
+		ref := "twill.local/pause:" + *tag
+		path := filepath.Join(*out, "pause.tar")
+		if err := ociimage.Write(path, ociimage.PauseImage(ref, *pause)); err != nil {
+			return err
+		}
+		fmt.Printf("%s: %s\n", path, ref)
+	}
+	return nil
+}
