@@ -39,12 +39,12 @@ var maskedTrees = []string{"/run", "/var/lib", "/var/log", "/opt"}
 // kernelDefaults are the host sysctls kubelet insists on; with
 // protectKernelDefaults it only checks them, against these files.
 var kernelDefaults = map[string]string{
-	"vm/overcommit_memory":       "1",
-	"vm/panic_on_oom":            "0",
-	"kernel/panic":               "10",
-	"kernel/panic_on_oops":       "1",
-	"kernel/keys/root_maxkeys":   "1000000",
-	"kernel/keys/root_maxbytes":  "25000000",
+	"vm/overcommit_memory":      "1",
+	"vm/panic_on_oom":           "0",
+	"kernel/panic":              "10",
+	"kernel/panic_on_oops":      "1",
+	"kernel/keys/root_maxkeys":  "1000000",
+	"kernel/keys/root_maxbytes": "25000000",
 }
 
 // NodeRootOptions say how to build a node's root.

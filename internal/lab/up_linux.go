@@ -16,9 +16,9 @@ import (
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/internal/cnidriver"
+	"github.com/twill-net/twill/internal/ociimage"
 	"github.com/twill-net/twill/internal/topology"
 	"github.com/twill-net/twill/subnet"
-	"github.com/twill-net/twill/internal/ociimage"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
 )
 
