@@ -162,8 +162,8 @@ func TestDaemonSet(t *testing.T) {
 	if spec.ServiceAccountName != m.sa.Name {
 		t.Errorf("DaemonSet: serviceAccountName %q, want %q", spec.ServiceAccountName, m.sa.Name)
 	}
-	if len(spec.InitContainers) != 2 {
-		t.Errorf("DaemonSet: %d init containers, want 2 (plugin binary, conflist)", len(spec.InitContainers))
+	if len(spec.InitContainers) != 1 {
+		t.Errorf("DaemonSet: %d init containers, want 1 (the plugin binary; twilld installs and keeps the conflist)", len(spec.InitContainers))
 	}
 	c := spec.Containers[0]
 	caps := c.SecurityContext.Capabilities.Add
@@ -189,7 +189,8 @@ func TestDaemonSet(t *testing.T) {
 		t.Error("DaemonSet: readiness probe must GET /readyz")
 	}
 	args := strings.Join(c.Args, " ")
-	for _, want := range []string{"--kube-subnet-mgr", "--net-config-path=/etc/kube-twill/net-conf.json", "--healthz-port=10267"} {
+	for _, want := range []string{"--kube-subnet-mgr", "--net-config-path=/etc/kube-twill/net-conf.json", "--healthz-port=10267",
+		"--cni-conflist=/etc/kube-twill/cni-conf.json", "--cni-conflist-dest=/host/etc/cni/net.d/10-twill.conflist"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("DaemonSet: args %q lack %q", args, want)
 		}

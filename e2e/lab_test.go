@@ -56,6 +56,22 @@ func (l *labCtl) check(name string, pods int) {
 	}
 }
 
+// checkAll runs lab check and requires every pair it probed to connect.
+func (l *labCtl) checkAll(name string) {
+	l.t.Helper()
+	out, err := l.run("check", "--name", name)
+	var ok, all int
+	for _, line := range strings.Split(out, "\n") {
+		if _, serr := fmt.Sscanf(line, "%d of %d pairs OK", &ok, &all); serr == nil {
+			break
+		}
+	}
+	if err != nil || all == 0 || ok != all {
+		l.t.Fatalf("lab check %s: %v\n%s", name, err, out)
+	}
+	l.t.Logf("lab check %s: %d of %d pairs OK", name, ok, all)
+}
+
 // requireGone checks nothing of the lab is left: no namespace (nor its
 // mount), no process, no state.
 func (l *labCtl) requireGone(name string) {

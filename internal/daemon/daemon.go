@@ -26,6 +26,7 @@ import (
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/internal/desiredfile"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/subnet"
 )
@@ -58,8 +59,13 @@ type Options struct {
 	Netlink  *nl.Handle
 	Iface    network.IfaceOptions
 
-	SubnetFile     string
-	StateDir       string
+	SubnetFile string
+	// CNIConflist, when set, is written to CNIConflistPath once the node
+	// is ready (so the runtime starts pods only once they can be wired),
+	// and kept there like subnet.env.
+	CNIConflist     []byte
+	CNIConflistPath string
+	StateDir        string
 	IPMasq         bool
 	IPTablesResync time.Duration
 	// Resync is the period of the full reconcile that repairs drift.
@@ -77,7 +83,7 @@ type Daemon struct {
 
 	ready atomic.Bool
 	// afterFirstReconcile is set before the loop starts and called by it.
-	afterFirstReconcile func()
+	afterFirstReconcile func() error
 	// peerBuf is reused by every reconcile (owned by the loop goroutine).
 	peerBuf   []subnet.Lease
 	heartbeat atomic.Int64 // unix nanos of the reconcile loop's last turn
@@ -179,22 +185,46 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 	if cfg.EnableIPv6 && lease.IPv6Subnet.IsValid() {
 		env.IPv6Network, env.IPv6Subnet = cfg.IPv6Network, lease.IPv6Subnet
 	}
-	if err := subnet.WriteEnv(d.o.SubnetFile, env); err != nil {
+	// subnet.env is desired state like a route: deleted or altered, it is
+	// written again at once.
+	envFile := &desiredfile.Keeper{Path: d.o.SubnetFile, Logger: d.log, Repaired: func() { d.metrics.driftRepairs.Inc() }}
+	if err := envFile.Set(env.Marshal()); err != nil {
 		return err
 	}
+	g.Go(func() error { return envFile.Run(ctx) })
 
 	g.Go(func() error { return d.o.Subnets.Run(ctx, d.publish) })
 	if r, ok := nw.(backend.Runner); ok {
 		g.Go(func() error { return r.Run(ctx) })
 	}
 	g.Go(func() error { return chains.Run(ctx) })
+	var afterReady []func() error
 	if w, ok := nw.(backend.KernelWatcher); ok {
 		// Watching starts once the first reconcile is done, so that the
 		// watcher does not decode thousands of events about our own
 		// initial programming. WatchKernel pokes as soon as it subscribes,
 		// which makes the next reconcile re-read the kernel: nothing that
 		// changed before the subscription goes unnoticed.
-		d.afterFirstReconcile = func() { g.Go(func() error { return w.WatchKernel(ctx, d.signal) }) }
+		afterReady = append(afterReady, func() error { g.Go(func() error { return w.WatchKernel(ctx, d.signal) }); return nil })
+	}
+	if d.o.CNIConflistPath != "" {
+		conflist := &desiredfile.Keeper{Path: d.o.CNIConflistPath, Logger: d.log, Repaired: func() { d.metrics.driftRepairs.Inc() }}
+		afterReady = append(afterReady, func() error {
+			if err := conflist.Set(d.o.CNIConflist); err != nil {
+				return fmt.Errorf("installing the CNI conflist: %w", err)
+			}
+			d.log.Info("installed the CNI conflist", "path", d.o.CNIConflistPath)
+			g.Go(func() error { return conflist.Run(ctx) })
+			return nil
+		})
+	}
+	d.afterFirstReconcile = func() error {
+		for _, f := range afterReady {
+			if err := f(); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	return d.reconcileLoop(ctx, cfg, lease, nw)
 }
@@ -290,7 +320,9 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 		retryDelay, retryC = 0, nil
 		if !d.ready.Load() {
 			if d.afterFirstReconcile != nil {
-				d.afterFirstReconcile()
+				if err := d.afterFirstReconcile(); err != nil {
+					return err
+				}
 			}
 			if r, ok := d.o.Subnets.(ReadyNotifier); ok {
 				if err := r.Ready(ctx); err != nil {

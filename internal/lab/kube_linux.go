@@ -326,6 +326,9 @@ func ExecCommand(s *State, target string, argv []string) (*exec.Cmd, error) {
 				return s.nodeCommand(target, argv)
 			}
 		}
+		if err := s.refreshPods(context.Background()); err != nil {
+			return nil, err
+		}
 		for _, p := range s.Pods {
 			if p.Name == target || p.Label() == target {
 				nsPath, err := PodNetNS(s, p)

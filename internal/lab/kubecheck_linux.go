@@ -16,6 +16,9 @@ import (
 // (node -> pod), the echo Service's ClusterIP from everywhere (kube-proxy),
 // and the hostPort pod through its node's address (the chained portmap).
 func checkKube(ctx context.Context, s *State, binDir string) (Result, error) {
+	if err := s.refreshPods(ctx); err != nil {
+		return Result{}, err
+	}
 	var from []Vantage
 	var to []Target
 	for _, p := range s.Pods {

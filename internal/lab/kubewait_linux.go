@@ -104,29 +104,36 @@ func (s *State) deployWorkload(ctx context.Context, perNode int) error {
 		return fmt.Errorf("kubectl apply (lab workload): %w\n%s", err, out)
 	}
 	want := perNode*len(s.Nodes) + 1
-	return poll(ctx, 3*time.Minute, "the lab's pods to be ready", func() error {
-		pods, err := s.kubePods(ctx, kubeNamespace, "")
-		if err != nil {
+	if err := poll(ctx, 3*time.Minute, "the lab's pods to be ready", func() error {
+		if err := s.refreshPods(ctx); err != nil {
 			return err
 		}
-		var ready []Pod
-		for _, p := range pods {
-			if p.DeletionTimestamp != nil || !podReady(p) {
-				continue
-			}
-			ip, err := netip.ParseAddr(p.Status.PodIP)
-			if err != nil {
-				continue
-			}
-			ready = append(ready, Pod{Name: p.Name, Node: p.Spec.NodeName, IP: ip, UID: string(p.UID)})
+		if len(s.Pods) < want {
+			return fmt.Errorf("%d of %d pods ready", len(s.Pods), want)
 		}
-		if len(ready) < want {
-			return fmt.Errorf("%d of %d pods ready", len(ready), want)
+		return nil
+	}); err != nil {
+		return err
+	}
+	// kube-proxy programs a Service's endpoints a moment after they are
+	// ready: wait until every node routes the Service.
+	var svc corev1.Service
+	if err := s.apiJSON(ctx, "/api/v1/namespaces/"+kubeNamespace+"/services/echo", &svc); err != nil {
+		return err
+	}
+	ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
+	if err != nil {
+		return fmt.Errorf("service echo: ClusterIP %q: %w", svc.Spec.ClusterIP, err)
+	}
+	var from []Vantage
+	for _, n := range s.Nodes {
+		from = append(from, Vantage{Name: n.Name, NetNS: "/var/run/netns/" + n.NS})
+	}
+	to := []Target{{Name: "svc/echo", Addr: netip.AddrPortFrom(ip, 80)}}
+	return poll(ctx, time.Minute, "kube-proxy on every node to route Service echo", func() error {
+		if r := Matrix(ctx, s.BinDir, from, to); r.Failed > 0 {
+			return fmt.Errorf("%d of %d nodes cannot reach %s yet", r.Failed, len(from), to[0].Addr)
 		}
-		slices.SortFunc(ready, func(a, b Pod) int {
-			return strings.Compare(a.Node+"/"+a.Name, b.Node+"/"+b.Name)
-		})
-		s.Pods = ready
 		return nil
 	})
 }
@@ -157,6 +164,32 @@ func podTrouble(p corev1.Pod) string {
 		}
 	}
 	return fmt.Sprintf("pod %s on %s: %s", p.Name, p.Spec.NodeName, strings.Join(parts, "; "))
+}
+
+// refreshPods reads the lab workload's ready pods from the apiserver: a
+// Kubernetes lab's pods come and go (deleted, rescheduled), so the
+// recorded list is only the last seen.
+func (s *State) refreshPods(ctx context.Context) error {
+	pods, err := s.kubePods(ctx, kubeNamespace, "")
+	if err != nil {
+		return err
+	}
+	var ready []Pod
+	for _, p := range pods {
+		if p.DeletionTimestamp != nil || !podReady(p) {
+			continue
+		}
+		ip, err := netip.ParseAddr(p.Status.PodIP)
+		if err != nil {
+			continue
+		}
+		ready = append(ready, Pod{Name: p.Name, Node: p.Spec.NodeName, IP: ip, UID: string(p.UID)})
+	}
+	slices.SortFunc(ready, func(a, b Pod) int {
+		return strings.Compare(a.Node+"/"+a.Name, b.Node+"/"+b.Name)
+	})
+	s.Pods = ready
+	return nil
 }
 
 func podReady(p corev1.Pod) bool {

@@ -38,6 +38,9 @@ func PrintStatus(ctx context.Context, s *State, out io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("reading Nodes from the lab's apiserver: %w", err)
 		}
+		if err := s.refreshPods(ctx); err != nil {
+			return err
+		}
 		twill, err := s.kubePods(ctx, TwillNamespace, "")
 		if err != nil {
 			return err

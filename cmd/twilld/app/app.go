@@ -77,14 +77,16 @@ type options struct {
 	publicIP      string
 	publicIPv6    string
 
-	ipMasq         bool
-	subnetFile     string
-	stateDir       string
-	healthzIP      string
-	healthzPort    int
-	iptablesResync time.Duration
-	resync         time.Duration
-	logLevel       string
+	ipMasq          bool
+	subnetFile      string
+	cniConflist     string
+	cniConflistDest string
+	stateDir        string
+	healthzIP       string
+	healthzPort     int
+	iptablesResync  time.Duration
+	resync          time.Duration
+	logLevel        string
 }
 
 func newRootCommand(reg *backend.Registry) *cobra.Command {
@@ -131,6 +133,8 @@ for example TWILLD_ETCD_ENDPOINTS.`,
 	f.StringVar(&o.publicIPv6, "public-ipv6", "", "IPv6 address peers should use to reach this node")
 	f.BoolVar(&o.ipMasq, "ip-masq", false, "masquerade traffic leaving the cluster Network")
 	cmd.PersistentFlags().StringVar(&o.subnetFile, "subnet-file", "/run/twill/subnet.env", "where to write subnet.env for the CNI plugin")
+	f.StringVar(&o.cniConflist, "cni-conflist", "", "a CNI conflist to install at --cni-conflist-dest once the node is ready, and keep there")
+	f.StringVar(&o.cniConflistDest, "cni-conflist-dest", "/etc/cni/net.d/10-twill.conflist", "where --cni-conflist is installed")
 	f.StringVar(&o.stateDir, "state-dir", "/var/lib/twill", "directory for state kept across restarts")
 	f.StringVar(&o.healthzIP, "healthz-ip", "0.0.0.0", "address for /healthz, /readyz and /metrics")
 	f.IntVar(&o.healthzPort, "healthz-port", 0, "port for /healthz, /readyz and /metrics (0 disables)")
@@ -241,6 +245,12 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 		defer cli.Close()
 		subnets = etcdsm.New(etcdsm.Options{Client: cli, Logger: log, Prefix: o.etcdPrefix, TTL: o.leaseTTL, RenewMargin: o.renewMargin})
 	}
+	var conflist []byte
+	if o.cniConflist != "" {
+		if conflist, err = readConflist(o.cniConflist); err != nil {
+			return err
+		}
+	}
 	h, err := nl.Open("")
 	if err != nil {
 		return err
@@ -251,18 +261,24 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 		health = net.JoinHostPort(o.healthzIP, strconv.Itoa(o.healthzPort))
 	}
 	log.Info("starting twilld", "version", version.Version, "backends", reg.Names())
+	dest := ""
+	if conflist != nil {
+		dest = o.cniConflistDest
+	}
 	d := daemon.New(daemon.Options{
-		Logger:         log,
-		Registry:       reg,
-		Subnets:        subnets,
-		Netlink:        h,
-		Iface:          iface,
-		SubnetFile:     o.subnetFile,
-		StateDir:       o.stateDir,
-		IPMasq:         o.ipMasq,
-		IPTablesResync: o.iptablesResync,
-		Resync:         o.resync,
-		HealthAddr:     health,
+		CNIConflistPath: dest,
+		Logger:          log,
+		Registry:        reg,
+		Subnets:         subnets,
+		Netlink:         h,
+		Iface:           iface,
+		SubnetFile:      o.subnetFile,
+		CNIConflist:     conflist,
+		StateDir:        o.stateDir,
+		IPMasq:          o.ipMasq,
+		IPTablesResync:  o.iptablesResync,
+		Resync:          o.resync,
+		HealthAddr:      health,
 	})
 	if err := d.Run(ctx); err != nil {
 		return err

@@ -7,7 +7,10 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/spf13/cobra"
+
+	"github.com/twill-net/twill/internal/atomicfile"
 )
 
 // newInstallCNICommand is what the DaemonSet's init containers run: it
@@ -41,8 +44,12 @@ func newInstallCNICommand() *cobra.Command {
 					return errors.New("install-cni: --conflist needs --conf-dir")
 				}
 				dst := filepath.Join(confDir, confName)
-				if err := installFile(conflist, dst, 0o644); err != nil {
+				data, err := readConflist(conflist)
+				if err != nil {
 					return err
+				}
+				if err := atomicfile.Write(dst, data, 0o644); err != nil {
+					return fmt.Errorf("install-cni: %w", err)
 				}
 				fmt.Fprintln(cmd.OutOrStdout(), "installed", dst)
 			}
@@ -58,36 +65,33 @@ func newInstallCNICommand() *cobra.Command {
 	return cmd
 }
 
-func installFile(src, dst string, mode os.FileMode) (err error) {
+// readConflist reads a CNI conflist and checks it the way the runtime
+// will read it (libcni), and that it chains the twill plugin, so a broken
+// file is refused here rather than making every pod on the node fail.
+func readConflist(path string) ([]byte, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("CNI conflist: %w", err)
+	}
+	list, err := libcni.ConfListFromBytes(data)
+	if err != nil {
+		return nil, fmt.Errorf("CNI conflist %s: %w", path, err)
+	}
+	for _, p := range list.Plugins {
+		if p.Network.Type == "twill" {
+			return data, nil
+		}
+	}
+	return nil, fmt.Errorf("CNI conflist %s: no plugin of type \"twill\" in %q", path, list.Name)
+}
+
+func installFile(src, dst string, mode os.FileMode) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return fmt.Errorf("install-cni: %w", err)
 	}
 	defer in.Close()
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return fmt.Errorf("install-cni: %w", err)
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".*")
-	if err != nil {
-		return fmt.Errorf("install-cni: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			os.Remove(tmp.Name())
-		}
-	}()
-	if _, err := io.Copy(tmp, in); err != nil {
-		tmp.Close()
-		return fmt.Errorf("install-cni: copying %s: %w", src, err)
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return fmt.Errorf("install-cni: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("install-cni: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), dst); err != nil {
+	if err := atomicfile.WriteFrom(dst, func(w io.Writer) error { _, err := io.Copy(w, in); return err }, mode); err != nil {
 		return fmt.Errorf("install-cni: %w", err)
 	}
 	return nil

@@ -1,0 +1,333 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/twill-net/twill/internal/buildtest"
+	"github.com/twill-net/twill/internal/kubetest"
+	"github.com/twill-net/twill/internal/lab"
+	"github.com/twill-net/twill/internal/ociimage"
+)
+
+// kubeLabImages builds twill's image (from this tree's binaries, as make
+// image does) and the pause image into a fresh directory.
+func kubeLabImages(t *testing.T, bin, tag string) string {
+	t.Helper()
+	root := kubetest.Root(t)
+	pause := buildtest.Binaries(t, "github.com/twill-net/twill/tools/pause")
+	debs, err := ociimage.FetchDebs(filepath.Join(root, "build", "debs"), ociimage.TwillDebs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := ociimage.Write(filepath.Join(dir, "twill.tar"), ociimage.TwillImage("twill.local/twill:"+tag, bin, debs)); err != nil {
+		t.Fatal(err)
+	}
+	if err := ociimage.Write(filepath.Join(dir, "pause.tar"), ociimage.PauseImage("twill.local/pause:"+tag, filepath.Join(pause, "pause"))); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// kubeBinDir builds (or finds cached) the Kubernetes binaries.
+func kubeBinDir(t *testing.T) string {
+	t.Helper()
+	apiserver, _ := kubetest.Binaries(t)
+	return filepath.Dir(apiserver)
+}
+
+// hostPaths are machine paths a Kubernetes lab's kubelets, containerds and
+// control plane must never create.
+var hostPaths = []string{"/etc/cni", "/opt/cni", "/var/lib/kubelet", "/var/lib/cni", "/run/containerd", "/var/lib/containerd",
+	"/var/log/pods", "/var/log/containers", "/run/twill", "/var/lib/twill", "/etc/kubernetes", "/usr/libexec/kubernetes"}
+
+// hostSysctls are machine-wide settings kubelet or kube-proxy would change
+// if let.
+var hostSysctls = []string{"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes", "net/ipv4/ip_forward", "net/netfilter/nf_conntrack_max"}
+
+type hostSnapshot map[string]string
+
+func snapshotHost() hostSnapshot {
+	s := hostSnapshot{}
+	for _, p := range hostPaths {
+		_, err := os.Stat(p)
+		s[p] = fmt.Sprint(err == nil)
+	}
+	for _, k := range hostSysctls {
+		b, _ := os.ReadFile("/proc/sys/" + k)
+		s[k] = strings.TrimSpace(string(b))
+	}
+	return s
+}
+
+// TestKubeLab runs twill as users install it, under real kubelets and
+// containerds: `twillctl lab up --kubernetes` applies dist/kube-twill.yml,
+// and the test checks what an operator would, for host-gw and vxlan.
+func TestKubeLab(t *testing.T) {
+	for _, backend := range []string{"host-gw", "vxlan"} {
+		t.Run(backend, func(t *testing.T) { testKubeLab(t, backend) })
+	}
+}
+
+func testKubeLab(t *testing.T, backend string) {
+	l := newLabCtl(t)
+	before := snapshotHost()
+	images := kubeLabImages(t, l.bin, "e2e")
+	name := labName("k" + backend[:1])
+	l.up(name, "--kubernetes", "--nodes", "2", "--pods-per-node", "2", "--backend", backend,
+		"--kube-bin-dir", kubeBinDir(t), "--image-dir", images)
+	s, err := lab.Load(l.root, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	kubectl := func(args ...string) string {
+		t.Helper()
+		out, err := s.Kubectl(ctx, nil, args...)
+		if err != nil {
+			t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return out
+	}
+
+	// The DaemonSet rolled out and every Node says its network is up.
+	if why, err := s.TwillReady(ctx); err != nil || why != "" {
+		t.Fatalf("twill not ready after lab up: %s %v", why, err)
+	}
+	cond := kubectl("get", "nodes", "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="NetworkUnavailable")].status}/{.status.conditions[?(@.type=="NetworkUnavailable")].reason}{"\n"}{end}`)
+	if strings.Count(cond, "=False/TwillIsUp") != 2 {
+		t.Fatalf("NetworkUnavailable on the Nodes:\n%s", cond)
+	}
+
+	// Pod to pod across nodes (TCP), node to pod, pod to ClusterIP
+	// (kube-proxy), hostPort (the chained portmap).
+	l.checkAll(name)
+
+	// The conflist is twilld's to keep: a node whose CNI directory was
+	// emptied gets it back, and new pods start there.
+	node1 := s.Nodes[0].Name
+	if out, err := s.NodeExec(ctx, node1, nil, "sh", "-c", "rm -f /etc/cni/net.d/*"); err != nil {
+		t.Fatalf("emptying node1's /etc/cni/net.d: %v\n%s", err, out)
+	}
+	waitFor(t, 30*time.Second, "node1's conflist back", func() bool {
+		out, err := s.NodeExec(ctx, node1, nil, "cat", "/etc/cni/net.d/10-twill.conflist")
+		return err == nil && strings.Contains(out, `"type": "twill"`)
+	})
+
+	pods := podsByNode(s)
+	a, b := pods[s.Nodes[0].Name][0], pods[s.Nodes[1].Name][0]
+	p := startProber(t, s, a, netip.AddrPortFrom(b.IP, lab.EchoPort))
+
+	// Deleting a pod frees its address and its host veth.
+	victim := pods[s.Nodes[0].Name][1]
+	route, err := s.NodeExec(ctx, node1, nil, "ip", "route", "show", victim.IP.String()+"/32")
+	if err != nil || !strings.Contains(route, "dev tw") {
+		t.Fatalf("route to the pod %s on node1: %v %q", victim.IP, err, route)
+	}
+	veth := strings.Fields(route[strings.Index(route, "dev ")+4:])[0]
+	allocation := "/var/lib/cni/networks/twill/" + victim.IP.String()
+	if _, err := s.NodeExec(ctx, node1, nil, "test", "-f", allocation); err != nil {
+		t.Fatalf("no allocation record %s on node1", allocation)
+	}
+	kubectl("-n", "lab", "delete", "pod", victim.Name, "--wait=true")
+	waitFor(t, 60*time.Second, "the deleted pod's address, veth and route released", func() bool {
+		_, errAlloc := s.NodeExec(ctx, node1, nil, "test", "-e", allocation)
+		_, errLink := s.NodeExec(ctx, node1, nil, "ip", "link", "show", veth)
+		r, _ := s.NodeExec(ctx, node1, nil, "ip", "route", "show", victim.IP.String()+"/32")
+		return errAlloc != nil && errLink != nil && strings.TrimSpace(r) == ""
+	})
+
+	// The twill pod on node2 deleted: the DaemonSet makes another, and the
+	// pods keep talking meanwhile (the data plane stays).
+	var dsPod string
+	for _, line := range strings.Split(kubectl("-n", lab.TwillNamespace, "get", "pods", "-o", `jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName}{"\n"}{end}`), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[1] == s.Nodes[1].Name {
+			dsPod = f[0]
+		}
+	}
+	kubectl("-n", lab.TwillNamespace, "delete", "pod", dsPod, "--wait=true")
+	waitTwillReady(t, s)
+
+	// A rolling update of the DaemonSet to a new image tag.
+	newImage := strings.Replace(s.TwillImage, ":e2e", ":e2e-next", 1)
+	for _, n := range s.Nodes {
+		if out, err := s.NodeExec(ctx, n.Name, nil, "ctr", "-a", "/run/containerd/containerd.sock", "-n", "k8s.io",
+			"images", "tag", s.TwillImage, newImage); err != nil {
+			t.Fatalf("tagging %s on %s: %v\n%s", newImage, n.Name, err, out)
+		}
+	}
+	kubectl("-n", lab.TwillNamespace, "set", "image", "ds/"+lab.TwillDaemonSet, "kube-twill="+newImage, "install-cni-plugin="+newImage)
+	waitTwillReady(t, s)
+	running := kubectl("-n", lab.TwillNamespace, "get", "pods", "-o", `jsonpath={range .items[*]}{.spec.containers[0].image}{"\n"}{end}`)
+	if strings.Count(running, newImage) != len(s.Nodes) {
+		t.Fatalf("twill pods after the rolling update run:\n%s", running)
+	}
+	gap, fails, total := p.stop()
+	t.Logf("pod %s -> %s: %d probes over the pod delete, the twill pod delete and the rolling update; %d failed; longest gap %s",
+		a.Label(), b.Label(), total, fails, gap.Round(time.Millisecond))
+	if gap > time.Second {
+		t.Errorf("pod-to-pod traffic stopped for %s while twill restarted; want no gap over 1s", gap)
+	}
+
+	// Everything still connects after the update.
+	s, err = lab.Load(l.root, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.checkAll(name)
+
+	if out, err := l.run("down", "--name", name); err != nil {
+		t.Fatalf("lab down: %v\n%s", err, out)
+	}
+	l.requireGone(name)
+	if after := snapshotHost(); !mapsEqual(before, after) {
+		t.Errorf("the machine changed:\nbefore %v\nafter  %v", before, after)
+	}
+}
+
+func mapsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func waitTwillReady(t *testing.T, s *lab.State) {
+	t.Helper()
+	var why string
+	waitFor(t, 3*time.Minute, "twill rolled out again", func() bool {
+		var err error
+		why, err = s.TwillReady(context.Background())
+		return err == nil && why == ""
+	})
+}
+
+// podsByNode groups the lab's echo pods by node.
+func podsByNode(s *lab.State) map[string][]lab.Pod {
+	m := map[string][]lab.Pod{}
+	for _, p := range s.Pods {
+		if strings.HasPrefix(p.Name, "echo-") {
+			m[p.Node] = append(m[p.Node], p)
+		}
+	}
+	return m
+}
+
+// prober connects from one pod to an echo server every 100ms, each
+// connection made inside the pod's network namespace, and records when
+// they succeeded.
+type prober struct {
+	done    chan struct{}
+	stopped chan struct{}
+
+	mu      sync.Mutex
+	results []probeResult // guarded by mu
+}
+
+type probeResult struct {
+	at time.Time
+	ok bool
+}
+
+func startProber(t *testing.T, s *lab.State, from lab.Pod, to netip.AddrPort) *prober {
+	t.Helper()
+	nsPath, err := lab.PodNetNS(s, from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Hold the namespace open: /proc/<pid>/ns/net goes with its process.
+	netns, err := ns.GetNS(nsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &prober{done: make(chan struct{}), stopped: make(chan struct{})}
+	go func() {
+		defer close(p.stopped)
+		defer netns.Close()
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-p.done:
+				return
+			case <-tick.C:
+			}
+			at := time.Now()
+			ok := echoOnce(netns, to) == nil
+			p.mu.Lock()
+			p.results = append(p.results, probeResult{at, ok})
+			p.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { p.stop() })
+	return p
+}
+
+// stop ends probing and returns the longest time between two successful
+// probes, the failures, and the number of probes.
+func (p *prober) stop() (gap time.Duration, failed, total int) {
+	select {
+	case <-p.done:
+	default:
+		close(p.done)
+	}
+	<-p.stopped
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var last time.Time
+	for _, r := range p.results {
+		if !r.ok {
+			failed++
+			continue
+		}
+		if !last.IsZero() {
+			gap = max(gap, r.at.Sub(last))
+		}
+		last = r.at
+	}
+	if n := len(p.results); n > 0 && !p.results[n-1].ok && !last.IsZero() {
+		gap = max(gap, p.results[n-1].at.Sub(last))
+	}
+	return gap, failed, len(p.results)
+}
+
+func echoOnce(netns ns.NetNS, to netip.AddrPort) error {
+	var c net.Conn
+	err := netns.Do(func(ns.NetNS) error {
+		var err error
+		c, err = net.DialTimeout("tcp", to.String(), 500*time.Millisecond)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(500 * time.Millisecond))
+	if _, err := io.WriteString(c, "ping\n"); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err == nil && line != "ping\n" {
+		err = fmt.Errorf("echo %q", line)
+	}
+	return err
+}
