@@ -66,8 +66,8 @@ type Options struct {
 	CNIConflist     []byte
 	CNIConflistPath string
 	StateDir        string
-	IPMasq         bool
-	IPTablesResync time.Duration
+	IPMasq          bool
+	IPTablesResync  time.Duration
 	// Resync is the period of the full reconcile that repairs drift.
 	Resync time.Duration
 	// HealthAddr serves /healthz, /readyz and /metrics; empty disables.

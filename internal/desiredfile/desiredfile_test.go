@@ -45,7 +45,7 @@ func TestKeeperRestores(t *testing.T) {
 	time.Sleep(100 * time.Millisecond) // the watch is in place
 
 	for _, c := range []struct {
-		name  string
+		name   string
 		break_ func() error
 	}{
 		{"deleted", func() error { return os.Remove(path) }},
