@@ -24,7 +24,7 @@ import (
 
 // kubeLabImages builds twill's image (from this tree's binaries, as make
 // image does) and the pause image into a fresh directory.
-func kubeLabImages(t *testing.T, bin, tag string) string {
+func kubeLabImages(t testing.TB, bin, tag string) string {
 	t.Helper()
 	root := kubetest.Root(t)
 	pause := buildtest.Binaries(t, "github.com/twill-net/twill/tools/pause")
@@ -43,7 +43,7 @@ func kubeLabImages(t *testing.T, bin, tag string) string {
 }
 
 // kubeBinDir builds (or finds cached) the Kubernetes binaries.
-func kubeBinDir(t *testing.T) string {
+func kubeBinDir(t testing.TB) string {
 	t.Helper()
 	apiserver, _ := kubetest.Binaries(t)
 	return filepath.Dir(apiserver)
@@ -116,6 +116,11 @@ func testKubeLab(t *testing.T, backend string) {
 	// Pod to pod across nodes (TCP), node to pod, pod to ClusterIP
 	// (kube-proxy), hostPort (the chained portmap).
 	l.checkAll(name)
+
+	// crictl drives the node's containerd with the shipped conflist (the
+	// ConfigMap's, equal to dist/10-twill.conflist: dist's tests hold them
+	// the same) the way a CRI client other than kubelet would.
+	crictlPod(t, s)
 
 	// The conflist is twilld's to keep: a node whose CNI directory was
 	// emptied gets it back, and new pods start there.
@@ -197,6 +202,58 @@ func testKubeLab(t *testing.T, backend string) {
 	if after := snapshotHost(); !mapsEqual(before, after) {
 		t.Errorf("the machine changed:\nbefore %v\nafter  %v", before, after)
 	}
+}
+
+// crictlPod runs a pod sandbox and an echo container with crictl on the
+// first node, reaches it over TCP from the second node, and checks that
+// stopping and removing the sandbox releases its address.
+func crictlPod(t *testing.T, s *lab.State) {
+	t.Helper()
+	ctx := context.Background()
+	node := s.Nodes[0].Name
+	dir := filepath.Join(s.Dir, node)
+	pod := fmt.Sprintf(`{"metadata": {"name": "crictl", "namespace": "crictl", "uid": "crictl-1", "attempt": 0},
+  "log_directory": "/var/log/crictl", "linux": {"cgroup_parent": "/%s/crictl"}}`, s.Nodes[0].NS)
+	ctr := fmt.Sprintf(`{"metadata": {"name": "echo"}, "image": {"image": %q},
+  "command": ["/usr/local/bin/twillctl", "lab", "echo-server", "--port", "%d"], "log_path": "echo.log", "linux": {}}`, s.TwillImage, lab.EchoPort)
+	cfg := "runtime-endpoint: unix:///run/containerd/containerd.sock\nimage-endpoint: unix:///run/containerd/containerd.sock\ntimeout: 60\n"
+	for f, content := range map[string]string{"crictl-pod.json": pod, "crictl-ctr.json": ctr, "crictl.yaml": cfg} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	crictl := func(args ...string) string {
+		t.Helper()
+		cmd, err := lab.ExecCommand(s, node, append([]string{filepath.Join(s.KubeBinDir, "crictl"), "--config", filepath.Join(dir, "crictl.yaml")}, args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("crictl %s on %s: %v\n%s%s", strings.Join(args, " "), node, err, out, stderr.String())
+		}
+		return strings.TrimSpace(string(out))
+	}
+	podID := crictl("runp", filepath.Join(dir, "crictl-pod.json"))
+	ctrID := crictl("create", podID, filepath.Join(dir, "crictl-ctr.json"), filepath.Join(dir, "crictl-pod.json"))
+	crictl("start", ctrID)
+	ip, err := netip.ParseAddr(crictl("inspectp", "-o", "go-template", "--template", "{{.status.network.ip}}", podID))
+	if err != nil || !netip.MustParsePrefix("10.244.0.0/16").Contains(ip) {
+		t.Fatalf("crictl pod: address %v (%v), want one of twill's", ip, err)
+	}
+	from := []lab.Vantage{{Name: s.Nodes[1].Name, NetNS: "/var/run/netns/" + s.Nodes[1].NS}}
+	to := []lab.Target{{Name: "crictl", Addr: netip.AddrPortFrom(ip, lab.EchoPort)}}
+	waitFor(t, 30*time.Second, "the crictl pod reachable from node2", func() bool {
+		return lab.Matrix(ctx, s.BinDir, from, to).Failed == 0
+	})
+	crictl("stopp", podID)
+	crictl("rmp", podID)
+	if _, err := s.NodeExec(ctx, node, nil, "test", "-e", "/var/lib/cni/networks/twill/"+ip.String()); err == nil {
+		t.Errorf("crictl pod's address %s still allocated after stopp and rmp", ip)
+	}
+	t.Logf("crictl: pod %s wired by twill at %s, reached from %s, released", podID[:12], ip, s.Nodes[1].Name)
 }
 
 func mapsEqual(a, b map[string]string) bool {

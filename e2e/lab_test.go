@@ -16,12 +16,12 @@ import (
 
 // labCtl runs the built twillctl lab with a per-test state root.
 type labCtl struct {
-	t    *testing.T
+	t    testing.TB
 	bin  string
 	root string
 }
 
-func newLabCtl(t *testing.T) *labCtl {
+func newLabCtl(t testing.TB) *labCtl {
 	netnstest.RequireRoot(t)
 	return &labCtl{t: t, bin: binaries(t), root: t.TempDir()}
 }
