@@ -21,11 +21,17 @@ help: ## Show this help
 
 .PHONY: lab
 lab: setup-base build ## Start the local lab (3 nodes x 2 pods, vxlan) and print its connectivity matrix
-	@bin/twillctl lab down >/dev/null 2>&1 || true
 	bin/twillctl lab up --nodes 3 --pods-per-node 2 --backend vxlan
 	bin/twillctl lab check
 	@echo; echo "The lab keeps running. Explore it with bin/twillctl lab status / lab exec node1 -- ip route;"; \
 	echo "remove it with: bin/twillctl lab down"
+
+.PHONY: lab-kube
+lab-kube: setup image ## Start a Kubernetes lab (2 nodes: control plane, containerd, kubelet, kube-proxy; twill from dist/kube-twill.yml) and check it
+	bin/twillctl lab up --name kube --kubernetes --nodes 2 --backend vxlan
+	bin/twillctl lab check --name kube
+	@echo; echo "The lab keeps running: bin/twillctl lab status --name kube; bin/twillctl lab kubectl --name kube get pods -A;"; \
+	echo "remove it with: bin/twillctl lab down --name kube"
 
 .PHONY: build
 build: ## Build twilld, twillctl and the twill CNI plugin into bin/
