@@ -11,6 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/twill-net/twill/backend/owned"
+	"github.com/twill-net/twill/internal/strictjson"
 )
 
 // Defaults.
@@ -54,6 +55,27 @@ func ParseConf(data []byte) (*NetConf, error) {
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
 		return nil, fmt.Errorf("twill: network configuration: unknown key %q (the twill plugin accepts subnetFile, dataDir, mtu and ipam)", unknown[0])
+	}
+	// The keys the plugin reads as plain values, checked first so that a
+	// wrong type is reported with the key and the value given.
+	var typed struct {
+		CNIVersion string `json:"cniVersion"`
+		Name       string `json:"name"`
+		Type       string `json:"type"`
+		SubnetFile string `json:"subnetFile"`
+		DataDir    string `json:"dataDir"`
+		MTU        int    `json:"mtu"`
+	}
+	var others []string
+	for k := range knownKeys {
+		switch k {
+		case "cniVersion", "name", "type", "subnetFile", "dataDir", "mtu":
+		default:
+			others = append(others, k)
+		}
+	}
+	if err := strictjson.Decode(data, &typed, "", others...); err != nil {
+		return nil, fmt.Errorf("twill: network configuration: %w", err)
 	}
 	c := &NetConf{}
 	if err := json.Unmarshal(data, c); err != nil {

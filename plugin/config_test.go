@@ -19,6 +19,10 @@ func TestParseConf(t *testing.T) {
 		{`{"cniVersion":"1.1.0","name":"","type":"twill"}`, `name ""`},
 		{`{"cniVersion":"1.1.0","name":"a/b","type":"twill"}`, `name "a/b"`},
 		{`{"cniVersion":`, "decoding"},
+		// Type errors name the key and the value given.
+		{`{"cniVersion":"1.1.0","name":"pods","type":"twill","mtu":"abc"}`, `mtu "abc": must be a whole number`},
+		{`{"cniVersion":"1.1.0","name":"pods","type":"twill","subnetFile":7}`, `subnetFile "7": must be a string`},
+		{`{"cniVersion":"1.1.0","name":["x"],"type":"twill"}`, `name "[\"x\"]": must be a string`},
 	} {
 		if _, err := ParseConf([]byte(tt.in)); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("ParseConf(%s) error %v, want %q", tt.in, err, tt.want)

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+
+	"github.com/twill-net/twill/internal/strictjson"
 )
 
 // DefaultBackend is the backend used when net-conf.json has no Backend.
@@ -84,14 +86,19 @@ type invalidConfig struct{ error }
 func (e invalidConfig) Unwrap() []error { return []error{e.error, ErrInvalidConfig} }
 
 func parseConfig(data []byte) (*Config, error) {
-	var raw rawConfig
+	var (
+		raw rawConfig
+		obj json.RawMessage
+	)
 	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&raw); err != nil {
+	if err := dec.Decode(&obj); err != nil {
 		return nil, fmt.Errorf("net-conf.json: decoding: %w", err)
 	}
 	if dec.More() {
 		return nil, errors.New("net-conf.json: decoding: trailing data after the JSON object")
+	}
+	if err := strictjson.Decode(obj, &raw, ""); err != nil {
+		return nil, fmt.Errorf("net-conf.json: %w", err)
 	}
 	cfg := &Config{EnableIPv4: true, EnableIPv6: raw.EnableIPv6, Backend: raw.Backend}
 	if raw.EnableIPv4 != nil {

@@ -54,7 +54,7 @@ func TestParseConfigRejects(t *testing.T) {
 		want []string // every fragment must be in the error
 	}{
 		{"not json", `{"Network":`, []string{"net-conf.json", "decoding"}},
-		{"unknown key", `{"Network":"10.0.0.0/16","Netwrok":"x"}`, []string{"unknown field", "Netwrok"}},
+		{"unknown key", `{"Network":"10.0.0.0/16","Netwrok":"x"}`, []string{"Netwrok", "unknown key"}},
 		{"missing network", `{}`, []string{"Network", "required"}},
 		{"bad cidr", `{"Network":"10.0.0.0/33"}`, []string{"Network", "10.0.0.0/33"}},
 		{"host bits", `{"Network":"10.0.0.1/16"}`, []string{"Network", "10.0.0.1/16", "10.0.0.0/16"}},
@@ -70,6 +70,13 @@ func TestParseConfigRejects(t *testing.T) {
 		{"both families off", `{"Network":"10.0.0.0/16","EnableIPv4":false}`, []string{"EnableIPv4"}},
 		{"v6 missing network", `{"Network":"10.0.0.0/16","EnableIPv6":true}`, []string{"IPv6Network", "required"}},
 		{"trailing data", `{"Network":"10.0.0.0/16"} {}`, []string{"trailing"}},
+		// Type errors name the field and the value given.
+		{"subnetlen string", `{"Network":"10.0.0.0/16","SubnetLen":"abc"}`, []string{`SubnetLen "abc"`, "number"}},
+		{"subnetlen float", `{"Network":"10.0.0.0/16","SubnetLen":24.5}`, []string{`SubnetLen "24.5"`, "whole number"}},
+		{"network number", `{"Network":10}`, []string{`Network "10"`, "string"}},
+		{"enableipv6 string", `{"Network":"10.0.0.0/16","EnableIPv6":"yes"}`, []string{`EnableIPv6 "yes"`, "true or false"}},
+		{"lower-case key type error", `{"network":"10.0.0.0/16","subnetlen":[1]}`, []string{`SubnetLen "[1]"`, "number"}},
+		{"not an object", `[1,2]`, []string{"net-conf.json", "[1,2]", "JSON object"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
