@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -14,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/twill-net/twill/internal/buildtest"
@@ -246,6 +250,43 @@ func (c *cluster) routes(i int) string {
 // routeLine is how `ip route` prints the host-gw route on a node to node j.
 func (c *cluster) hostgwRoute(j int, s netip.Prefix) string {
 	return fmt.Sprintf("%s via %s dev eth0 proto 167", s, c.topo.Nodes[j].Addr.Addr())
+}
+
+// nodeGet fetches http://127.0.0.1:<port><path> from inside a namespace
+// and returns the status code and body.
+func nodeGet(t testing.TB, nsName string, port int, path string) (int, string) {
+	t.Helper()
+	nsPath := "/var/run/netns/" + nsName
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var c net.Conn
+			err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+				var err error
+				c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+				return err
+			})
+			return c, err
+		}}}
+	resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d%s", port, path))
+	if err != nil {
+		t.Fatalf("GET %s in %s: %v", path, nsName, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// metricIn reads one unlabelled metric from a daemon's /metrics.
+func metricIn(t testing.TB, nsName string, port int, name string) string {
+	t.Helper()
+	_, body := nodeGet(t, nsName, port, "/metrics")
+	for _, line := range strings.Split(body, "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == name {
+			return f[1]
+		}
+	}
+	t.Fatalf("no metric %s in %s", name, nsName)
+	return ""
 }
 
 func ping(ns string, dst netip.Addr) error {

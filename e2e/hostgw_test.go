@@ -194,7 +194,7 @@ func TestEtcdBadInput(t *testing.T) {
 	})
 	t.Run("malformed net-conf.json", func(t *testing.T) {
 		for _, conf := range []struct{ json, want string }{
-			{`{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"},"SubnetLenn":24}`, `unknown field "SubnetLenn"`},
+			{`{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"},"SubnetLenn":24}`, `unknown key "SubnetLenn"`},
 			{`{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw","VNI":1}}`, `unknown key "VNI"`},
 			{`{"Network":"10.244.0.0/33"}`, `Network "10.244.0.0/33"`},
 			{`{"Network":"10.244.0.0/16","Backend":{"Type":"nosuch"}}`, `Backend.Type "nosuch"`},

@@ -3,18 +3,15 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -34,7 +31,7 @@ type kubeCluster struct {
 	netConf    string
 }
 
-const kubeHealthPort = "9966"
+const kubeHealthPort = 9966
 
 func newKubeCluster(t testing.TB, n int, backend string) *kubeCluster {
 	t.Helper()
@@ -118,7 +115,7 @@ func (k *kubeCluster) startKubeDaemon(i int, extra ...string) *proc {
 	}
 	args := append([]string{"--kube-subnet-mgr", "--kubeconfig-file", k.kubeconfig, "--net-config-path", k.netConf,
 		"--iface", "eth0", "--subnet-file", k.subnetFile(i), "--state-dir", state,
-		"--healthz-ip", "127.0.0.1", "--healthz-port", kubeHealthPort}, extra...)
+		"--healthz-ip", "127.0.0.1", "--healthz-port", strconv.Itoa(kubeHealthPort)}, extra...)
 	p := startEnv(k.t, []string{"NODE_NAME=" + n.Name}, n.NS, filepath.Join(k.dir, n.Name+".log"), k.bin+"/twilld", args...)
 	k.daemons[i] = p
 	k.t.Cleanup(func() {
@@ -140,30 +137,7 @@ func tailString(s string, n int) string {
 // inside the node's namespace.
 func (k *kubeCluster) metric(i int, name string) string {
 	k.t.Helper()
-	nsPath := "/var/run/netns/" + k.topo.Nodes[i].NS
-	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var c net.Conn
-			err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
-				var err error
-				c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
-				return err
-			})
-			return c, err
-		}}}
-	resp, err := client.Get("http://127.0.0.1:" + kubeHealthPort + "/metrics")
-	if err != nil {
-		k.t.Fatalf("node%d /metrics: %v", i+1, err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		if f := strings.Fields(line); len(f) == 2 && f[0] == name {
-			return f[1]
-		}
-	}
-	k.t.Fatalf("node%d /metrics has no %s", i+1, name)
-	return ""
+	return metricIn(k.t, k.topo.Nodes[i].NS, kubeHealthPort, name)
 }
 
 // published waits until node i's Node carries twill's annotations and the

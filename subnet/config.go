@@ -27,6 +27,11 @@ type Config struct {
 	IPv6SubnetLen int
 	IPv6SubnetMin netip.Addr
 	IPv6SubnetMax netip.Addr
+	// PublicIPRanges, when not empty, are the prefixes every node's public
+	// address lies in (the node networks): a peer publishing another is
+	// refused. Per family: an IPv6 address is checked only against the
+	// IPv6 prefixes, if any.
+	PublicIPRanges []netip.Prefix
 	// BackendType is Backend.Type, or DefaultBackend.
 	BackendType string
 	// Backend is the raw Backend object; each backend decodes it strictly.
@@ -36,17 +41,18 @@ type Config struct {
 // rawConfig mirrors net-conf.json. encoding/json matches keys to these
 // fields case-insensitively, which is what makes keys case-insensitive.
 type rawConfig struct {
-	EnableIPv4    *bool
-	EnableIPv6    bool
-	Network       string
-	SubnetLen     int
-	SubnetMin     string
-	SubnetMax     string
-	IPv6Network   string
-	IPv6SubnetLen int
-	IPv6SubnetMin string
-	IPv6SubnetMax string
-	Backend       json.RawMessage
+	EnableIPv4     *bool
+	EnableIPv6     bool
+	Network        string
+	SubnetLen      int
+	SubnetMin      string
+	SubnetMax      string
+	IPv6Network    string
+	IPv6SubnetLen  int
+	IPv6SubnetMin  string
+	IPv6SubnetMax  string
+	PublicIPRanges []string
+	Backend        json.RawMessage
 }
 
 // ConfigError is a rejected net-conf.json field.
@@ -126,6 +132,16 @@ func parseConfig(data []byte) (*Config, error) {
 			return nil, err
 		}
 		cfg.IPv6Network, cfg.IPv6SubnetLen, cfg.IPv6SubnetMin, cfg.IPv6SubnetMax = fam.network, fam.subnetLen, fam.min, fam.max
+	}
+	for _, r := range raw.PublicIPRanges {
+		p, err := netip.ParsePrefix(r)
+		if err != nil {
+			return nil, fieldErr("PublicIPRanges", r, "not a CIDR: %v", err)
+		}
+		if p.Masked() != p {
+			return nil, fieldErr("PublicIPRanges", r, "has host bits set (did you mean %s?)", p.Masked())
+		}
+		cfg.PublicIPRanges = append(cfg.PublicIPRanges, p)
 	}
 	bt, err := backendType(raw.Backend)
 	if err != nil {

@@ -199,9 +199,37 @@ type Snapshot struct {
 	Refused []Refusal
 }
 
+// CheckPublicIP says why ip cannot be a node's public address, the
+// underlay address peers send its pods' traffic to, or returns nil. A
+// rogue or broken lease must not turn into a route, a neighbour or an FDB
+// entry towards an address that is no node's: unspecified, loopback,
+// multicast, broadcast or link-local.
+func CheckPublicIP(ip netip.Addr) error {
+	var what string
+	switch {
+	case !ip.IsValid():
+		return errors.New("no address")
+	case ip.IsUnspecified():
+		what = "unspecified"
+	case ip.IsLoopback():
+		what = "a loopback address"
+	case ip.IsMulticast():
+		what = "a multicast address"
+	case ip == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		what = "the broadcast address"
+	case ip.IsLinkLocalUnicast():
+		what = "a link-local address"
+	default:
+		return nil
+	}
+	return fmt.Errorf("%s is %s, not a node's address", ip, what)
+}
+
 // CheckPeer reports why a peer lease must not be programmed, or nil. It
 // refuses subnets outside the Network or of the wrong length, subnets that
-// overlap the local node's, and leases without an address to route to.
+// overlap the local node's, leases without an address to route to, public
+// addresses that cannot be a node's (CheckPublicIP), and, when the
+// configuration lists PublicIPRanges, public addresses outside them.
 func CheckPeer(cfg *Config, local, peer Lease) error {
 	if cfg.EnableIPv4 {
 		if !cfg.Contains(peer.Subnet) {
@@ -213,6 +241,14 @@ func CheckPeer(cfg *Config, local, peer Lease) error {
 		if !peer.Attrs.PublicIP.IsValid() {
 			return fmt.Errorf("subnet %s: no PublicIP to route to", peer.Subnet)
 		}
+		if err := cfg.checkPublic(peer.Attrs.PublicIP); err != nil {
+			return fmt.Errorf("subnet %s: PublicIP %w", peer.Subnet, err)
+		}
+	}
+	if peer.Attrs.PublicIPv6.IsValid() {
+		if err := cfg.checkPublic(peer.Attrs.PublicIPv6); err != nil {
+			return fmt.Errorf("lease %s: PublicIPv6 %w", peer.Key(), err)
+		}
 	}
 	if cfg.EnableIPv6 && peer.IPv6Subnet.IsValid() {
 		if !cfg.ContainsV6(peer.IPv6Subnet) {
@@ -223,6 +259,28 @@ func CheckPeer(cfg *Config, local, peer Lease) error {
 		}
 	}
 	return nil
+}
+
+// checkPublic is CheckPublicIP and the PublicIPRanges check.
+func (c *Config) checkPublic(ip netip.Addr) error {
+	if err := CheckPublicIP(ip); err != nil {
+		return err
+	}
+	var fam []netip.Prefix
+	for _, r := range c.PublicIPRanges {
+		if r.Addr().Is4() == ip.Is4() {
+			fam = append(fam, r)
+		}
+	}
+	if len(fam) == 0 {
+		return nil
+	}
+	for _, r := range fam {
+		if r.Contains(ip) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s is outside PublicIPRanges %v", ip, fam)
 }
 
 func fmtPrefix(p netip.Prefix) string {

@@ -89,6 +89,11 @@ func TestCheckPeer(t *testing.T) {
 		{"wrong length", "10.244.2.0/25", ip, "not a /24"},
 		{"overlaps local", "10.244.1.0/24", ip, "overlaps the local subnet"},
 		{"no public ip", "10.244.2.0/24", netip.Addr{}, "no PublicIP"},
+		{"loopback", "10.244.2.0/24", netip.MustParseAddr("127.0.0.1"), "PublicIP 127.0.0.1 is a loopback address"},
+		{"multicast", "10.244.2.0/24", netip.MustParseAddr("224.0.0.1"), "PublicIP 224.0.0.1 is a multicast address"},
+		{"broadcast", "10.244.2.0/24", netip.MustParseAddr("255.255.255.255"), "PublicIP 255.255.255.255 is the broadcast address"},
+		{"link-local", "10.244.2.0/24", netip.MustParseAddr("169.254.7.7"), "PublicIP 169.254.7.7 is a link-local address"},
+		{"unspecified", "10.244.2.0/24", netip.MustParseAddr("0.0.0.0"), "PublicIP 0.0.0.0 is unspecified"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -103,6 +108,41 @@ func TestCheckPeer(t *testing.T) {
 				t.Fatalf("error %v, want %q", err, tt.want)
 			}
 		})
+	}
+}
+
+func TestCheckPeerPublicIPRanges(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`{"Network":"10.244.0.0/16","PublicIPRanges":["192.168.0.0/16","fd00:99::/64"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer := func(v4, v6 string) Lease {
+		l := Lease{Subnet: netip.MustParsePrefix("10.244.2.0/24"), Attrs: LeaseAttrs{PublicIP: netip.MustParseAddr(v4)}}
+		if v6 != "" {
+			l.Attrs.PublicIPv6 = netip.MustParseAddr(v6)
+		}
+		return l
+	}
+	for _, tt := range []struct {
+		name string
+		l    Lease
+		want string
+	}{
+		{"inside", peer("192.168.3.4", "fd00:99::4"), ""},
+		{"v4 outside", peer("10.1.2.3", ""), "PublicIP 10.1.2.3 is outside PublicIPRanges [192.168.0.0/16]"},
+		{"v6 outside", peer("192.168.3.4", "fd00:1::4"), "PublicIPv6 fd00:1::4 is outside PublicIPRanges [fd00:99::/64]"},
+		{"v6 loopback", peer("192.168.3.4", "::1"), "PublicIPv6 ::1 is a loopback address"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := CheckPeer(cfg, Lease{}, tt.l)
+			if (tt.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tt.want)) {
+				t.Fatalf("error %v, want %q", err, tt.want)
+			}
+		})
+	}
+	if _, err := ParseConfig([]byte(`{"Network":"10.244.0.0/16","PublicIPRanges":["192.168.0.1/16"]}`)); err == nil ||
+		!strings.Contains(err.Error(), `PublicIPRanges "192.168.0.1/16"`) {
+		t.Fatalf("a range with host bits: %v", err)
 	}
 }
 

@@ -328,6 +328,11 @@ func (n *Network) DesiredRoutes(peers []subnet.Lease, emit func(nl.Route)) (bad 
 			continue
 		}
 		d, err := ParseData(p.Attrs.BackendData)
+		if err == nil {
+			if perr := subnet.CheckPublicIP(d.ENIIP); perr != nil {
+				err = fmt.Errorf("ENIIP %w", perr)
+			}
+		}
 		if err == nil && !n.eni.Subnet().Contains(d.ENIIP) {
 			err = fmt.Errorf("ENIIP %s is not in this VPC subnet %s", d.ENIIP, n.eni.Subnet())
 		}

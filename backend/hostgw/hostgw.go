@@ -104,14 +104,16 @@ func DesiredRoutes(ext backend.ExternalInterface, peers []subnet.Lease, emit fun
 	for _, p := range peers {
 		ok := true
 		if p.Subnet.IsValid() {
-			if ext.Reachable(p.Attrs.PublicIP) {
+			// The daemon refuses such leases already; never route to an
+			// address that is no node's, even if it looks on-link.
+			if subnet.CheckPublicIP(p.Attrs.PublicIP) == nil && ext.Reachable(p.Attrs.PublicIP) {
 				emit(nl.Route{Dst: p.Subnet, Gw: p.Attrs.PublicIP, LinkIndex: ext.Link.Index})
 			} else {
 				ok = false
 			}
 		}
 		if p.IPv6Subnet.IsValid() && p.Attrs.PublicIPv6.IsValid() {
-			if ext.Reachable(p.Attrs.PublicIPv6) {
+			if subnet.CheckPublicIP(p.Attrs.PublicIPv6) == nil && ext.Reachable(p.Attrs.PublicIPv6) {
 				emit(nl.Route{Dst: p.IPv6Subnet, Gw: p.Attrs.PublicIPv6, LinkIndex: ext.Link.Index})
 			} else {
 				ok = false

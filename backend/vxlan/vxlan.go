@@ -369,6 +369,11 @@ func ObjectsFor(cfg Config, ext backend.ExternalInterface, dev int, p subnet.Lea
 	if !p.Subnet.IsValid() {
 		return PeerObjects{}, nil
 	}
+	// The daemon refuses such leases already; a backend never programs an
+	// FDB entry or a route towards an address that is no node's.
+	if err := subnet.CheckPublicIP(p.Attrs.PublicIP); err != nil {
+		return PeerObjects{}, fmt.Errorf("PublicIP %w", err)
+	}
 	if isDirect(cfg, ext, p) {
 		return PeerObjects{Route: nl.Route{Dst: p.Subnet, Gw: p.Attrs.PublicIP, LinkIndex: ext.Link.Index}, OK: true}, nil
 	}

@@ -65,6 +65,10 @@ func TestDesiredState(t *testing.T) {
 		lease("10.244.2.0/24", "10.0.0.2", "0a:00:00:00:00:02"),    // routed: overlay
 		lease("10.244.3.0/24", "192.168.1.3", "0a:00:00:00:00:03"), // same segment: direct
 		bad,
+		// Rogue public IPs never become an FDB entry, a neighbour or a route.
+		lease("10.244.10.0/24", "127.0.0.1", "0a:00:00:00:00:0a"),
+		lease("10.244.11.0/24", "224.0.0.1", "0a:00:00:00:00:0b"),
+		lease("10.244.12.0/24", "255.255.255.255", "0a:00:00:00:00:0c"),
 	}
 	refused := DesiredState(Config{VNI: 1, DirectRouting: true}, o.ExtIface, 7, peers, func(i int) (net.HardwareAddr, error) {
 		return ParseData(1, peers[i].Attrs.BackendData)
@@ -89,7 +93,8 @@ func TestDesiredState(t *testing.T) {
 	if len(fdb) != 1 || fdb[0].IP.String() != "10.0.0.2" {
 		t.Errorf("fdb %v: want one entry to the routed peer's public IP (direct peers get none)", fdb)
 	}
-	if len(refused) != 1 || !strings.Contains(refused[0], "not-a-mac") {
+	if len(refused) != 4 || !strings.Contains(strings.Join(refused, "\n"), "not-a-mac") ||
+		!strings.Contains(strings.Join(refused, "\n"), "224.0.0.1 is a multicast address") {
 		t.Errorf("refused %v", refused)
 	}
 }
