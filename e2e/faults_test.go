@@ -83,7 +83,10 @@ func TestSubnetEnvRewritten(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	same := func() bool { got, err := os.ReadFile(c.subnetFile(0)); return err == nil && string(got) == string(want) }
+	same := func() bool {
+		got, err := os.ReadFile(c.subnetFile(0))
+		return err == nil && string(got) == string(want)
+	}
 	if err := os.Remove(c.subnetFile(0)); err != nil {
 		t.Fatal(err)
 	}
