@@ -64,6 +64,17 @@ type KernelWatcher interface {
 	WatchKernel(ctx context.Context, poke func()) error
 }
 
+// ExternalChanger is implemented by a Network that programs objects
+// through the external interface. When that interface changes (it came up
+// again after the kernel flushed its routes, or it was deleted and
+// re-created with a new index), the daemon reads it again and calls
+// ExternalChanged before the next Reconcile, from the goroutine that calls
+// Reconcile; the Network must use the new interface and read the kernel
+// back rather than trust its record.
+type ExternalChanger interface {
+	ExternalChanged(ext ExternalInterface)
+}
+
 // DriftReporter is implemented by a Network that can compare, without
 // changing anything, the kernel with what peers call for (twillctl status).
 type DriftReporter interface {

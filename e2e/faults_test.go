@@ -100,3 +100,65 @@ func TestSubnetEnvRewritten(t *testing.T) {
 	// And a pod can be wired again.
 	c.addPod(0, "after")
 }
+
+// TestExternalInterfaceFlap: the node's underlay interface goes down and
+// up (the kernel flushes the routes through it, announcing nothing), then
+// is deleted and re-created with the same name (a new index); both times
+// twilld reprograms everything and pods talk across nodes again.
+func TestExternalInterfaceFlap(t *testing.T) {
+	for _, conf := range []struct{ name, netConf, route string }{
+		{"host-gw", netConfHostGW, "via 10.99.0.2 dev eth0"},
+		{"vxlan", netConfVXLAN, "dev twill.1"},
+	} {
+		t.Run(conf.name, func(t *testing.T) {
+			c := newCluster(t, 2)
+			c.put("/twill.io/network/config", conf.netConf)
+			d := c.startDaemon(0)
+			c.startDaemon(1)
+			peer := c.env(1).Subnet
+			routed := func() bool {
+				for _, line := range strings.Split(c.routes(0), "\n") {
+					if strings.HasPrefix(line, peer.String()+" ") && strings.Contains(line, conf.route) {
+						return true
+					}
+				}
+				return false
+			}
+			waitFor(t, 10*time.Second, "node1's route to node2", routed)
+			podA, _ := c.addPod(0, "a")
+			_, ipB := c.addPod(1, "b")
+			if err := ping(podA, ipB); err != nil {
+				t.Fatal(err)
+			}
+			ns := c.topo.Nodes[0].NS
+
+			ipIn := func(nsName string, args ...string) {
+				t.Helper()
+				if out, err := exec.Command("ip", append([]string{"-n", nsName}, args...)...).CombinedOutput(); err != nil {
+					t.Fatalf("ip -n %s %v: %v: %s", nsName, args, err, out)
+				}
+			}
+			ipIn(ns, "link", "set", "eth0", "down")
+			time.Sleep(500 * time.Millisecond)
+			ipIn(ns, "link", "set", "eth0", "up")
+			took := waitFor(t, 30*time.Second, "node1's routes back after eth0 went down and up", routed)
+			t.Logf("routes back %s after eth0 came up", took.Round(time.Millisecond))
+			waitFor(t, 30*time.Second, "pod traffic across nodes after the flap", func() bool { return ping(podA, ipB) == nil })
+
+			// Deleted and re-created with the same name and address: a
+			// new index, the VTEP (if any) gone with it.
+			ipIn(ns, "link", "del", "eth0")
+			ipIn(ns, "link", "add", "eth0", "type", "veth", "peer", "name", "n1", "netns", c.topo.Underlay)
+			ipIn(c.topo.Underlay, "link", "set", "n1", "master", "br0")
+			ipIn(c.topo.Underlay, "link", "set", "n1", "up")
+			ipIn(ns, "addr", "add", c.topo.Nodes[0].Addr.String(), "dev", "eth0")
+			ipIn(ns, "link", "set", "eth0", "up")
+			took = waitFor(t, 30*time.Second, "node1's routes back after eth0 was re-created", routed)
+			t.Logf("routes back %s after eth0 was re-created", took.Round(time.Millisecond))
+			waitFor(t, 30*time.Second, "pod traffic across nodes after eth0 was re-created", func() bool { return ping(podA, ipB) == nil })
+			if done, err := d.Exited(); done {
+				t.Fatalf("twilld exited: %v\n%s", err, d.Output())
+			}
+		})
+	}
+}

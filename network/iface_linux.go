@@ -119,6 +119,26 @@ func ChooseExternal(h *nl.Handle, o IfaceOptions) (backend.ExternalInterface, er
 	return describe(link, byIndex[link.Index], o)
 }
 
+// Refresh reads the external interface again, by name: after it went down
+// and up, or was deleted and re-created (a VLAN or bond rebuilt, a network
+// service restarted), its index, addresses and on-link prefixes may have
+// changed. o is what ChooseExternal was given.
+func Refresh(h *nl.Handle, name string, o IfaceOptions) (backend.ExternalInterface, error) {
+	link, err := h.LinkByName(name)
+	if err != nil {
+		return backend.ExternalInterface{}, fmt.Errorf("external interface: %w", err)
+	}
+	addrs, err := h.Addrs(link.Index, nl.FamilyAll)
+	if err != nil {
+		return backend.ExternalInterface{}, err
+	}
+	prefixes := make([]netip.Prefix, 0, len(addrs))
+	for _, a := range addrs {
+		prefixes = append(prefixes, a.Prefix)
+	}
+	return describe(link, prefixes, o)
+}
+
 func describe(link nl.Link, addrs []netip.Prefix, o IfaceOptions) (backend.ExternalInterface, error) {
 	ext := backend.ExternalInterface{Link: link}
 	for _, p := range addrs {

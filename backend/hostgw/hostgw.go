@@ -84,9 +84,17 @@ type Network struct {
 }
 
 var (
-	_ backend.KernelWatcher = (*Network)(nil)
-	_ backend.DriftReporter = (*Network)(nil)
+	_ backend.KernelWatcher   = (*Network)(nil)
+	_ backend.DriftReporter   = (*Network)(nil)
+	_ backend.ExternalChanger = (*Network)(nil)
 )
+
+// ExternalChanged takes the external interface as it is now: the routes
+// through it were flushed with the link, or it has a new index.
+func (n *Network) ExternalChanged(ext backend.ExternalInterface) {
+	n.ext = ext
+	n.routes.Invalidate()
+}
 
 // Drift compares the kernel with what peers call for, changing nothing.
 func (n *Network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift, error) {

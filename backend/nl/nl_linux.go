@@ -546,6 +546,28 @@ func (h *Handle) WatchLinks(ctx context.Context, subscribed func(), fn func(Link
 	})
 }
 
+// AddrEvent is a change the kernel announced to an address.
+type AddrEvent struct {
+	Deleted   bool
+	LinkIndex int
+	Prefix    netip.Prefix
+}
+
+// WatchAddrs calls subscribed once subscribed, then fn for every address
+// change in the handle's namespace, until ctx is done. Neither may block.
+func (h *Handle) WatchAddrs(ctx context.Context, subscribed func(), fn func(AddrEvent)) error {
+	return watch(ctx, "address", subscribed, func(ch chan netlink.AddrUpdate, done chan struct{}, errCb func(error)) error {
+		opts := netlink.AddrSubscribeOptions{ErrorCallback: errCb, ReceiveBufferSize: watchReceiveBuffer, ReceiveBufferForceSize: true}
+		if h.ns >= 0 {
+			ns := h.ns
+			opts.Namespace = &ns
+		}
+		return netlink.AddrSubscribeWithOptions(ch, done, opts)
+	}, func(u netlink.AddrUpdate) {
+		fn(AddrEvent{Deleted: !u.NewAddr, LinkIndex: u.LinkIndex, Prefix: prefixFromIPNet(&u.LinkAddress)})
+	})
+}
+
 // AddrDel removes an address from a link; a missing one is fine.
 func (h *Handle) AddrDel(index int, p netip.Prefix) error {
 	l, err := h.h.LinkByIndex(index)

@@ -247,9 +247,28 @@ type Network struct {
 }
 
 var (
-	_ backend.KernelWatcher = (*Network)(nil)
-	_ backend.DriftReporter = (*Network)(nil)
+	_ backend.KernelWatcher   = (*Network)(nil)
+	_ backend.DriftReporter   = (*Network)(nil)
+	_ backend.ExternalChanger = (*Network)(nil)
 )
+
+// ExternalChanged takes the external interface as it is now. A VTEP bound
+// to a deleted link went with it; one bound to an old index is re-created
+// on the new one, and every peer replayed.
+func (n *Network) ExternalChanged(ext backend.ExternalInterface) {
+	b := n.b
+	b.opts.ExtIface = ext
+	b.dev.VtepDevIndex = ext.Link.Index
+	if ext.Addr.IsValid() {
+		b.dev.SrcAddr = ext.Addr
+	} else if ext.AddrV6.IsValid() {
+		b.dev.SrcAddr = ext.AddrV6
+	}
+	n.routes.Invalidate()
+	n.neighs.Invalidate()
+	n.fdb.Invalidate()
+	n.recs = nil
+}
 
 // Drift compares the device, neighbours, FDB entries and routes with what
 // peers call for, changing nothing.

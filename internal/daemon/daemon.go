@@ -82,6 +82,7 @@ type Daemon struct {
 	poke    chan struct{}
 
 	ready atomic.Bool
+	ext   extWatch
 	// afterFirstReconcile is set before the loop starts and called by it.
 	afterFirstReconcile func() error
 	// peerBuf is reused by every reconcile (owned by the loop goroutine).
@@ -226,6 +227,12 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 		}
 		return nil
 	}
+	// The kernel flushes routes through a link that goes down without
+	// announcing it, and a re-created link has a new index: watch the
+	// external interface, and read it again before the next reconcile.
+	d.ext = extWatch{name: ext.Link.Name, opts: withFamilies(d.o.Iface, cfg)}
+	d.ext.index.Store(int64(ext.Link.Index))
+	afterReady = append(afterReady, func() error { g.Go(func() error { return d.watchExternal(ctx) }); return nil })
 	return d.reconcileLoop(ctx, cfg, lease, nw)
 }
 
@@ -297,6 +304,9 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 		d.mu.Unlock()
 		if !have {
 			continue // never reconcile before the first listing: it would delete every route
+		}
+		if d.ext.dirty.Swap(false) {
+			d.refreshExternal(nw)
 		}
 		start := time.Now()
 		peers := d.peers(cfg, local, snap)

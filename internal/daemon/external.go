@@ -1,0 +1,78 @@
+package daemon
+
+import (
+	"context"
+	"sync/atomic"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/network"
+)
+
+// extWatch follows the external interface. The kernel flushes the routes
+// through a link that goes down without announcing their removal, and a
+// link deleted and re-created (a VLAN or bond rebuilt, a network service
+// restarted) comes back with a new index: either way the backend's record
+// of the kernel is wrong until it reads the kernel again.
+type extWatch struct {
+	name  string
+	opts  network.IfaceOptions
+	index atomic.Int64 // the interface's current index, followed from link events
+	dirty atomic.Bool  // the interface changed since the last reconcile
+	gone  bool         // owned by the reconcile loop: last refresh failed
+}
+
+// watchExternal marks the external interface dirty and pokes the loop on
+// every link or address event that concerns it.
+func (d *Daemon) watchExternal(ctx context.Context) error {
+	h := d.o.Netlink
+	changed := func() {
+		d.ext.dirty.Store(true)
+		d.signal()
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		return backend.WatchLoop(ctx, d.log, "link", changed, func(ctx context.Context, subscribed func()) error {
+			return h.WatchLinks(ctx, subscribed, func(ev nl.LinkEvent) {
+				if ev.Link.Name == d.ext.name || int64(ev.Link.Index) == d.ext.index.Load() {
+					if !ev.Deleted && ev.Link.Name == d.ext.name {
+						d.ext.index.Store(int64(ev.Link.Index))
+					}
+					changed()
+				}
+			})
+		})
+	})
+	g.Go(func() error {
+		return backend.WatchLoop(ctx, d.log, "address", changed, func(ctx context.Context, subscribed func()) error {
+			return h.WatchAddrs(ctx, subscribed, func(ev nl.AddrEvent) {
+				if int64(ev.LinkIndex) == d.ext.index.Load() {
+					changed()
+				}
+			})
+		})
+	})
+	return g.Wait()
+}
+
+// refreshExternal reads the external interface again and hands it to the
+// backend. Called by the reconcile loop, before Reconcile.
+func (d *Daemon) refreshExternal(nw backend.Network) {
+	ext, err := network.Refresh(d.o.Netlink, d.ext.name, d.ext.opts)
+	if err != nil {
+		if !d.ext.gone {
+			d.log.Warn("external interface unusable; routes through it come back once it is", "iface", d.ext.name, "err", err)
+		}
+		d.ext.gone = true
+		return
+	}
+	if d.ext.gone || !ext.Link.Up {
+		d.log.Info("external interface changed; reprogramming through it", "iface", ext.Link.Name, "index", ext.Link.Index, "up", ext.Link.Up, "addr", ext.Addr)
+	}
+	d.ext.gone = !ext.Link.Up
+	if c, ok := nw.(backend.ExternalChanger); ok {
+		c.ExternalChanged(ext)
+	}
+}
