@@ -139,6 +139,8 @@ type cluster struct {
 	dir     string
 	topo    *topology.Topology
 	etcdURL string
+	etcd    *proc
+	etcdRun func() *proc // starts etcd (again) on the same data
 	cli     *clientv3.Client
 	daemons map[int]*proc
 }
@@ -176,8 +178,11 @@ func newClusterWith(t testing.TB, o topology.Options) *cluster {
 	c := &cluster{t: t, bin: bin, dir: dir, topo: topo, daemons: map[int]*proc{}}
 	c.etcdURL = fmt.Sprintf("http://%s:2379", topo.BridgeAddr)
 	sock := filepath.Join(dir, "etcd.sock")
-	start(t, topo.Underlay, filepath.Join(dir, "etcd.log"), bin+"/twillctl", "etcd",
-		"--data-dir", filepath.Join(dir, "etcd"), "--listen-client-urls", c.etcdURL+",unix://"+sock)
+	c.etcdRun = func() *proc {
+		return start(t, topo.Underlay, filepath.Join(dir, "etcd.log"), bin+"/twillctl", "etcd",
+			"--data-dir", filepath.Join(dir, "etcd"), "--listen-client-urls", c.etcdURL+",unix://"+sock)
+	}
+	c.etcd = c.etcdRun()
 	waitFor(t, 30*time.Second, "etcd socket", func() bool { _, err := os.Stat(sock); return err == nil })
 	cli, err := etcdsm.NewClient(etcdsm.ClientOptions{Endpoints: []string{"unix://" + sock}})
 	if err != nil {

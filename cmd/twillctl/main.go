@@ -10,18 +10,16 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/twill-net/twill/internal/cnidriver"
+	"github.com/twill-net/twill/internal/etcdflags"
 	"github.com/twill-net/twill/internal/etcdserver"
 	"github.com/twill-net/twill/internal/version"
 	"github.com/twill-net/twill/subnet"
-	etcdsm "github.com/twill-net/twill/subnet/etcd"
 )
 
 func main() {
@@ -88,21 +86,13 @@ func runEtcd(ctx context.Context, o etcdOptions) error {
 	}
 }
 
-type configOptions struct {
-	endpoints []string
-	prefix    string
-	caFile    string
-	certFile  string
-	keyFile   string
-}
-
 func newConfigCommand() *cobra.Command {
-	var o configOptions
+	var o etcdflags.Options
 	cmd := &cobra.Command{
 		Use:   "config",
 		Short: "Read or write the cluster's net-conf.json in etcd",
 	}
-	addEtcdFlags(cmd.PersistentFlags(), &o)
+	etcdflags.Add(cmd.PersistentFlags(), &o)
 	cmd.AddCommand(&cobra.Command{
 		Use:   "put FILE",
 		Short: "Validate net-conf.json and store it at <prefix>/config (- reads standard input)",
@@ -123,8 +113,8 @@ func newConfigCommand() *cobra.Command {
 			if _, err := subnet.ParseConfig(data); err != nil {
 				return err // nothing is written
 			}
-			return withEtcd(cmd.Context(), o, func(ctx context.Context, cli *clientv3.Client) error {
-				key := strings.TrimRight(o.prefix, "/") + "/config"
+			return o.Do(cmd.Context(), func(ctx context.Context, cli *clientv3.Client) error {
+				key := strings.TrimRight(o.Prefix, "/") + "/config"
 				if _, err := cli.Put(ctx, key, string(data)); err != nil {
 					return fmt.Errorf("writing %s: %w", key, err)
 				}
@@ -137,8 +127,8 @@ func newConfigCommand() *cobra.Command {
 		Short: "Print the net-conf.json stored in etcd",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withEtcd(cmd.Context(), o, func(ctx context.Context, cli *clientv3.Client) error {
-				key := strings.TrimRight(o.prefix, "/") + "/config"
+			return o.Do(cmd.Context(), func(ctx context.Context, cli *clientv3.Client) error {
+				key := strings.TrimRight(o.Prefix, "/") + "/config"
 				resp, err := cli.Get(ctx, key)
 				if err != nil {
 					return fmt.Errorf("reading %s: %w", key, err)
@@ -152,29 +142,6 @@ func newConfigCommand() *cobra.Command {
 		},
 	})
 	return cmd
-}
-
-func addEtcdFlags(fs *pflag.FlagSet, o *configOptions) {
-	fs.StringSliceVar(&o.endpoints, "etcd-endpoints", []string{"http://127.0.0.1:2379"}, "etcd endpoints")
-	fs.StringVar(&o.prefix, "etcd-prefix", etcdsm.DefaultPrefix, "etcd key prefix")
-	fs.StringVar(&o.caFile, "etcd-cafile", "", "CA bundle for etcd")
-	fs.StringVar(&o.certFile, "etcd-certfile", "", "client certificate for etcd")
-	fs.StringVar(&o.keyFile, "etcd-keyfile", "", "client key for etcd")
-}
-
-func (o configOptions) client() (*clientv3.Client, error) {
-	return etcdsm.NewClient(etcdsm.ClientOptions{Endpoints: o.endpoints, CAFile: o.caFile, CertFile: o.certFile, KeyFile: o.keyFile})
-}
-
-func withEtcd(ctx context.Context, o configOptions, f func(context.Context, *clientv3.Client) error) error {
-	cli, err := o.client()
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	return f(ctx, cli)
 }
 
 func newCNICommand() *cobra.Command {

@@ -22,6 +22,7 @@ import (
 	_ "github.com/twill-net/twill/backend/hostgw" // the built-in backends, to compute their desired state
 	"github.com/twill-net/twill/backend/nl"
 	_ "github.com/twill-net/twill/backend/vxlan"
+	"github.com/twill-net/twill/internal/etcdflags"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/subnet"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
@@ -29,7 +30,7 @@ import (
 )
 
 type statusOptions struct {
-	etcd       configOptions
+	etcd       etcdflags.Options
 	subnetFile string
 	stateDir   string
 	iface      []string
@@ -49,7 +50,7 @@ without changing anything, and lists what is missing, extra or wrong. It exits
 		RunE: func(cmd *cobra.Command, _ []string) error { return runStatus(cmd.Context(), cmd.OutOrStdout(), o) },
 	}
 	f := cmd.Flags()
-	addEtcdFlags(f, &o.etcd)
+	etcdflags.Add(f, &o.etcd)
 	f.StringVar(&o.subnetFile, "subnet-file", "/run/twill/subnet.env", "this node's subnet.env")
 	f.StringVar(&o.stateDir, "state-dir", "/var/lib/twill", "twilld's state directory")
 	f.StringSliceVar(&o.iface, "iface", nil, "external interface (default: the default route's)")
@@ -61,14 +62,17 @@ func runStatus(ctx context.Context, w io.Writer, o statusOptions) error {
 	if err != nil {
 		return err
 	}
-	cli, err := o.etcd.client()
+	cli, err := o.etcd.Client()
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
+	if err := etcdsm.Reach(ctx, cli, 5*time.Second); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	m := etcdsm.New(etcdsm.Options{Client: cli, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Prefix: o.etcd.prefix})
+	m := etcdsm.New(etcdsm.Options{Client: cli, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Prefix: o.etcd.Prefix})
 	cfg, err := m.NetworkConfig(ctx)
 	if err != nil {
 		return err
@@ -159,7 +163,7 @@ var errDrift = errors.New("the kernel differs from what twill should have (twill
 
 func newLeasesCommand() *cobra.Command {
 	var (
-		o    configOptions
+		o    etcdflags.Options
 		kube kubeLeaseOptions
 	)
 	cmd := &cobra.Command{
@@ -172,53 +176,67 @@ func newLeasesCommand() *cobra.Command {
 			if kube.kubeconfig != "" || kube.apiURL != "" {
 				return kubeLeases(cmd.Context(), cmd.OutOrStdout(), kube)
 			}
-			cli, err := o.client()
-			if err != nil {
-				return err
-			}
-			defer cli.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
-			defer cancel()
-			prefix := strings.TrimRight(o.prefix, "/") + "/subnets/"
-			resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
-			if err != nil {
-				return fmt.Errorf("listing %s: %w", prefix, err)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "SUBNET\tPUBLIC IP\tBACKEND\tEXPIRES")
-			ttls := map[int64]int64{}
-			for _, kv := range resp.Kvs {
-				key := strings.TrimPrefix(string(kv.Key), prefix)
-				v4, v6, kerr := subnet.ParseSubnetKey(key)
-				attrs, aerr := subnet.ParseLeaseAttrs(kv.Value)
-				if kerr != nil || aerr != nil {
-					fmt.Fprintf(tw, "%s\t(unreadable: %v)\t\t\n", key, errors.Join(kerr, aerr))
-					continue
-				}
-				name := subnetsString(v4, v6)
-				expires := "never (reservation)"
-				if kv.Lease != 0 {
-					ttl, ok := ttls[kv.Lease]
-					if !ok {
-						r, err := cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
-						if err == nil {
-							ttl = r.TTL
-						}
-						ttls[kv.Lease] = ttl
-					}
-					expires = time.Now().Add(time.Duration(ttl) * time.Second).UTC().Format(time.RFC3339)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", name, pubIP(attrs), attrs.BackendType, expires)
-			}
-			return tw.Flush()
+			return o.Do(cmd.Context(), func(ctx context.Context, cli *clientv3.Client) error {
+				return etcdLeases(ctx, cmd.OutOrStdout(), cli, o.Prefix)
+			})
 		},
 	}
-	addEtcdFlags(cmd.Flags(), &o)
+	etcdflags.Add(cmd.Flags(), &o)
 	cmd.Flags().StringVar(&kube.kubeconfig, "kubeconfig", "", "list the Node leases of this Kubernetes cluster instead of etcd's")
 	cmd.Flags().StringVar(&kube.apiURL, "kube-api-url", "", "apiserver URL (overrides the kubeconfig's server)")
 	cmd.Flags().StringVar(&kube.prefix, "kube-annotation-prefix", kubesm.DefaultAnnotationPrefix, "prefix of twill's Node annotations")
 	cmd.Flags().StringVar(&kube.netConf, "net-config-path", "", "with --kubeconfig: also refuse subnets outside this net-conf.json's Network, as twilld does")
 	return cmd
+}
+
+// etcdLeases lists every lease key with what twilld makes of it: a valid
+// peer, or refused with the reason every twilld logs.
+func etcdLeases(ctx context.Context, w io.Writer, cli *clientv3.Client, keyPrefix string) error {
+	m := etcdsm.New(etcdsm.Options{Client: cli, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Prefix: keyPrefix})
+	var cfg *subnet.Config
+	if c, err := m.NetworkConfig(ctx); err == nil {
+		cfg = c
+	}
+	prefix := m.SubnetsPrefix()
+	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return fmt.Errorf("listing %s: %w", prefix, err)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SUBNET\tPUBLIC IP\tBACKEND\tEXPIRES\tSTATE")
+	ttls := map[int64]int64{}
+	for _, kv := range resp.Kvs {
+		key := strings.TrimPrefix(string(kv.Key), prefix)
+		v4, v6, kerr := subnet.ParseSubnetKey(key)
+		attrs, aerr := subnet.ParseLeaseAttrs(kv.Value)
+		if kerr != nil || aerr != nil {
+			fmt.Fprintf(tw, "%s\t\t\t\tREFUSED: %v\n", key, errors.Join(kerr, aerr))
+			continue
+		}
+		expires := "never (reservation)"
+		if kv.Lease != 0 {
+			ttl, ok := ttls[kv.Lease]
+			if !ok {
+				if r, err := cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease)); err == nil {
+					ttl = r.TTL
+				}
+				ttls[kv.Lease] = ttl
+			}
+			expires = time.Now().Add(time.Duration(ttl) * time.Second).UTC().Format(time.RFC3339)
+		}
+		state := "valid"
+		l := subnet.Lease{Subnet: v4, IPv6Subnet: v6, Attrs: attrs}
+		switch {
+		case cfg == nil:
+			state = "? (no net-conf.json in etcd)"
+		case subnet.CheckPeer(cfg, subnet.Lease{}, l) != nil:
+			state = "REFUSED: " + subnet.CheckPeer(cfg, subnet.Lease{}, l).Error()
+		case attrs.BackendType != cfg.BackendType:
+			state = fmt.Sprintf("REFUSED: backend type %q, but this cluster runs %q", attrs.BackendType, cfg.BackendType)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", subnetsString(v4, v6), pubIP(attrs), attrs.BackendType, expires, state)
+	}
+	return tw.Flush()
 }
 
 type kubeLeaseOptions struct{ kubeconfig, apiURL, prefix, netConf string }

@@ -43,6 +43,15 @@ type SubnetManager interface {
 	Run(ctx context.Context, publish func(subnet.Snapshot)) error
 }
 
+// Monitor is implemented by subnet managers that follow their connection
+// to the datastore (etcd): Monitor runs for the daemon's whole life, from
+// before the configuration is read, and Connected feeds /readyz and
+// twill_subnet_manager_connected.
+type Monitor interface {
+	Monitor(ctx context.Context) error
+	Connected() (ok bool, why string)
+}
+
 // ReadyNotifier is implemented by subnet managers that publish the node's
 // readiness (the Kubernetes one sets NetworkUnavailable=False). Ready is
 // called once, after the first successful reconcile.
@@ -121,6 +130,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 			return fmt.Errorf("listening on --healthz-ip/--healthz-port %s: %w", d.o.HealthAddr, err)
 		}
 		g.Go(func() error { return d.serveHealth(ctx, ln) })
+	}
+	if m, ok := d.o.Subnets.(Monitor); ok {
+		d.metrics.connected(m)
+		g.Go(func() error { return m.Monitor(ctx) })
 	}
 	g.Go(func() error { return d.run(ctx, g) })
 	return g.Wait()
@@ -246,7 +259,11 @@ func withFamilies(o network.IfaceOptions, cfg *subnet.Config) network.IfaceOptio
 func (d *Daemon) networkConfig(ctx context.Context) (*subnet.Config, error) {
 	delay := 500 * time.Millisecond
 	for {
-		cfg, err := d.o.Subnets.NetworkConfig(ctx)
+		// A datastore that does not answer must not hold the daemon
+		// silent: each attempt is bounded, and its failure logged.
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		cfg, err := d.o.Subnets.NetworkConfig(actx)
+		cancel()
 		if err == nil {
 			return cfg, nil
 		}
@@ -389,6 +406,12 @@ func (d *Daemon) serveHealth(ctx context.Context, ln net.Listener) error {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if m, ok := d.o.Subnets.(Monitor); ok {
+			if up, why := m.Connected(); !up {
+				http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
+				return
+			}
+		}
 		if !d.ready.Load() {
 			http.Error(w, "not ready: lease, rules, subnet.env or first reconcile pending", http.StatusServiceUnavailable)
 			return
@@ -432,4 +455,16 @@ func newMetrics() *metrics {
 	}
 	m.reg.MustRegister(m.leases, m.refused, m.unroutable, m.reconcileDuration, m.reconcileErrors, m.driftRepairs)
 	return m
+}
+
+// connected exports whether the subnet manager reaches its datastore.
+func (m *metrics) connected(mon Monitor) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "twill_subnet_manager_connected",
+		Help: "1 while the subnet manager reaches its datastore (etcd), 0 while it cannot."},
+		func() float64 {
+			if ok, _ := mon.Connected(); ok {
+				return 1
+			}
+			return 0
+		}))
 }

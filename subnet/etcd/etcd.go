@@ -75,7 +75,12 @@ func NewClient(o ClientOptions) (*clientv3.Client, error) {
 		Username:    o.Username,
 		Password:    o.Password,
 		DialTimeout: o.DialTimeout,
-		Logger:      zap.NewNop(),
+		DialOptions: clientDialOptions(),
+		// Notice a connection that died without a word (a peer gone, a
+		// partition) within seconds, not at the next TCP timeout.
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
+		Logger:               zap.NewNop(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("etcd: connecting to %s: %w", strings.Join(o.Endpoints, ","), err)
@@ -102,9 +107,10 @@ type Manager struct {
 	ttl    time.Duration
 	margin time.Duration
 
-	mu   sync.Mutex
-	rand *rand.Rand // guarded by mu
-	own  ownLease   // guarded by mu
+	mu        sync.Mutex
+	rand      *rand.Rand // guarded by mu
+	own       ownLease   // guarded by mu
+	connState connState  // guarded by mu
 }
 
 type ownLease struct {

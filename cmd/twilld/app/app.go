@@ -26,6 +26,7 @@ import (
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/daemon"
+	"github.com/twill-net/twill/internal/etcdflags"
 	"github.com/twill-net/twill/internal/version"
 	"github.com/twill-net/twill/network"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
@@ -54,15 +55,9 @@ func Main(reg *backend.Registry) int {
 }
 
 type options struct {
-	etcdEndpoints []string
-	etcdPrefix    string
-	etcdCAFile    string
-	etcdCertFile  string
-	etcdKeyFile   string
-	etcdUsername  string
-	etcdPassword  string
-	leaseTTL      time.Duration
-	renewMargin   time.Duration
+	etcd        etcdflags.Options
+	leaseTTL    time.Duration
+	renewMargin time.Duration
 
 	kubeSubnetMgr        bool
 	kubeconfigFile       string
@@ -111,13 +106,7 @@ for example TWILLD_ETCD_ENDPOINTS.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return run(cmd.Context(), reg, o) },
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&o.etcdEndpoints, "etcd-endpoints", []string{"http://127.0.0.1:2379"}, "etcd endpoints, comma-separated")
-	f.StringVar(&o.etcdPrefix, "etcd-prefix", etcdsm.DefaultPrefix, "etcd key prefix holding config and subnets")
-	f.StringVar(&o.etcdCAFile, "etcd-cafile", "", "CA bundle to verify etcd's certificate")
-	f.StringVar(&o.etcdCertFile, "etcd-certfile", "", "client certificate for etcd")
-	f.StringVar(&o.etcdKeyFile, "etcd-keyfile", "", "client key for etcd")
-	f.StringVar(&o.etcdUsername, "etcd-username", "", "etcd user name (auth)")
-	f.StringVar(&o.etcdPassword, "etcd-password", "", "etcd password (auth)")
+	etcdflags.Add(f, &o.etcd)
 	f.DurationVar(&o.leaseTTL, "subnet-lease-ttl", etcdsm.DefaultTTL, "TTL of this node's subnet lease in etcd")
 	f.DurationVar(&o.renewMargin, "subnet-lease-renew-margin", etcdsm.DefaultRenewMargin, "renew the lease this long before it expires")
 	f.BoolVar(&o.kubeSubnetMgr, "kube-subnet-mgr", false, "take leases from Kubernetes Node objects instead of etcd")
@@ -235,15 +224,12 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 			return err
 		}
 	} else {
-		cli, err := etcdsm.NewClient(etcdsm.ClientOptions{
-			Endpoints: o.etcdEndpoints, CAFile: o.etcdCAFile, CertFile: o.etcdCertFile, KeyFile: o.etcdKeyFile,
-			Username: o.etcdUsername, Password: o.etcdPassword,
-		})
+		cli, err := o.etcd.Client()
 		if err != nil {
 			return err
 		}
 		defer cli.Close()
-		subnets = etcdsm.New(etcdsm.Options{Client: cli, Logger: log, Prefix: o.etcdPrefix, TTL: o.leaseTTL, RenewMargin: o.renewMargin})
+		subnets = etcdsm.New(etcdsm.Options{Client: cli, Logger: log, Prefix: o.etcd.Prefix, TTL: o.leaseTTL, RenewMargin: o.renewMargin})
 	}
 	var conflist []byte
 	if o.cniConflist != "" {

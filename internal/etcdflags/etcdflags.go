@@ -1,0 +1,51 @@
+// Package etcdflags defines the etcd connection flags that twilld and every
+// twillctl command talking to etcd share (endpoints, prefix, TLS, auth), so
+// that an operator who can run twilld against an etcd can run twillctl
+// against it with the same flags.
+package etcdflags
+
+import (
+	"context"
+	"time"
+
+	"github.com/spf13/pflag"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	etcdsm "github.com/twill-net/twill/subnet/etcd"
+)
+
+// Options are the connection flags' values.
+type Options struct {
+	etcdsm.ClientOptions
+	Prefix string
+}
+
+// Add defines the flags on fs.
+func Add(fs *pflag.FlagSet, o *Options) {
+	fs.StringSliceVar(&o.Endpoints, "etcd-endpoints", []string{"http://127.0.0.1:2379"}, "etcd endpoints, comma-separated")
+	fs.StringVar(&o.Prefix, "etcd-prefix", etcdsm.DefaultPrefix, "etcd key prefix holding config and subnets")
+	fs.StringVar(&o.CAFile, "etcd-cafile", "", "CA bundle to verify etcd's certificate")
+	fs.StringVar(&o.CertFile, "etcd-certfile", "", "client certificate for etcd")
+	fs.StringVar(&o.KeyFile, "etcd-keyfile", "", "client key for etcd")
+	fs.StringVar(&o.Username, "etcd-username", "", "etcd user name (auth)")
+	fs.StringVar(&o.Password, "etcd-password", "", "etcd password (auth)")
+}
+
+// Client connects to etcd.
+func (o Options) Client() (*clientv3.Client, error) { return etcdsm.NewClient(o.ClientOptions) }
+
+// Do connects, waits up to 5 s for etcd to answer (failing with the
+// endpoints and the reason otherwise), and runs f with a 30 s deadline.
+func (o Options) Do(ctx context.Context, f func(context.Context, *clientv3.Client) error) error {
+	cli, err := o.Client()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	if err := etcdsm.Reach(ctx, cli, 5*time.Second); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return f(ctx, cli)
+}
