@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -230,4 +231,88 @@ func newEtcdClient(t *testing.T, c *cluster) *clientv3.Client {
 	}
 	t.Cleanup(func() { cli.Close() })
 	return cli
+}
+
+// TestLeakedAddressesReclaimed: a node's pool fills up; its pods' network
+// namespaces then vanish without a CNI DEL (as a reboot or a runtime crash
+// leaves them, and containerd 1.6 never calls GC). The next ADD succeeds at
+// once: the plugin releases the allocations whose veth is gone. twilld
+// does the same on its own, periodically.
+func TestLeakedAddressesReclaimed(t *testing.T) {
+	c := newCluster(t, 1)
+	c.put("/twill.io/network/config", `{"Network":"10.244.0.0/16","SubnetLen":28,"Backend":{"Type":"host-gw"}}`)
+	store := filepath.Join(c.dir, c.topo.Nodes[0].Name, "networks", "pods")
+	c.startDaemon(0, "--cni-network", "pods", "--cni-data-dir", filepath.Dir(store), "--reclaim-every", "1s",
+		"--healthz-ip", "127.0.0.1", "--healthz-port", fmt.Sprint(healthPort))
+	c.env(0)
+	// A /28 holds 13 pod addresses (the first is the gateway's).
+	fill := func(round string, n int) []string {
+		var pods []string
+		for i := range n {
+			ns, _ := c.addPod(0, fmt.Sprintf("%s%d", round, i))
+			pods = append(pods, ns)
+		}
+		return pods
+	}
+	// Pod namespaces gone without DEL, and their allocations aged past the
+	// grace period (what a reboot leaves).
+	vanish := func(pods []string) {
+		for _, ns := range pods {
+			if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+		}
+		old := time.Now().Add(-time.Minute)
+		ents, _ := os.ReadDir(store)
+		for _, e := range ents {
+			_ = os.Chtimes(filepath.Join(store, e.Name()), old, old)
+		}
+	}
+	countRecords := func() int {
+		ents, _ := os.ReadDir(store)
+		n := 0
+		for _, e := range ents {
+			if _, err := netip.ParseAddr(e.Name()); err == nil {
+				n++
+			}
+		}
+		return n
+	}
+
+	// The plugin, when the pool runs short. twilld's own pass must not do
+	// it first: stop it while the pool is full.
+	d := c.daemons[0]
+	if err := d.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	pods := fill("a", 13)
+	podNS := c.topo.Nodes[0].NS + "-full"
+	if out, err := exec.Command("ip", "netns", "add", podNS).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", podNS).Run() })
+	if out := c.cni(0, "add", "full", podNS); !strings.Contains(out.Error, "no IP addresses available") {
+		t.Fatalf("ADD with the pool full: %q, want no IP addresses available", out.Error)
+	}
+	vanish(pods)
+	if out := c.cni(0, "add", "full", podNS); out.Error != "" {
+		t.Fatalf("ADD after the pods vanished without DEL: %s", out.Error)
+	}
+	if n := countRecords(); n != 1 {
+		t.Errorf("%d allocations after the reclaim, want 1 (the new pod's)", n)
+	}
+	if err := d.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+
+	// twilld, periodically.
+	pods = fill("b", 12) // the 13th address is the "full" pod's
+	vanish(pods)
+	waitFor(t, 30*time.Second, "twilld to release the vanished pods' addresses", func() bool { return countRecords() == 1 })
+	if got := metricIn(t, c.topo.Nodes[0].NS, healthPort, "twill_addresses_reclaimed_total"); got != "12" {
+		t.Errorf("twill_addresses_reclaimed_total = %s, want 12", got)
+	}
+	if !strings.Contains(d.Output(), "released addresses whose pods are gone") {
+		t.Errorf("twilld did not log the release:\n%s", d.Output())
+	}
 }

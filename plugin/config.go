@@ -1,8 +1,6 @@
 package plugin
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"sort"
@@ -116,10 +114,7 @@ func CheckIfName(name string) error {
 
 // HostVethName is the host end's name for an attachment: "tw" and 13 hex
 // digits of a hash of the container ID and interface name.
-func HostVethName(containerID, ifName string) string {
-	sum := sha256.Sum256([]byte(containerID + "/" + ifName))
-	return owned.PodLinkPrefix + hex.EncodeToString(sum[:])[:13]
-}
+func HostVethName(containerID, ifName string) string { return owned.PodLinkName(containerID, ifName) }
 
 // LinkAlias tags the host end with its attachment.
 func LinkAlias(network, containerID, ifName string) string {

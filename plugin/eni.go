@@ -19,6 +19,7 @@ import (
 	eni "github.com/twill-net/twill/backend/eni/cni"
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/backend/owned"
+	"github.com/twill-net/twill/internal/allocations"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -209,7 +210,7 @@ func prevIPs(c *NetConf) []netip.Addr {
 // longer has. The caller removes their files, veths and rules; the pool
 // lock is not needed to delete a reservation file.
 func poolStale(dir string, valid map[types.GCAttachment]bool) ([]reservation, error) {
-	res, err := reservationsAt(filepath.Join(dir, eni.PoolStoreName))
+	res, err := allocations.Records(filepath.Join(dir, eni.PoolStoreName))
 	if err != nil {
 		return nil, err
 	}

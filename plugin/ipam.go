@@ -1,17 +1,17 @@
 package plugin
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/allocator"
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
+	"github.com/twill-net/twill/internal/allocations"
 )
 
 // store opens host-local's on-disk store for the network: one file per
@@ -34,8 +34,10 @@ func rangeSet(subnet netip.Prefix) (*allocator.RangeSet, error) {
 }
 
 // allocate reserves one address in each subnet for the attachment. On
-// failure nothing stays reserved.
-func allocate(c *NetConf, containerID, ifName string, subnets ...netip.Prefix) (_ []netip.Addr, err error) {
+// failure nothing stays reserved. When a subnet is full it first reclaims
+// the allocations whose pods are gone (their host veth no longer exists):
+// a runtime that never calls GC leaves them behind on every lost DEL.
+func allocate(c *NetConf, containerID, ifName string, linkExists func(string) (bool, error), subnets ...netip.Prefix) (_ []netip.Addr, err error) {
 	s, err := store(c)
 	if err != nil {
 		return nil, err
@@ -57,6 +59,14 @@ func allocate(c *NetConf, containerID, ifName string, subnets ...netip.Prefix) (
 			return nil, err
 		}
 		ipc, err := allocator.NewIPAllocator(rs, s, i).Get(containerID, ifName, nil)
+		if err != nil && strings.Contains(err.Error(), "no IP addresses available") {
+			gone, rerr := allocations.Reclaim(filepath.Join(c.DataDir, c.Name), allocations.Grace, time.Now(), linkExists)
+			if len(gone) > 0 {
+				ipc, err = allocator.NewIPAllocator(rs, s, i).Get(containerID, ifName, nil)
+			} else if rerr != nil {
+				err = fmt.Errorf("%w (and reclaiming addresses of pods that are gone: %v)", err, rerr)
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("twill: allocating an address in %s: %w", subnet, err)
 		}
@@ -84,41 +94,10 @@ func release(c *NetConf, containerID, ifName string) error {
 }
 
 // reservation is one allocation file.
-type reservation struct {
-	IP          netip.Addr
-	ContainerID string
-	IfName      string
-	path        string
-}
+type reservation = allocations.Record
 
 // reservations lists the allocation files of the network (the caller holds
 // the store lock when it matters).
 func reservations(c *NetConf) ([]reservation, error) {
-	return reservationsAt(filepath.Join(c.DataDir, c.Name))
-}
-
-// reservationsAt lists the allocation files of a host-local store directory.
-func reservationsAt(dir string) ([]reservation, error) {
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("twill: reading %s: %w", dir, err)
-	}
-	var out []reservation
-	for _, e := range ents {
-		ip, err := netip.ParseAddr(e.Name())
-		if err != nil || e.IsDir() {
-			continue // lock, last_reserved_ip.*, or not ours
-		}
-		path := filepath.Join(dir, e.Name())
-		data, err := os.ReadFile(path)
-		if err != nil {
-			continue
-		}
-		id, ifn, _ := strings.Cut(strings.TrimSpace(string(data)), disk.LineBreak)
-		out = append(out, reservation{IP: ip, ContainerID: strings.TrimSpace(id), IfName: strings.TrimSpace(ifn), path: path})
-	}
-	return out, nil
+	return allocations.Records(filepath.Join(c.DataDir, c.Name))
 }

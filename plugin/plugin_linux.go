@@ -20,6 +20,7 @@ import (
 	eni "github.com/twill-net/twill/backend/eni/cni"
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/backend/owned"
+	"github.com/twill-net/twill/internal/allocations"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -119,7 +120,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		ips = []netip.Addr{ip}
 		undo = append(undo, func() { _, _ = poolRelease(em.PoolDir, args.ContainerID, args.IfName) })
 	} else {
-		ips, ipamResult, err = addAddresses(c, args, env)
+		ips, ipamResult, err = addAddresses(c, args, env, host)
 		if err != nil {
 			return err
 		}
@@ -227,7 +228,7 @@ func ipNet(p netip.Prefix) net.IPNet {
 
 // addAddresses allocates the pod's addresses in process, or through the
 // configured IPAM plugin.
-func addAddresses(c *NetConf, args *skel.CmdArgs, env subnet.Env) ([]netip.Addr, *current.Result, error) {
+func addAddresses(c *NetConf, args *skel.CmdArgs, env subnet.Env, host *nl.Handle) ([]netip.Addr, *current.Result, error) {
 	if c.IPAM.Type != "" {
 		r, err := ipam.ExecAdd(c.IPAM.Type, args.StdinData)
 		if err != nil {
@@ -256,7 +257,7 @@ func addAddresses(c *NetConf, args *skel.CmdArgs, env subnet.Env) ([]netip.Addr,
 	if env.IPv6Subnet.IsValid() {
 		subnets = append(subnets, env.IPv6Subnet)
 	}
-	ips, err := allocate(c, args.ContainerID, args.IfName, subnets...)
+	ips, err := allocate(c, args.ContainerID, args.IfName, host.LinkExists, subnets...)
 	return ips, nil, err
 }
 
@@ -307,7 +308,7 @@ func cmdDel(args *skel.CmdArgs) error {
 	if env, err := subnet.ReadEnv(c.SubnetFile); err == nil {
 		if em, isENI, _ := eniFromEnv(env); isENI && em.PoolDir != "" {
 			poolDir = em.PoolDir
-			if res, err := reservationsAt(filepath.Join(poolDir, eni.PoolStoreName)); err == nil {
+			if res, err := allocations.Records(filepath.Join(poolDir, eni.PoolStoreName)); err == nil {
 				note(res)
 			}
 		}
@@ -563,7 +564,7 @@ func cmdGC(args *skel.CmdArgs) error {
 				errs = append(errs, fmt.Errorf("twill: %w", err))
 			}
 		}
-		if err := os.Remove(rv.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := os.Remove(rv.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("twill: releasing %s: %w", rv.IP, err))
 		}
 	}

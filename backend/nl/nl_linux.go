@@ -250,6 +250,15 @@ func (h *Handle) LinkByName(name string) (Link, error) {
 	return fromNetlinkLink(l), nil
 }
 
+// LinkExists reports whether a link called name exists.
+func (h *Handle) LinkExists(name string) (bool, error) {
+	_, err := h.LinkByName(name)
+	if errors.Is(err, ErrLinkNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
 // LinkByIndex returns the link with the given index.
 func (h *Handle) LinkByIndex(index int) (Link, error) {
 	l, err := h.h.LinkByIndex(index)

@@ -4,6 +4,11 @@
 // possible to audit what twill may touch, and what cleanup removes.
 package owned
 
+import (
+	"crypto/sha256"
+	"encoding/hex"
+)
+
 // RouteProtocol is the rtnetlink protocol number (rtm_protocol) on every
 // route twill installs. Reconcilers list routes filtered by it, so they find
 // and delete their own stale routes without ever touching anyone else's.
@@ -18,6 +23,15 @@ const PodRouteProtocol = 168
 
 // PodLinkPrefix starts the name of every host-side pod veth ("tw" + hash).
 const PodLinkPrefix = "tw"
+
+// PodLinkName is the host end's name for an attachment: "tw" and 13 hex
+// digits of a hash of the container ID and interface name. The plugin
+// names veths by it, and finds them again by it (DEL, GC, reclaiming
+// allocations whose pod is gone).
+func PodLinkName(containerID, ifName string) string {
+	sum := sha256.Sum256([]byte(containerID + "/" + ifName))
+	return PodLinkPrefix + hex.EncodeToString(sum[:])[:13]
+}
 
 // PodLinkAliasPrefix starts the alias of every host-side pod veth:
 // "twill/<network>/<container ID>/<ifname>". GC finds stale links by it.

@@ -74,9 +74,13 @@ type Options struct {
 	// and kept there like subnet.env.
 	CNIConflist     []byte
 	CNIConflistPath string
-	StateDir        string
-	IPMasq          bool
-	IPTablesResync  time.Duration
+	// Allocations, when Dir is set, is the plugin's allocation store
+	// (<dataDir>/<network>): every Every, allocations whose pod is gone
+	// are released (runtimes that never call CNI GC leave them behind).
+	Allocations    AllocationsOptions
+	StateDir       string
+	IPMasq         bool
+	IPTablesResync time.Duration
 	// Resync is the period of the full reconcile that repairs drift.
 	Resync time.Duration
 	// HealthAddr serves /healthz, /readyz and /metrics; empty disables.
@@ -220,6 +224,9 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 		// which makes the next reconcile re-read the kernel: nothing that
 		// changed before the subscription goes unnoticed.
 		afterReady = append(afterReady, func() error { g.Go(func() error { return w.WatchKernel(ctx, d.signal) }); return nil })
+	}
+	if d.o.Allocations.Dir != "" && d.o.Allocations.Every > 0 {
+		afterReady = append(afterReady, func() error { g.Go(func() error { return d.reclaimLoop(ctx) }); return nil })
 	}
 	if d.o.CNIConflistPath != "" {
 		conflist := &desiredfile.Keeper{Path: d.o.CNIConflistPath, Logger: d.log, Repaired: func() { d.metrics.driftRepairs.Inc() }}
@@ -440,6 +447,7 @@ type metrics struct {
 	reconcileDuration prometheus.Histogram
 	reconcileErrors   prometheus.Counter
 	driftRepairs      prometheus.Counter
+	reclaimed         prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -453,7 +461,9 @@ func newMetrics() *metrics {
 		reconcileErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "twill_reconcile_errors_total", Help: "Reconciles that returned an error."}),
 		driftRepairs:    prometheus.NewCounter(prometheus.CounterOpts{Name: "twill_drift_repairs_total", Help: "Kernel objects repaired because they drifted from what twill programmed."}),
 	}
-	m.reg.MustRegister(m.leases, m.refused, m.unroutable, m.reconcileDuration, m.reconcileErrors, m.driftRepairs)
+	m.reclaimed = prometheus.NewCounter(prometheus.CounterOpts{Name: "twill_addresses_reclaimed_total",
+		Help: "Pod address allocations released because their pod was gone (its DEL never came)."})
+	m.reg.MustRegister(m.leases, m.refused, m.unroutable, m.reconcileDuration, m.reconcileErrors, m.driftRepairs, m.reclaimed)
 	return m
 }
 

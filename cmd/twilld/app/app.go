@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -76,6 +77,9 @@ type options struct {
 	subnetFile      string
 	cniConflist     string
 	cniConflistDest string
+	cniNetwork      string
+	cniDataDir      string
+	reclaimEvery    time.Duration
 	stateDir        string
 	healthzIP       string
 	healthzPort     int
@@ -124,6 +128,9 @@ for example TWILLD_ETCD_ENDPOINTS.`,
 	cmd.PersistentFlags().StringVar(&o.subnetFile, "subnet-file", "/run/twill/subnet.env", "where to write subnet.env for the CNI plugin")
 	f.StringVar(&o.cniConflist, "cni-conflist", "", "a CNI conflist to install at --cni-conflist-dest once the node is ready, and keep there")
 	f.StringVar(&o.cniConflistDest, "cni-conflist-dest", "/etc/cni/net.d/10-twill.conflist", "where --cni-conflist is installed")
+	f.StringVar(&o.cniNetwork, "cni-network", "twill", "the CNI network name of twill's conflist (its allocations are in <cni-data-dir>/<name>); taken from --cni-conflist when given")
+	f.StringVar(&o.cniDataDir, "cni-data-dir", "/var/lib/cni/networks", "the twill plugin's dataDir; taken from --cni-conflist when given")
+	f.DurationVar(&o.reclaimEvery, "reclaim-every", time.Minute, "release, this often, pod addresses whose pod is gone but whose CNI DEL never came (0 disables)")
 	f.StringVar(&o.stateDir, "state-dir", "/var/lib/twill", "directory for state kept across restarts")
 	f.StringVar(&o.healthzIP, "healthz-ip", "0.0.0.0", "address for /healthz, /readyz and /metrics")
 	f.IntVar(&o.healthzPort, "healthz-port", 0, "port for /healthz, /readyz and /metrics (0 disables)")
@@ -232,10 +239,12 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 		subnets = etcdsm.New(etcdsm.Options{Client: cli, Logger: log, Prefix: o.etcd.Prefix, TTL: o.leaseTTL, RenewMargin: o.renewMargin})
 	}
 	var conflist []byte
+	network, dataDir := o.cniNetwork, o.cniDataDir
 	if o.cniConflist != "" {
 		if conflist, err = readConflist(o.cniConflist); err != nil {
 			return err
 		}
+		network, dataDir = conflistStore(conflist, dataDir)
 	}
 	h, err := nl.Open("")
 	if err != nil {
@@ -260,6 +269,7 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 		Iface:           iface,
 		SubnetFile:      o.subnetFile,
 		CNIConflist:     conflist,
+		Allocations:     daemon.AllocationsOptions{Dir: filepath.Join(dataDir, network), Every: o.reclaimEvery},
 		StateDir:        o.stateDir,
 		IPMasq:          o.ipMasq,
 		IPTablesResync:  o.iptablesResync,

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -83,6 +84,27 @@ func readConflist(path string) ([]byte, error) {
 		}
 	}
 	return nil, fmt.Errorf("CNI conflist %s: no plugin of type \"twill\" in %q", path, list.Name)
+}
+
+// conflistStore is the network name and the twill plugin's dataDir in a
+// conflist readConflist accepted (dataDir when the plugin sets none).
+func conflistStore(data []byte, dataDir string) (network, dir string) {
+	list, err := libcni.ConfListFromBytes(data)
+	if err != nil {
+		return "", dataDir
+	}
+	for _, p := range list.Plugins {
+		if p.Network.Type != "twill" {
+			continue
+		}
+		var c struct {
+			DataDir string `json:"dataDir"`
+		}
+		if json.Unmarshal(p.Bytes, &c) == nil && c.DataDir != "" {
+			dataDir = c.DataDir
+		}
+	}
+	return list.Name, dataDir
 }
 
 func installFile(src, dst string, mode os.FileMode) error {

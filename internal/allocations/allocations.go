@@ -1,0 +1,115 @@
+// Package allocations reads and reclaims the twill CNI plugin's address
+// allocations, which use host-local's on-disk layout: one file per address
+// in <dataDir>/<network>/, named by the address and holding
+// "<container ID>\r\n<ifname>".
+//
+// Container runtimes that never call CNI GC (containerd 1.6 and 1.7) leave
+// an allocation behind whenever a DEL never comes: a reboot, a runtime
+// crash, a sandbox lost. Sooner or later the node runs out of addresses.
+// An allocation whose pod interface is gone (the host end of its veth no
+// longer exists: the pod's network namespace was destroyed) is stale, and
+// Reclaim frees it, after a grace period so that an ADD between reserving
+// its address and creating its veth is never robbed.
+package allocations
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
+
+	"github.com/twill-net/twill/backend/owned"
+)
+
+// Grace is how old an allocation without its veth must be to be reclaimed.
+const Grace = 10 * time.Second
+
+// Record is one allocation file.
+type Record struct {
+	IP          netip.Addr
+	ContainerID string
+	IfName      string
+	Path        string
+	ModTime     time.Time
+}
+
+// Records lists the allocation files of a host-local store directory (the
+// caller holds the store's lock when it matters).
+func Records(dir string) ([]Record, error) {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", dir, err)
+	}
+	var out []Record
+	for _, e := range ents {
+		ip, err := netip.ParseAddr(e.Name())
+		if err != nil || e.IsDir() {
+			continue // lock, last_reserved_ip.*, or not an allocation
+		}
+		path := filepath.Join(dir, e.Name())
+		data, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			continue
+		}
+		id, ifn, _ := strings.Cut(strings.TrimSpace(string(data)), disk.LineBreak)
+		out = append(out, Record{IP: ip, ContainerID: strings.TrimSpace(id), IfName: strings.TrimSpace(ifn), Path: path, ModTime: info.ModTime()})
+	}
+	return out, nil
+}
+
+// Reclaim removes the allocations in dir whose host veth (by its name,
+// owned.PodLinkName) does not exist and that are older than grace, and
+// returns them. The caller holds the store's lock.
+func Reclaim(dir string, grace time.Duration, now time.Time, linkExists func(name string) (bool, error)) ([]Record, error) {
+	recs, err := Records(dir)
+	if err != nil {
+		return nil, err
+	}
+	var gone []Record
+	var errs []error
+	for _, r := range recs {
+		if now.Sub(r.ModTime) < grace || r.ContainerID == "" {
+			continue
+		}
+		ok, err := linkExists(owned.PodLinkName(r.ContainerID, r.IfName))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if ok {
+			continue
+		}
+		if err := os.Remove(r.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("releasing %s: %w", r.IP, err))
+			continue
+		}
+		gone = append(gone, r)
+	}
+	return gone, errors.Join(errs...)
+}
+
+// Store opens (and locks) the store of a network; unlock and close it with
+// the returned function.
+func Store(dataDir, network string) (func(), error) {
+	s, err := disk.New(network, dataDir)
+	if err != nil {
+		return nil, fmt.Errorf("opening allocation store %s: %w", filepath.Join(dataDir, network), err)
+	}
+	if err := s.Lock(); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("locking allocation store %s: %w", filepath.Join(dataDir, network), err)
+	}
+	return func() { s.Unlock(); s.Close() }, nil
+}

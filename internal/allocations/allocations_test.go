@@ -1,0 +1,57 @@
+package allocations
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/twill-net/twill/backend/owned"
+)
+
+func TestReclaim(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	write := func(ip, id string, age time.Duration) {
+		p := filepath.Join(dir, ip)
+		if err := os.WriteFile(p, []byte(id+"\r\neth0"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, now.Add(-age), now.Add(-age)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("10.244.1.2", "gone-old", time.Minute)  // pod gone long ago: reclaimed
+	write("10.244.1.3", "alive", time.Minute)     // veth exists: kept
+	write("10.244.1.4", "in-flight", time.Second) // an ADD between reserving and wiring: kept
+	write("10.244.1.5", "gone-too", 2*time.Hour)  // reclaimed
+	if err := os.WriteFile(filepath.Join(dir, "last_reserved_ip.0"), []byte("10.244.1.5"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	links := map[string]bool{owned.PodLinkName("alive", "eth0"): true}
+	gone, err := Reclaim(dir, Grace, now, func(name string) (bool, error) { return links[name], nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ips []string
+	for _, r := range gone {
+		ips = append(ips, r.IP.String())
+	}
+	slices.Sort(ips)
+	if !slices.Equal(ips, []string{"10.244.1.2", "10.244.1.5"}) {
+		t.Fatalf("reclaimed %v", ips)
+	}
+	left, _ := Records(dir)
+	var kept []string
+	for _, r := range left {
+		kept = append(kept, r.ContainerID)
+	}
+	slices.Sort(kept)
+	if !slices.Equal(kept, []string{"alive", "in-flight"}) {
+		t.Fatalf("left %v", kept)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "last_reserved_ip.0")); err != nil {
+		t.Fatal("the store's own files must stay")
+	}
+}
