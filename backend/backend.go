@@ -9,6 +9,7 @@ package backend
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"net/netip"
 	"time"
@@ -73,6 +74,14 @@ type KernelWatcher interface {
 // back rather than trust its record.
 type ExternalChanger interface {
 	ExternalChanged(ext ExternalInterface)
+}
+
+// DataPublisher is implemented by a Network whose backend data can change
+// after the lease was taken (vxlan picks a new VTEP MAC when another node
+// publishes its own). After each Reconcile the daemon asks, and publishes
+// new data in the node's lease (etcd key or Node annotation).
+type DataPublisher interface {
+	BackendData() (data json.RawMessage, changed bool)
 }
 
 // DriftReporter is implemented by a Network that can compare, without

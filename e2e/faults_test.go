@@ -316,3 +316,106 @@ func TestLeakedAddressesReclaimed(t *testing.T) {
 		t.Errorf("twilld did not log the release:\n%s", d.Output())
 	}
 }
+
+// vtepMAC is the MAC of a node's VTEP device ("" while it has none).
+func vtepMAC(t *testing.T, c *cluster, i int) string {
+	t.Helper()
+	out, err := exec.Command("ip", "-n", c.topo.Nodes[i].NS, "-o", "link", "show", "twill.1").CombinedOutput()
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(out))
+	for j, w := range f {
+		if w == "link/ether" {
+			return f[j+1]
+		}
+	}
+	return ""
+}
+
+// TestClonedVTEPMAC: nodes started from one machine image (the state
+// directory, with the stored VTEP MAC, copied to every node) each use a MAC
+// of their own; and when another lease publishes a node's MAC all the same,
+// the node with the higher subnet takes a new one, publishes it, and pods
+// talk across nodes again.
+func TestClonedVTEPMAC(t *testing.T) {
+	c := newCluster(t, 3)
+	c.put("/twill.io/network/config", netConfVXLAN)
+	d1 := c.startDaemon(0)
+	c.env(0)
+	stored, err := os.ReadFile(filepath.Join(c.dir, "node1", "vxlan-1.mac"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"node2", "node3"} {
+		if err := os.MkdirAll(filepath.Join(c.dir, n), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(c.dir, n, "vxlan-1.mac"), stored, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.startDaemon(1)
+	c.startDaemon(2)
+	for i := range 3 {
+		c.env(i)
+	}
+	macs := map[string]int{}
+	for i := range 3 {
+		macs[vtepMAC(t, c, i)]++
+	}
+	if len(macs) != 3 {
+		t.Fatalf("VTEP MACs with a copied state directory: %v; want three different", macs)
+	}
+	var ns []string
+	var ips []netip.Addr
+	for i := range 3 {
+		p, ip := c.addPod(i, fmt.Sprintf("p%d", i))
+		ns, ips = append(ns, p), append(ips, ip)
+	}
+	connected := func() bool {
+		for i := range 3 {
+			for j := range 3 {
+				if i != j && ping(ns[i], ips[j]) != nil {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	waitFor(t, 20*time.Second, "pods on every pair of nodes talking", connected)
+
+	// A lease with a lower subnet than any node's publishes node1's MAC:
+	// node1 takes a new one; every node refuses two other leases that share
+	// a MAC between them.
+	old := vtepMAC(t, c, 0)
+	lease := func(sub, ip, mac string) {
+		c.put("/twill.io/network/subnets/"+sub+"-24", fmt.Sprintf(`{"PublicIP":%q,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":%q}}`, ip, mac))
+	}
+	lease("10.244.0.0", "10.99.0.200", old)
+	lease("10.244.250.0", "10.99.0.201", "0a:cc:00:00:00:01")
+	lease("10.244.251.0", "10.99.0.202", "0a:cc:00:00:00:01")
+	waitFor(t, 20*time.Second, "node1 to take a new VTEP MAC", func() bool { m := vtepMAC(t, c, 0); return m != "" && m != old })
+	renewed := vtepMAC(t, c, 0)
+	if !strings.Contains(d1.Output(), "published by another node too") {
+		t.Errorf("node1 did not say why it changed its MAC:\n%s", d1.Output())
+	}
+	waitFor(t, 20*time.Second, "node2 to follow node1's new MAC", func() bool {
+		fdb, _ := exec.Command("bridge", "-n", c.topo.Nodes[1].NS, "fdb", "show", "dev", "twill.1").CombinedOutput()
+		return strings.Contains(string(fdb), renewed+" dst "+c.topo.Nodes[0].Addr.Addr().String())
+	})
+	waitFor(t, 20*time.Second, "pods talking again after node1's new MAC", connected)
+	for i := 1; i < 3; i++ {
+		fdb, _ := exec.Command("bridge", "-n", c.topo.Nodes[i].NS, "fdb", "show", "dev", "twill.1").CombinedOutput()
+		if strings.Contains(string(fdb), "0a:cc:00:00:00:01") {
+			t.Errorf("node%d programs a MAC two leases share:\n%s", i+1, fdb)
+		}
+	}
+	// The new MAC is node1's from now on: a restart keeps it.
+	c.daemons[0].Stop(t)
+	c.startDaemon(0)
+	waitFor(t, 20*time.Second, "node1 back", connected)
+	if got := vtepMAC(t, c, 0); got != renewed {
+		t.Errorf("node1's VTEP MAC after a restart %s, want %s (the one it chose)", got, renewed)
+	}
+}

@@ -29,15 +29,12 @@ package vxlan
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -138,33 +135,6 @@ func (b *Backend) Prepare(context.Context) (subnet.LeaseAttrs, error) {
 	return subnet.LeaseAttrs{PublicIP: ext.PublicIP, PublicIPv6: ext.PublicIPv6, BackendType: Type, BackendData: data}, nil
 }
 
-// vtepMAC returns the VTEP MAC kept in the state directory, deriving and
-// storing it the first time. The derivation (from the external interface's
-// MAC, the public IP and the VNI) also makes it stable when the state
-// directory is lost.
-func (b *Backend) vtepMAC() (net.HardwareAddr, error) {
-	path := filepath.Join(b.opts.StateDir, fmt.Sprintf("vxlan-%d.mac", b.cfg.VNI))
-	if raw, err := os.ReadFile(path); err == nil {
-		if mac, err := net.ParseMAC(strings.TrimSpace(string(raw))); err == nil && len(mac) == 6 {
-			return mac, nil
-		}
-		b.log.Warn("ignoring unreadable VTEP MAC file", "path", path)
-	}
-	ext := b.opts.ExtIface
-	sum := sha256.Sum256(fmt.Appendf(nil, "twill-vtep/%x/%s/%d", ext.Link.HardwareAddr, ext.PublicIP, b.cfg.VNI))
-	mac := net.HardwareAddr(sum[:6])
-	mac[0] = mac[0]&0xfe | 0x02 // unicast, locally administered
-	if b.opts.StateDir != "" {
-		if err := os.MkdirAll(b.opts.StateDir, 0o755); err == nil {
-			err = os.WriteFile(path, []byte(mac.String()+"\n"), 0o644)
-			if err != nil {
-				b.log.Warn("could not store the VTEP MAC; it is derived again next time", "path", path, "err", err)
-			}
-		}
-	}
-	return mac, nil
-}
-
 // ensureDevice makes the VTEP device match want (re-creating it when its
 // identity is wrong), up, with addr assigned. It reports the link and
 // whether it was (re)created.
@@ -238,19 +208,92 @@ type Network struct {
 	refused []string // guarded by mu; peers with unusable backend data, for change-only logging
 	devIdx  int      // guarded by mu; the device index the records are for
 
-	// Used only by Reconcile, which the daemon never runs concurrently.
-	dataCache map[string]peerData
-	gen       uint64
-	macs      []net.HardwareAddr // per peer, reused between calls
-	macErrs   []error
-	recs      map[nl.Key]*peerRec // by peer subnet; nil forces reconcileAll
+	// Used only by Reconcile (and BackendData, called after it), which the
+	// daemon never runs concurrently.
+	macCache   map[string]macEntry // parsed BackendData by raw JSON, for screenMACs
+	macGen     uint64
+	macRefused []string        // last refusals for a shared MAC, for change-only logging
+	pending    json.RawMessage // BackendData to publish (a new VTEP MAC)
+	dataCache  map[string]peerData
+	gen        uint64
+	macs       []net.HardwareAddr // per peer, reused between calls
+	macErrs    []error
+	recs       map[nl.Key]*peerRec // by peer subnet; nil forces reconcileAll
 }
 
 var (
 	_ backend.KernelWatcher   = (*Network)(nil)
 	_ backend.DriftReporter   = (*Network)(nil)
 	_ backend.ExternalChanger = (*Network)(nil)
+	_ backend.DataPublisher   = (*Network)(nil)
 )
+
+// macEntry is a peer's parsed BackendData.
+type macEntry struct {
+	mac net.HardwareAddr
+	err error
+	gen uint64
+}
+
+func (n *Network) macOf(raw []byte) (net.HardwareAddr, error) {
+	e, ok := n.macCache[string(raw)]
+	if !ok {
+		e.mac, e.err = ParseData(n.b.cfg.VNI, raw)
+	}
+	e.gen = n.macGen
+	n.macCache[string(raw)] = e
+	return e.mac, e.err
+}
+
+// screen drops the peers whose VTEP MAC is not theirs alone, and takes a
+// new MAC when a peer that keeps it publishes this node's. It reports
+// whether this node's MAC changed.
+func (n *Network) screen(peers []subnet.Lease) ([]subnet.Lease, bool) {
+	if n.macCache == nil {
+		n.macCache = map[string]macEntry{}
+	}
+	n.macGen++
+	cfg, ext := n.b.cfg, n.b.opts.ExtIface
+	own := n.b.dev.HardwareAddr
+	peers, sc := screenMACs(n.local, own, peers, func(p subnet.Lease) bool { return isDirect(cfg, ext, p) }, n.macOf)
+	if len(n.macCache) > 2*len(peers)+16 {
+		for k, e := range n.macCache {
+			if e.gen != n.macGen {
+				delete(n.macCache, k)
+			}
+		}
+	}
+	if !slices.Equal(sc.refused, n.macRefused) && len(sc.refused) > 0 {
+		shown := sc.refused[:min(5, len(sc.refused))]
+		n.b.log.Warn("refusing peers whose VTEP MAC is not theirs alone", "count", len(sc.refused), "peers", strings.Join(shown, "; "))
+	}
+	n.macRefused = sc.refused
+	if sc.takeNew == "" {
+		return peers, false
+	}
+	inUse := map[string]bool{}
+	for _, e := range n.macCache {
+		if e.err == nil {
+			inUse[e.mac.String()] = true
+		}
+	}
+	mac := randomMAC(func(m net.HardwareAddr) bool { return inUse[m.String()] })
+	n.b.log.Warn("this node's VTEP MAC is published by another node too (a cloned machine?); choosing a new one and publishing it",
+		"mac", own, "peer", sc.takeNew, "new_mac", mac)
+	n.b.dev.HardwareAddr = mac
+	n.b.storeMAC(mac)
+	n.pending, _ = json.Marshal(Data{VNI: n.b.cfg.VNI, VtepMAC: mac.String()})
+	n.recs = nil
+	return peers, true
+}
+
+// BackendData returns the backend data to publish when it changed since
+// the lease was taken (a new VTEP MAC), once.
+func (n *Network) BackendData() (json.RawMessage, bool) {
+	d := n.pending
+	n.pending = nil
+	return d, d != nil
+}
 
 // ExternalChanged takes the external interface as it is now. A VTEP bound
 // to a deleted link went with it; one bound to an old index is re-created
@@ -471,6 +514,7 @@ func (n *Network) pruneCache() {
 
 // Reconcile makes the device, neighbours, FDB and routes match peers.
 func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
+	peers, newMAC := n.screen(peers)
 	h := n.b.opts.Netlink
 	link, created, err := ensureDevice(h, n.b.dev, n.vtepIP)
 	if err != nil {
@@ -481,7 +525,7 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 	n.devIdx = link.Index
 	n.mu.Unlock()
 	if created || moved {
-		if created {
+		if created && !newMAC {
 			n.b.log.Warn("VTEP device was missing or altered; re-created it and replaying every peer", "device", n.b.dev.Name)
 			n.metrics.AddDriftRepairs(1)
 		}

@@ -10,6 +10,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -50,6 +51,13 @@ type SubnetManager interface {
 type Monitor interface {
 	Monitor(ctx context.Context) error
 	Connected() (ok bool, why string)
+}
+
+// DataUpdater is implemented by subnet managers that can change the
+// backend data of the node's lease after it was taken (a new vxlan VTEP
+// MAC).
+type DataUpdater interface {
+	UpdateBackendData(ctx context.Context, data json.RawMessage) error
 }
 
 // ReadyNotifier is implemented by subnet managers that publish the node's
@@ -99,8 +107,10 @@ type Daemon struct {
 	// afterFirstReconcile is set before the loop starts and called by it.
 	afterFirstReconcile func() error
 	// peerBuf is reused by every reconcile (owned by the loop goroutine).
-	peerBuf   []subnet.Lease
-	heartbeat atomic.Int64 // unix nanos of the reconcile loop's last turn
+	peerBuf []subnet.Lease
+	// pendingData is backend data not yet published (loop goroutine).
+	pendingData json.RawMessage
+	heartbeat   atomic.Int64 // unix nanos of the reconcile loop's last turn
 
 	mu       sync.Mutex
 	snap     subnet.Snapshot   // guarded by mu
@@ -256,6 +266,33 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 	return d.reconcileLoop(ctx, cfg, lease, nw)
 }
 
+// publishData publishes the backend's new data in the node's lease, when it
+// has some; a failure is retried with the next reconcile.
+func (d *Daemon) publishData(ctx context.Context, nw backend.Network) error {
+	if d.pendingData == nil {
+		p, ok := nw.(backend.DataPublisher)
+		if !ok {
+			return nil
+		}
+		data, changed := p.BackendData()
+		if !changed {
+			return nil
+		}
+		d.pendingData = data
+	}
+	u, ok := d.o.Subnets.(DataUpdater)
+	if !ok {
+		d.pendingData = nil
+		return errors.New("the backend changed its lease data, but this subnet manager cannot publish it; restart twilld")
+	}
+	if err := u.UpdateBackendData(ctx, d.pendingData); err != nil {
+		return fmt.Errorf("publishing the backend's new data: %w", err)
+	}
+	d.log.Info("published new backend data in this node's lease", "data", string(d.pendingData))
+	d.pendingData = nil
+	return nil
+}
+
 func withFamilies(o network.IfaceOptions, cfg *subnet.Config) network.IfaceOptions {
 	o.IPv4, o.IPv6 = cfg.EnableIPv4, cfg.EnableIPv6
 	return o
@@ -336,6 +373,9 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 		peers := d.peers(cfg, local, snap)
 		filtered := time.Since(start)
 		err := nw.Reconcile(ctx, peers)
+		if perr := d.publishData(ctx, nw); perr != nil {
+			err = errors.Join(err, perr)
+		}
 		took := time.Since(start)
 		d.metrics.reconcileDuration.Observe(took.Seconds())
 		d.log.Debug("reconciled", "peers", len(peers), "filter", filtered, "took", took)

@@ -603,3 +603,42 @@ func (m *Manager) recreate(ctx context.Context, own ownLease) error {
 	m.hold(own.key, own.lease, own.attrs, grant.ID, time.Duration(grant.TTL)*time.Second, false)
 	return nil
 }
+
+// UpdateBackendData publishes new backend data in this node's lease key
+// (a backend that had to change it, such as vxlan taking a new VTEP MAC),
+// keeping the key's etcd lease.
+func (m *Manager) UpdateBackendData(ctx context.Context, data json.RawMessage) error {
+	m.mu.Lock()
+	own := m.own
+	m.mu.Unlock()
+	if own.key == "" {
+		return errors.New("no lease held")
+	}
+	attrs, err := subnet.ParseLeaseAttrs(own.attrs)
+	if err != nil {
+		return err
+	}
+	attrs.BackendData = data
+	value, err := json.Marshal(attrs)
+	if err != nil {
+		return err
+	}
+	var opts []clientv3.OpOption
+	if !own.reserved {
+		opts = append(opts, clientv3.WithLease(own.etcdID))
+	}
+	resp, err := m.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(own.key), ">", 0)).
+		Then(clientv3.OpPut(own.key, string(value), opts...)).
+		Commit()
+	if err != nil {
+		return fmt.Errorf("updating %s: %w", own.key, err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("updating %s: %w", own.key, ErrLeaseRevoked)
+	}
+	m.mu.Lock()
+	m.own.attrs, m.own.lease.Attrs = value, attrs
+	m.mu.Unlock()
+	return nil
+}

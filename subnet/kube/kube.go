@@ -379,3 +379,25 @@ func (m *Manager) repairSelf(ctx context.Context) error {
 	m.log.Info("set NetworkUnavailable=False", "reason", ConditionReason)
 	return nil
 }
+
+// UpdateBackendData publishes new backend data in the node's annotations
+// (a backend that had to change it, such as vxlan taking a new VTEP MAC);
+// Run keeps it there from then on.
+func (m *Manager) UpdateBackendData(ctx context.Context, data json.RawMessage) error {
+	m.mu.Lock()
+	attrs := m.lease.Attrs
+	attrs.BackendData = data
+	want := m.ann.Publish(attrs)
+	m.mu.Unlock()
+	rv := ""
+	if n, ok := m.self(); ok {
+		rv = n.ResourceVersion
+	}
+	if err := m.patchAnnotations(ctx, want); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.published, m.lease.Attrs, m.staleRV = want, attrs, rv
+	m.mu.Unlock()
+	return nil
+}
