@@ -10,8 +10,10 @@ package backend
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -91,11 +93,15 @@ type DriftReporter interface {
 }
 
 // Drift lists kernel objects that differ from the desired state, each as a
-// line an operator can read ("route 10.244.3.0/24 via 10.0.0.3 dev #2").
+// line an operator can read ("route 10.244.3.0/24 via 10.0.0.3 dev eth0").
 type Drift struct {
 	Missing, Extra, Wrong []string
 	// Objects counts the desired objects checked.
 	Objects int
+	// Refused lists the peers the backend will not program, each as
+	// "<lease>: <why>" (host-gw: public IP not on-link; vxlan: unusable
+	// backend data, a VTEP MAC not theirs alone).
+	Refused []string
 }
 
 // Clean reports whether nothing differs.
@@ -118,14 +124,27 @@ func RouteDrift(h *nl.Handle, table int, desired []nl.Route) (Drift, error) {
 	}
 	p := DiffRoutes(want, RouteMap(have))
 	d := Drift{Objects: len(desired)}
+	names := map[int]string{}
+	if links, err := h.Links(); err == nil {
+		for _, l := range links {
+			names[l.Index] = l.Name
+		}
+	}
+	show := func(r nl.Route) string {
+		s := r.String()
+		if n, ok := names[r.LinkIndex]; ok {
+			s = strings.Replace(s, fmt.Sprintf("dev#%d", r.LinkIndex), "dev "+n, 1)
+		}
+		return "route " + s
+	}
 	for _, r := range p.Add {
-		d.Missing = append(d.Missing, "route "+r.String())
+		d.Missing = append(d.Missing, show(r))
 	}
 	for _, r := range p.Replace {
-		d.Wrong = append(d.Wrong, "route "+r.String())
+		d.Wrong = append(d.Wrong, show(r))
 	}
 	for _, r := range p.Delete {
-		d.Extra = append(d.Extra, "route "+r.String())
+		d.Extra = append(d.Extra, show(r))
 	}
 	return d, nil
 }
@@ -157,7 +176,7 @@ func (e ExternalInterface) Reachable(ip netip.Addr) bool {
 }
 
 // Options is what a Factory gets. Logger, Netlink, ExtIface and Config are
-// always set.
+// always set, except that with CheckOnly only Logger and Config are.
 type Options struct {
 	Logger   *slog.Logger
 	Netlink  *nl.Handle
@@ -172,6 +191,10 @@ type Options struct {
 	// the kernel before reading the kernel back.
 	FullSyncEvery time.Duration
 	Metrics       *Metrics
+	// CheckOnly asks the factory only to validate Config (twillctl config
+	// put, on any machine): Netlink and ExtIface are unset, and it must
+	// check nothing that depends on the machine it runs on.
+	CheckOnly bool
 }
 
 // Metrics are the counters every backend may feed. A nil *Metrics, or a nil

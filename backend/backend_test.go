@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/subnet"
 )
 
 func TestRegistryRejectsDuplicatesAndNil(t *testing.T) {
@@ -93,5 +94,31 @@ func TestDiffRoutes(t *testing.T) {
 	}
 	if !DiffRoutes(desired, desired).Empty() {
 		t.Error("diff of a set with itself is not empty")
+	}
+}
+
+func TestRegistryCheck(t *testing.T) {
+	var r Registry
+	r.Register("strict", func(o Options) (Backend, error) {
+		if !o.CheckOnly || o.Netlink != nil {
+			t.Errorf("Check gave the factory %+v", o)
+		}
+		var c struct{ VNI int }
+		return nil, DecodeConfig(o.Config.Backend, &c)
+	})
+	for _, tt := range []struct{ conf, want string }{
+		{`{"Network":"10.0.0.0/16","Backend":{"Type":"strict","VNI":1}}`, ""},
+		{`{"Network":"10.0.0.0/16","Backend":{"Type":"stirct"}}`, `Backend.Type "stirct": unknown backend type (registered: strict)`},
+		{`{"Network":"10.0.0.0/16","Backend":{"Type":"strict","VNl":1}}`, `Backend: unknown key "VNl"`},
+		{`{"Network":"10.0.0.0/16","Backend":{"Type":"strict","VNI":"x"}}`, `Backend.VNI "x": must be a whole number`},
+	} {
+		cfg, err := subnet.ParseConfig([]byte(tt.conf))
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = r.Check(cfg)
+		if (tt.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tt.want)) {
+			t.Errorf("Check(%s) = %v, want %q", tt.conf, err, tt.want)
+		}
 	}
 }

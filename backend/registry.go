@@ -3,9 +3,13 @@ package backend
 import (
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/twill-net/twill/subnet"
 )
 
 // Factory builds a backend for this node. It decodes opts.Config.Backend and
@@ -76,3 +80,13 @@ var Default = &Registry{}
 
 // Register adds a factory to the Default registry; call it from init().
 func Register(name string, f Factory) { Default.Register(name, f) }
+
+// Check validates cfg's backend configuration the way twilld will, without
+// touching anything on this machine: the type must be registered, and its
+// factory must accept the Backend object (strict decoding, value ranges).
+// twillctl config put runs it before storing a configuration.
+func (r *Registry) Check(cfg *subnet.Config) error {
+	opts := Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Config: cfg, CheckOnly: true}
+	_, err := r.New(cfg.BackendType, opts)
+	return err
+}

@@ -351,16 +351,9 @@ func (c *cluster) cni(i int, op, name, podNS string) cnidriver.Outcome {
 		c.subnetFile(i), filepath.Join(state, "networks"))
 	req := cnidriver.Request{Op: op, ConfList: json.RawMessage(list), BinDirs: []string{c.bin}, CacheDir: filepath.Join(state, "cni-cache"),
 		Attachments: []cnidriver.Attachment{{ContainerID: name, IfName: "eth0", Netns: "/var/run/netns/" + podNS}}}
-	body, _ := json.Marshal(req)
-	cmd := exec.Command("ip", "netns", "exec", c.topo.Nodes[i].NS, c.bin+"/twillctl", "cni", "run")
-	cmd.Stdin = strings.NewReader(string(body))
-	out, err := cmd.Output()
-	if err != nil {
-		c.t.Fatalf("cni %s %s on node%d: %v", op, name, i+1, err)
-	}
-	var resp cnidriver.Response
-	if err := json.Unmarshal(out, &resp); err != nil || len(resp.Outcomes) != 1 {
-		c.t.Fatalf("cni %s %s on node%d: %s (%v)", op, name, i+1, out, err)
+	resp, err := cnidriver.RunIn(context.Background(), c.bin+"/twillctl", c.topo.Nodes[i].NS, req)
+	if err != nil || len(resp.Outcomes) != 1 {
+		c.t.Fatalf("cni %s %s on node%d: %+v (%v)", op, name, i+1, resp, err)
 	}
 	return resp.Outcomes[0]
 }

@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"context"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/internal/topology"
+	"github.com/twill-net/twill/subnet"
 )
 
 // TestEtcdHostGW is the foundation's end-to-end check: three nodes on one
@@ -243,5 +246,30 @@ func TestCleanup(t *testing.T) {
 	}
 	if _, err := os.Stat(c.subnetFile(0)); !os.IsNotExist(err) {
 		t.Errorf("subnet.env left after cleanup (%v)", err)
+	}
+
+	// Taken out for good: cleanup --release-lease gives node2's subnet back,
+	// and node1 drops its route to node2 at once, not when the lease expires.
+	ns2 := c.topo.Nodes[1].NS
+	c.daemons[1].Stop(t)
+	if err := os.WriteFile(filepath.Join(c.dir, "node2", "vxlan-1.mac"), []byte("stale\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := topology.Exec(ns2, c.bin+"/twilld", "cleanup", "--release-lease", "--etcd-endpoints", c.etcdURL,
+		"--subnet-file", c.subnetFile(1), "--state-dir", filepath.Join(c.dir, "node2")); err != nil {
+		t.Fatalf("cleanup --release-lease: %v\n%s", err, out)
+	}
+	resp, err := c.cli.Get(context.Background(), "/twill.io/network/subnets/"+subnet.SubnetKey(peer, netip.Prefix{}))
+	if err != nil || len(resp.Kvs) != 0 {
+		t.Errorf("node2's lease still in etcd after cleanup --release-lease (%v)", err)
+	}
+	if _, err := os.Stat(filepath.Join(c.dir, "node2", "vxlan-1.mac")); !os.IsNotExist(err) {
+		t.Errorf("the state file left after cleanup (%v)", err)
+	}
+	// node1's twilld, started again, must not route to the released node.
+	d := c.startDaemon(0)
+	waitFor(t, 20*time.Second, "node1's twilld ready again", func() bool { return strings.Contains(d.Output(), "msg=ready") })
+	if strings.Contains(c.routes(0), peer.String()) {
+		t.Errorf("node1 routes to the node that released its lease:\n%s", c.routes(0))
 	}
 }

@@ -1,7 +1,7 @@
 package plugin_test
 
 import (
-	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/netip"
@@ -95,21 +95,9 @@ func (n *node) run(req cnidriver.Request) cnidriver.Response {
 	if req.CacheDir == "" {
 		req.CacheDir = filepath.Join(n.dir, "cache")
 	}
-	body, err := json.Marshal(req)
+	resp, err := cnidriver.RunIn(context.Background(), n.bin+"/twillctl", n.ns, req)
 	if err != nil {
 		n.t.Fatal(err)
-	}
-	cmd := exec.Command("ip", "netns", "exec", n.ns, n.bin+"/twillctl", "cni", "run")
-	cmd.Stdin = bytes.NewReader(body)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		n.t.Fatalf("twillctl cni run (%s): %v: %s", req.Op, err, stderr.String())
-	}
-	var resp cnidriver.Response
-	if err := json.Unmarshal(out, &resp); err != nil {
-		n.t.Fatalf("decoding %s: %v", out, err)
 	}
 	return resp
 }

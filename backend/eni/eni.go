@@ -33,6 +33,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -188,6 +189,11 @@ func New(opts backend.Options) (backend.Backend, error) {
 	}
 	if opts.Config.EnableIPv6 {
 		return nil, errors.New("eni: IPv6 is not supported by this backend yet (set EnableIPv6 false)")
+	}
+	if opts.CheckOnly {
+		// The provider may be one only the node's twilld links, and may
+		// look for files of the node: leave it to twilld.
+		return &Backend{opts: opts, set: set}, nil
 	}
 	prov, err := newProvider(set.Provider, set.ProviderConfig)
 	if err != nil {
@@ -418,11 +424,15 @@ func (n *Network) nodeSetup() error {
 // Drift compares the kernel with what peers call for, changing nothing.
 func (n *Network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift, error) {
 	var routes []nl.Route
-	n.DesiredRoutes(peers, func(r nl.Route) { routes = append(routes, r) })
+	bad := n.DesiredRoutes(peers, func(r nl.Route) { routes = append(routes, r) })
 	d, err := backend.RouteDrift(n.routes.NL, n.set.Table, routes)
 	if err != nil {
 		return d, err
 	}
+	for k, why := range bad {
+		d.Refused = append(d.Refused, k+": "+why)
+	}
+	slices.Sort(d.Refused)
 	rules, err := n.routes.NL.Rules(nl.FamilyV4)
 	if err != nil {
 		return d, err

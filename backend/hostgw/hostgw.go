@@ -99,8 +99,12 @@ func (n *Network) ExternalChanged(ext backend.ExternalInterface) {
 // Drift compares the kernel with what peers call for, changing nothing.
 func (n *Network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift, error) {
 	var routes []nl.Route
-	DesiredRoutes(n.ext, peers, func(r nl.Route) { routes = append(routes, r) })
-	return backend.RouteDrift(n.routes.NL, 0, routes)
+	unreachable := DesiredRoutes(n.ext, peers, func(r nl.Route) { routes = append(routes, r) })
+	d, err := backend.RouteDrift(n.routes.NL, 0, routes)
+	for _, u := range unreachable {
+		d.Refused = append(d.Refused, u+": not on-link on "+n.ext.Link.Name+" (host-gw needs every node on one L2 segment)")
+	}
+	return d, err
 }
 
 // MTU is the external interface's: host-gw adds no header.

@@ -102,6 +102,9 @@ func New(opts backend.Options) (backend.Backend, error) {
 		local, overhead = ext.AddrV6, overheadV6
 	}
 	mtu := ext.Link.MTU - overhead
+	if opts.CheckOnly {
+		mtu = 65535 - overhead // the interface is not known here
+	}
 	if cfg.MTU != 0 {
 		if cfg.MTU < 576 || cfg.MTU > mtu {
 			return nil, fmt.Errorf("net-conf.json: Backend.MTU %d: must be between 576 and %d (%s's MTU %d minus %d of encapsulation)",
@@ -325,6 +328,10 @@ func (n *Network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift,
 		return backend.Drift{}, err
 	}
 	var d backend.Drift
+	cfg, ext := n.b.cfg, n.b.opts.ExtIface
+	peers, sc := screenMACs(n.local, have.HardwareAddr, slices.Clone(peers), func(p subnet.Lease) bool { return isDirect(cfg, ext, p) },
+		func(raw []byte) (net.HardwareAddr, error) { return ParseData(cfg.VNI, raw) })
+	d.Refused = append(d.Refused, sc.refused...)
 	if !ok || have.VNI != n.b.dev.VNI || have.Port != n.b.dev.Port || have.Learning || have.MTU != n.b.dev.MTU {
 		d.Wrong = append(d.Wrong, fmt.Sprintf("device %s (want VNI %d, port %d, MTU %d, learning off)", n.b.dev.Name, n.b.dev.VNI, n.b.dev.Port, n.b.dev.MTU))
 	}
@@ -332,13 +339,14 @@ func (n *Network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift,
 		routes     []nl.Route
 		neigh, fdb = map[string]nl.Neigh{}, map[string]nl.Neigh{}
 	)
-	DesiredState(n.b.cfg, n.b.opts.ExtIface, link.Index, peers, func(i int) (net.HardwareAddr, error) {
+	refused := DesiredState(n.b.cfg, n.b.opts.ExtIface, link.Index, peers, func(i int) (net.HardwareAddr, error) {
 		return ParseData(n.b.cfg.VNI, peers[i].Attrs.BackendData)
 	}, Emitters{
 		Route: func(r nl.Route) { routes = append(routes, r) },
 		Neigh: func(e nl.Neigh) { neigh[e.IP.String()] = e },
 		FDB:   func(e nl.Neigh) { fdb[net.HardwareAddr(e.HardwareAddr).String()] = e },
 	})
+	d.Refused = append(d.Refused, refused...)
 	rd, err := backend.RouteDrift(h, 0, routes)
 	if err != nil {
 		return backend.Drift{}, err

@@ -5,13 +5,18 @@
 package cnidriver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os/exec"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
 )
 
@@ -48,6 +53,17 @@ type Outcome struct {
 // Response holds one Outcome per attachment (or one for gc and status).
 type Response struct {
 	Outcomes []Outcome `json:"outcomes"`
+}
+
+// Failed counts the outcomes that are errors.
+func (r Response) Failed() int {
+	n := 0
+	for _, o := range r.Outcomes {
+		if o.Error != "" {
+			n++
+		}
+	}
+	return n
 }
 
 // Run carries out req.
@@ -95,7 +111,7 @@ func Run(ctx context.Context, req Request) (Response, error) {
 			case "check":
 				return nil, cni.CheckNetworkList(ctx, list, rt)
 			default:
-				return nil, cni.DelNetworkList(ctx, list, rt)
+				return nil, del(ctx, cni, list, rt, req.BinDirs)
 			}
 		})
 	}
@@ -115,4 +131,74 @@ func Run(ctx context.Context, req Request) (Response, error) {
 	}
 	wg.Wait()
 	return Response{Outcomes: out}, nil
+}
+
+// del is DelNetworkList, except when a plugin of the chain is not installed:
+// libcni stops at the first plugin it cannot find, so the plugins listed
+// before it (twill's, whose DEL releases the pod's veth, route and address)
+// never get their DEL. Then each installed plugin is run on its own, last
+// to first, and the missing ones are reported.
+func del(ctx context.Context, cni *libcni.CNIConfig, list *libcni.NetworkConfigList, rt *libcni.RuntimeConf, binDirs []string) error {
+	err := cni.DelNetworkList(ctx, list, rt)
+	if err == nil || !strings.Contains(err.Error(), "failed to find plugin") {
+		return err
+	}
+	var errs []error
+	for i := len(list.Plugins) - 1; i >= 0; i-- {
+		p := list.Plugins[i]
+		if _, ferr := invoke.FindInPath(p.Network.Type, binDirs); ferr != nil {
+			errs = append(errs, fmt.Errorf("plugin %q is not installed (in %s): its DEL was skipped; install it",
+				p.Network.Type, strings.Join(binDirs, ":")))
+			continue
+		}
+		conf, cerr := pluginConf(list, p)
+		if cerr != nil {
+			errs = append(errs, cerr)
+			continue
+		}
+		if derr := cni.DelNetwork(ctx, conf, rt); derr != nil {
+			errs = append(errs, fmt.Errorf("plugin %q: %w", p.Network.Type, derr))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// pluginConf is one plugin of a list as a single network configuration:
+// the list's name and version added, as libcni gives each plugin.
+func pluginConf(list *libcni.NetworkConfigList, p *libcni.NetworkConfig) (*libcni.NetworkConfig, error) {
+	var m map[string]any
+	if err := json.Unmarshal(p.Bytes, &m); err != nil {
+		return nil, fmt.Errorf("plugin %q: %w", p.Network.Type, err)
+	}
+	m["name"], m["cniVersion"] = list.Name, list.CNIVersion
+	b, err := json.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	return libcni.ConfFromBytes(b)
+}
+
+// RunIn runs req with `twillctl cni run` inside network namespace ns (by
+// name), as the lab and the tests drive the plugin. Outcomes that are
+// errors are in the Response (twillctl then exits 2); an error is returned
+// only when the request could not be carried out.
+func RunIn(ctx context.Context, twillctl, ns string, req Request) (Response, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return Response{}, err
+	}
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, twillctl, "cni", "run")
+	cmd.Stdin = bytes.NewReader(body)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var ee *exec.ExitError
+	if err != nil && !(errors.As(err, &ee) && ee.ExitCode() == 2) {
+		return Response{}, fmt.Errorf("twillctl cni run (%s) in %s: %w: %s", req.Op, ns, err, strings.TrimSpace(stderr.String()))
+	}
+	var resp Response
+	if err := json.Unmarshal(out, &resp); err != nil {
+		return Response{}, fmt.Errorf("twillctl cni run (%s) in %s: decoding %q: %w", req.Op, ns, out, err)
+	}
+	return resp, nil
 }

@@ -5,19 +5,51 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/network"
+	"github.com/twill-net/twill/subnet"
 )
 
+// CleanupOptions say what twilld cleanup removes besides the kernel state.
+type CleanupOptions struct {
+	SubnetFile string
+	// StateDir's files twill wrote (the vxlan VTEP MAC) are removed.
+	StateDir string
+	// ReleaseLease, when set, gives the node's lease (read from subnet.env)
+	// back, so that the other nodes stop routing to it now rather than
+	// when the lease expires.
+	ReleaseLease func(env subnet.Env) error
+}
+
 // Cleanup removes everything twill programmed in the handle's namespace:
-// routes with twill's protocol in any table, twill's devices, its iptables
-// chains, and subnet.env. It finds them by the identities in package owned,
-// so it needs neither the configuration nor etcd.
-func Cleanup(log *slog.Logger, h *nl.Handle, subnetFile string) error {
+// routes with twill's protocol in any table, twill's policy rules (and the
+// route the eni backend took out of main), twill's devices, its iptables
+// chains, subnet.env, and the state files. It finds them by the identities
+// in package owned, so it needs neither the configuration nor etcd (unless
+// asked to release the lease). It leaves IP forwarding on: other software
+// on the node (kube-proxy, a container engine) may rely on it, and twill
+// cannot know whether it was on before.
+func Cleanup(log *slog.Logger, h *nl.Handle, o CleanupOptions) error {
+	subnetFile := o.SubnetFile
 	var errs []error
+	released := ""
+	if o.ReleaseLease != nil {
+		env, err := subnet.ReadEnv(subnetFile)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("releasing the lease: %w", err))
+		default:
+			if err := o.ReleaseLease(env); err != nil {
+				errs = append(errs, fmt.Errorf("releasing the lease: %w", err))
+			} else {
+				released = subnet.SubnetKey(env.Subnet, env.IPv6Subnet)
+			}
+		}
+	}
 	routes, err := h.Routes(nl.FamilyAll, nl.RouteFilter{AllTables: true, Protocol: owned.RouteProtocol})
 	if err != nil {
 		errs = append(errs, err)
@@ -51,7 +83,19 @@ func Cleanup(log *slog.Logger, h *nl.Handle, subnetFile string) error {
 	if err := os.Remove(subnetFile); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("removing %s: %w", subnetFile, err))
 	}
-	log.Info("cleaned up", "routes", len(routes), "rules", rules, "restored", restored, "devices", removed, "subnet_file", subnetFile)
+	var state []string
+	if o.StateDir != "" {
+		files, _ := filepath.Glob(filepath.Join(o.StateDir, "vxlan-*.mac"))
+		for _, f := range files {
+			if err := os.Remove(f); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			state = append(state, f)
+		}
+	}
+	log.Info("cleaned up", "routes", len(routes), "rules", rules, "restored", restored, "devices", removed, "subnet_file", subnetFile,
+		"state_files", state, "released_lease", released)
 	return errors.Join(errs...)
 }
 

@@ -320,6 +320,7 @@ func (s *State) nodeCommand(node string, argv []string) (*exec.Cmd, error) {
 // lab's node, in its mount namespace too, as kubelet sees the node; in a
 // Kubernetes pod, in the pod's network namespace.
 func ExecCommand(s *State, target string, argv []string) (*exec.Cmd, error) {
+	argv = s.ownCommand(target, argv)
 	if s.Kubernetes {
 		for _, n := range s.Nodes {
 			if n.Name == target || n.NS == target {
@@ -367,6 +368,65 @@ func (s *State) Kubectl(ctx context.Context, stdin io.Reader, args ...string) (s
 		return string(out) + stderr.String(), err
 	}
 	return string(out), nil
+}
+
+// ownCommand makes twill's own commands work inside a lab node as written in
+// the docs: twilld, twillctl and twill are the lab's binaries, and twillctl
+// status, leases and config are given the node's paths and the lab's etcd
+// (or kubeconfig) unless the command names them itself.
+func (s *State) ownCommand(target string, argv []string) []string {
+	if len(argv) == 0 {
+		return argv
+	}
+	switch argv[0] {
+	case "twilld", "twillctl", "twill":
+		argv = append([]string{filepath.Join(s.BinDir, argv[0])}, argv[1:]...)
+	default:
+		return argv
+	}
+	if filepath.Base(argv[0]) != "twillctl" || len(argv) < 2 {
+		return argv
+	}
+	has := func(flag string) bool {
+		for _, a := range argv {
+			if a == flag || strings.HasPrefix(a, flag+"=") {
+				return true
+			}
+		}
+		return false
+	}
+	add := func(flag, value string) {
+		if !has(flag) {
+			argv = append(argv, flag, value)
+		}
+	}
+	node := ""
+	for _, n := range s.Nodes {
+		if n.Name == target || n.NS == target {
+			node = n.Name
+		}
+	}
+	switch argv[1] {
+	case "status":
+		if s.Kubernetes || node == "" {
+			return argv
+		}
+		add("--etcd-endpoints", s.EtcdURL)
+		add("--subnet-file", filepath.Join(s.Dir, node, "subnet.env"))
+		add("--state-dir", filepath.Join(s.Dir, node))
+		add("--iface", "eth0")
+	case "leases":
+		if s.Kubernetes {
+			add("--kubeconfig", s.AdminKubeconfig)
+		} else {
+			add("--etcd-endpoints", s.EtcdURL)
+		}
+	case "config":
+		if !s.Kubernetes {
+			add("--etcd-endpoints", s.EtcdURL)
+		}
+	}
+	return argv
 }
 
 // apiGet reads an apiserver path as the lab's admin, connecting from the

@@ -310,23 +310,7 @@ func (s *State) addPods(ctx context.Context, o Options, i int) error {
 
 // CNI runs a libcni request inside a node's namespace through twillctl.
 func CNI(ctx context.Context, binDir, ns string, req cnidriver.Request) (cnidriver.Response, error) {
-	body, err := json.Marshal(req)
-	if err != nil {
-		return cnidriver.Response{}, err
-	}
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, filepath.Join(binDir, "twillctl"), "cni", "run")
-	cmd.Stdin = strings.NewReader(string(body))
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return cnidriver.Response{}, fmt.Errorf("twillctl cni run in %s: %w: %s", ns, err, stderr.String())
-	}
-	var resp cnidriver.Response
-	if err := json.Unmarshal(out, &resp); err != nil {
-		return cnidriver.Response{}, fmt.Errorf("decoding cni run output: %w", err)
-	}
-	return resp, nil
+	return cnidriver.RunIn(ctx, filepath.Join(binDir, "twillctl"), ns, req)
 }
 
 // poll retries f every 50ms until it succeeds or timeout passes.

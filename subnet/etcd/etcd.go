@@ -642,3 +642,18 @@ func (m *Manager) UpdateBackendData(ctx context.Context, data json.RawMessage) e
 	m.mu.Unlock()
 	return nil
 }
+
+// ReleaseLease deletes the lease key of a subnet pair: the node gives its
+// subnet back (twilld cleanup --release-lease, twillctl leases delete), and
+// every other node removes its routes to it at once.
+func ReleaseLease(ctx context.Context, cli *clientv3.Client, prefix string, v4, v6 netip.Prefix) error {
+	key := strings.TrimRight(prefix, "/") + "/subnets/" + subnet.SubnetKey(v4, v6)
+	resp, err := cli.Delete(ctx, key)
+	if err != nil {
+		return fmt.Errorf("deleting %s: %w", key, err)
+	}
+	if resp.Deleted == 0 {
+		return fmt.Errorf("deleting %s: no such lease", key)
+	}
+	return nil
+}

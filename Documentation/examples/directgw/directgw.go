@@ -66,17 +66,28 @@ type network struct {
 
 func (n *network) MTU() int { return n.b.opts.ExtIface.Link.MTU }
 
-// Reconcile emits one route per reachable peer; RouteSync compares them with
+// desired emits one route per reachable peer: the whole desired state.
+func (n *network) desired(peers []subnet.Lease, emit func(nl.Route)) {
+	ext := n.b.opts.ExtIface
+	for _, p := range peers {
+		if ext.Reachable(p.Attrs.PublicIP) {
+			emit(nl.Route{Dst: p.Subnet, Gw: p.Attrs.PublicIP, LinkIndex: ext.Link.Index})
+		}
+	}
+}
+
+// Reconcile hands the desired routes to RouteSync, which compares them with
 // the kernel's protocol-167 routes and adds, replaces and deletes the rest.
 func (n *network) Reconcile(_ context.Context, peers []subnet.Lease) error {
-	ext := n.b.opts.ExtIface
-	st, err := n.routes.Sync(func(emit func(nl.Route)) {
-		for _, p := range peers {
-			if ext.Reachable(p.Attrs.PublicIP) {
-				emit(nl.Route{Dst: p.Subnet, Gw: p.Attrs.PublicIP, LinkIndex: ext.Link.Index})
-			}
-		}
-	})
+	st, err := n.routes.Sync(func(emit func(nl.Route)) { n.desired(peers, emit) })
 	n.b.opts.Metrics.AddDriftRepairs(st.Repaired)
 	return err
+}
+
+// Drift lets twillctl status (a custom one that links this package) show
+// how the kernel differs from the desired routes, changing nothing.
+func (n *network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift, error) {
+	var routes []nl.Route
+	n.desired(peers, func(r nl.Route) { routes = append(routes, r) })
+	return backend.RouteDrift(n.routes.NL, n.b.cfg.Table, routes)
 }

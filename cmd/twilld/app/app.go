@@ -22,6 +22,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/klog/v2"
 
 	"github.com/twill-net/twill/backend"
@@ -30,6 +31,7 @@ import (
 	"github.com/twill-net/twill/internal/etcdflags"
 	"github.com/twill-net/twill/internal/version"
 	"github.com/twill-net/twill/network"
+	"github.com/twill-net/twill/subnet"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
 	kubesm "github.com/twill-net/twill/subnet/kube"
 )
@@ -148,13 +150,27 @@ for example TWILLD_ETCD_ENDPOINTS.`,
 }
 
 func newCleanupCommand(o *options) *cobra.Command {
-	return &cobra.Command{
+	var (
+		stateDir string
+		release  bool
+		etcd     etcdflags.Options
+	)
+	cmd := &cobra.Command{
 		Use:   "cleanup",
-		Short: "Remove every route, device, iptables chain and file twill created on this node",
+		Short: "Remove every route, rule, device, iptables chain and file twill created on this node",
 		Long: `cleanup removes what twilld programmed in this network namespace: routes with
-twill's protocol number (167) in any table, twill.* devices, the TWILL-* iptables
-chains and their jumps, and subnet.env. Stop twilld first; pods on this node lose
-cross-node connectivity.`,
+twill's protocol number (167) in any table, twill's policy rules, twill.* devices,
+the TWILL-* iptables chains and their jumps, subnet.env, and twill's files in the
+state directory (the vxlan VTEP MAC). Stop twilld first; pods on this node lose
+cross-node connectivity.
+
+It leaves: IP forwarding on (other software may rely on it); the pods' own veths
+and /32 routes (protocol 168; CNI DEL removes them with each pod); and, unless
+--release-lease is given, the node's lease in etcd, so the other nodes keep a
+route to this node until the lease expires (24 h by default). In Kubernetes mode
+the lease is the Node's podCIDR: delete the Node (kubectl delete node) instead.`,
+		Example: `  # take a node out of an etcd-mode cluster for good
+  twilld cleanup --release-lease --etcd-endpoints http://10.0.0.1:2379`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(o.logLevel)
@@ -166,9 +182,21 @@ cross-node connectivity.`,
 				return err
 			}
 			defer h.Close()
-			return daemon.Cleanup(log, h, o.subnetFile)
+			co := daemon.CleanupOptions{SubnetFile: o.subnetFile, StateDir: stateDir}
+			if release {
+				co.ReleaseLease = func(env subnet.Env) error {
+					return etcd.Do(cmd.Context(), func(ctx context.Context, cli *clientv3.Client) error {
+						return etcdsm.ReleaseLease(ctx, cli, etcd.Prefix, env.Subnet, env.IPv6Subnet)
+					})
+				}
+			}
+			return daemon.Cleanup(log, h, co)
 		},
 	}
+	cmd.Flags().StringVar(&stateDir, "state-dir", "/var/lib/twill", "twilld's state directory")
+	cmd.Flags().BoolVar(&release, "release-lease", false, "also delete this node's lease from etcd (read from subnet.env), so peers stop routing to it now")
+	etcdflags.Add(cmd.Flags(), &etcd)
+	return cmd
 }
 
 // applyEnv sets every flag not given on the command line from

@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -19,9 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/twill-net/twill/backend"
-	_ "github.com/twill-net/twill/backend/hostgw" // the built-in backends, to compute their desired state
 	"github.com/twill-net/twill/backend/nl"
-	_ "github.com/twill-net/twill/backend/vxlan"
 	"github.com/twill-net/twill/internal/etcdflags"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/subnet"
@@ -36,7 +34,7 @@ type statusOptions struct {
 	iface      []string
 }
 
-func newStatusCommand() *cobra.Command {
+func newStatusCommand(reg *backend.Registry) *cobra.Command {
 	var o statusOptions
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -47,7 +45,7 @@ FDB entries the backend should have programmed, compares them with the kernel
 without changing anything, and lists what is missing, extra or wrong. It exits
 1 when the kernel has drifted.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runStatus(cmd.Context(), cmd.OutOrStdout(), o) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return runStatus(cmd.Context(), cmd.OutOrStdout(), reg, o) },
 	}
 	f := cmd.Flags()
 	etcdflags.Add(f, &o.etcd)
@@ -57,7 +55,7 @@ without changing anything, and lists what is missing, extra or wrong. It exits
 	return cmd
 }
 
-func runStatus(ctx context.Context, w io.Writer, o statusOptions) error {
+func runStatus(ctx context.Context, w io.Writer, reg *backend.Registry, o statusOptions) error {
 	env, err := subnet.ReadEnv(o.subnetFile)
 	if err != nil {
 		return err
@@ -105,7 +103,7 @@ func runStatus(ctx context.Context, w io.Writer, o statusOptions) error {
 			env.Subnet, env.MTU, len(peers), len(refused), env.Extra["ENI_TABLE"])
 		return nil
 	}
-	be, err := backend.Default.New(cfg.BackendType, backend.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	be, err := reg.New(cfg.BackendType, backend.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Netlink: h, ExtIface: ext, Config: cfg, StateDir: o.stateDir})
 	if err != nil {
 		return err
@@ -121,27 +119,38 @@ func runStatus(ctx context.Context, w io.Writer, o statusOptions) error {
 		leaseState = "NOT FOUND in etcd"
 	}
 	fmt.Fprintf(tw, "lease\t%s (%s)\tbackend %s\tpublic IP %s\tMTU %d\n", env.Subnet, leaseState, cfg.BackendType, ext.PublicIP, env.MTU)
-	fmt.Fprintf(tw, "peers\t%d valid, %d refused\n", len(peers), len(refused))
-	keys := make([]string, 0, len(refused))
-	for k := range refused {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		fmt.Fprintf(tw, "  refused\t%s: %s\n", k, refused[k])
-	}
 	dr, ok := nw.(backend.DriftReporter)
+	var d backend.Drift
+	if ok {
+		if d, err = dr.Drift(ctx, peers); err != nil {
+			return err
+		}
+	}
+	// Leases the daemon refuses (malformed, rogue) and peers the backend
+	// refuses (host-gw: not on-link) alike are peers not programmed.
+	notProgrammed := make([]string, 0, len(refused)+len(d.Refused))
+	for k, why := range refused {
+		notProgrammed = append(notProgrammed, k+": "+why)
+	}
+	sort.Strings(notProgrammed)
+	notProgrammed = append(notProgrammed, d.Refused...)
+	fmt.Fprintf(tw, "peers\t%d valid, %d refused\n", len(peers)-len(d.Refused), len(notProgrammed))
+	for _, r := range notProgrammed {
+		fmt.Fprintf(tw, "  refused\t%s\n", r)
+	}
 	if !ok {
 		fmt.Fprintf(tw, "kernel\tthe %s backend cannot report drift\n", cfg.BackendType)
 		return tw.Flush()
 	}
-	d, err := dr.Drift(ctx, peers)
-	if err != nil {
-		return err
-	}
 	if d.Clean() {
 		fmt.Fprintf(tw, "kernel\tin sync (%d objects checked)\n", d.Objects)
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if len(notProgrammed) > 0 {
+			return fmt.Errorf("%d peers are not programmed (refused above)", len(notProgrammed))
+		}
+		return nil
 	}
 	fmt.Fprintf(tw, "kernel\tDRIFT: %d missing, %d extra, %d wrong (of %d objects)\n", len(d.Missing), len(d.Extra), len(d.Wrong), d.Objects)
 	for _, s := range d.Missing {
@@ -181,7 +190,27 @@ func newLeasesCommand() *cobra.Command {
 			})
 		},
 	}
-	etcdflags.Add(cmd.Flags(), &o)
+	etcdflags.Add(cmd.PersistentFlags(), &o)
+	cmd.AddCommand(&cobra.Command{
+		Use:   "delete SUBNET",
+		Short: "Delete a node's lease from etcd (a node taken out for good): every node removes its routes to it at once",
+		Example: `  twillctl leases delete 10.244.3.0/24 --etcd-endpoints http://10.0.0.1:2379
+  twillctl leases delete 10.244.3.0-24     # the key's name works too`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			v4, v6, err := parseSubnetArg(args[0])
+			if err != nil {
+				return err
+			}
+			return o.Do(cmd.Context(), func(ctx context.Context, cli *clientv3.Client) error {
+				if err := etcdsm.ReleaseLease(ctx, cli, o.Prefix, v4, v6); err != nil {
+					return err
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), "deleted the lease of", subnetsString(v4, v6))
+				return nil
+			})
+		},
+	})
 	cmd.Flags().StringVar(&kube.kubeconfig, "kubeconfig", "", "list the Node leases of this Kubernetes cluster instead of etcd's")
 	cmd.Flags().StringVar(&kube.apiURL, "kube-api-url", "", "apiserver URL (overrides the kubeconfig's server)")
 	cmd.Flags().StringVar(&kube.prefix, "kube-annotation-prefix", kubesm.DefaultAnnotationPrefix, "prefix of twill's Node annotations")
@@ -300,6 +329,19 @@ func kubeLeases(ctx context.Context, w io.Writer, o kubeLeaseOptions) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, subnetsString(v4, v6), pubIP(l.Attrs), l.Attrs.BackendType, state)
 	}
 	return tw.Flush()
+}
+
+// parseSubnetArg reads a lease named as a CIDR ("10.244.3.0/24", or a
+// dual-stack pair joined by a comma) or as its key ("10.244.3.0-24").
+func parseSubnetArg(arg string) (v4, v6 netip.Prefix, err error) {
+	if strings.Contains(arg, "/") {
+		arg = strings.ReplaceAll(strings.ReplaceAll(arg, "/", "-"), ",", "&")
+	}
+	v4, v6, err = subnet.ParseSubnetKey(arg)
+	if err != nil {
+		return v4, v6, fmt.Errorf("SUBNET %q: want a CIDR such as 10.244.3.0/24, or a lease key such as 10.244.3.0-24", arg)
+	}
+	return v4, v6, nil
 }
 
 func subnetsString(v4, v6 netip.Prefix) string {

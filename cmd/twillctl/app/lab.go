@@ -1,9 +1,11 @@
-package main
+package app
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -121,7 +123,7 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 				return fmt.Errorf("%w (see twillctl lab status)", err)
 			}
 			c.Stdin, c.Stdout, c.Stderr = os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr()
-			return c.Run()
+			return commandExit(c.Run())
 		},
 	}
 
@@ -183,7 +185,7 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 			}
 			c := s.KubectlCommand(rest...)
 			c.Stdin, c.Stdout, c.Stderr = os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr()
-			return c.Run()
+			return commandExit(c.Run())
 		},
 	}
 	var root lab.NodeRootOptions
@@ -199,6 +201,15 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 	nodeRoot.Flags().StringSliceVar(&root.Keep, "keep", nil, "a path of the machine the node must still see")
 	cmd.AddCommand(up, check, status, execCmd, down, echo, probe, kubectl, nodeRoot)
 	return cmd
+}
+
+// commandExit turns a command's failing exit status into twillctl's own.
+func commandExit(err error) error {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && ee.ExitCode() > 0 {
+		return exitCode(ee.ExitCode())
+	}
+	return err
 }
 
 // labFlags takes --name and --state-root out of args (for commands that
