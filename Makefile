@@ -17,7 +17,8 @@ APT_FILES := /usr/sbin/ip /usr/sbin/iptables /usr/bin/ping /usr/bin/iperf3 /usr/
 
 .PHONY: help
 help: ## Show this help
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@if [ -t 1 ]; then on='\033[36m'; off='\033[0m'; else on=; off=; fi; \
+	awk -v on="$$on" -v off="$$off" 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %s%-16s%s %s\n", on, $$1, off, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: lab
 lab: setup-base build ## Start the local lab (3 nodes x 2 pods, vxlan) and print its connectivity matrix
@@ -43,7 +44,7 @@ image: build ## Build twill's image and the lab's pause image as tarballs in bui
 	$(GO) run ./tools/mkimage -bin $(BIN) -pause build/images/.pause -debs build/debs -out build/images -tag $(VERSION)
 
 .PHONY: setup
-setup: setup-base kube-tools ## Install what a fresh machine lacks (iproute2, iptables, ping, iperf3, kube-apiserver+kubectl); only what is missing
+setup: setup-base kube-tools ## Install what a fresh machine lacks: Debian packages (iproute2, iptables, containerd, ...), Go modules, the Kubernetes binaries; only what is missing
 
 .PHONY: setup-base
 setup-base: ## What the lab needs: the Debian packages and the Go modules
@@ -59,7 +60,7 @@ setup-base: ## What the lab needs: the Debian packages and the Go modules
 	$(GO) mod download
 
 .PHONY: kube-tools
-kube-tools: ## Build kube-apiserver and kubectl for the tests from the Go module proxy (cached in build/kube/<version>)
+kube-tools: ## Build the Kubernetes binaries and crictl from the Go module proxy (cached in build/kube/<version>)
 	bash tools/kube/build.sh
 
 .PHONY: test
@@ -86,9 +87,10 @@ fuzz: ## Fuzz every parser of untrusted input for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConf$$' -fuzztime $${FUZZTIME:-30s} ./plugin/
 	$(GO) test -run '^$$' -fuzz '^FuzzNodeLease$$' -fuzztime $${FUZZTIME:-30s} ./subnet/kube/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $${FUZZTIME:-30s} ./backend/eni/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $${FUZZTIME:-30s} ./internal/strictjson/
 
 .PHONY: lint
-lint: ## gofmt, go vet, and the rule that netlink is used only through backend/nl
+lint: ## gofmt, go vet, netlink only through backend/nl, no tracked file over 1 MB
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	@bad=$$(grep -rln --include='*.go' '"github.com/vishvananda/netlink"' . | grep -v '^./backend/nl/' || true); \

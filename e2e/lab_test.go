@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twill-net/twill/internal/kubetest"
 	"github.com/twill-net/twill/internal/lab"
 	"github.com/twill-net/twill/internal/netnstest"
 )
@@ -217,20 +218,21 @@ func TestLabStatusReportsDrift(t *testing.T) {
 	})
 }
 
-// TestLabExampleBackend builds the custom twilld of
+// TestLabExampleBackend builds the custom twilld and twillctl of
 // Documentation/examples (the built-in backends plus directgw, registered
-// from its package's init()) and runs a lab on it.
+// from its package's init()) and runs a lab on them, as
+// writing-a-backend.md shows; the custom twillctl's status checks directgw.
 func TestLabExampleBackend(t *testing.T) {
 	l := newLabCtl(t)
 	dir := t.TempDir()
-	for _, f := range []string{"twill", "twillctl"} {
-		if out, err := exec.Command("cp", filepath.Join(l.bin, f), dir).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %s", err, out)
-		}
+	if out, err := exec.Command("cp", filepath.Join(l.bin, "twill"), dir).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
 	}
-	build := exec.Command("go", "build", "-o", filepath.Join(dir, "twilld"), "../Documentation/examples/twilld-directgw")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building the custom twilld: %v: %s", err, out)
+	for bin, pkg := range map[string]string{"twilld": "twilld-directgw", "twillctl": "twillctl-directgw"} {
+		build := exec.Command("go", "build", "-o", filepath.Join(dir, bin), "../Documentation/examples/"+pkg)
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("building the custom %s: %v: %s", bin, err, out)
+		}
 	}
 	l.bin = dir
 	n := labName("ex")
@@ -239,6 +241,50 @@ func TestLabExampleBackend(t *testing.T) {
 	out, err := exec.Command("ip", "-n", "twl-"+n+"-n1", "route", "show", "proto", "167").CombinedOutput()
 	if err != nil || strings.Count(string(out), "via 10.99.0.") != 2 {
 		t.Fatalf("want two directgw routes on node1: %v\n%s", err, out)
+	}
+	if out, err := l.run("exec", "--name", n, "node1", "--", "twillctl", "status"); err != nil || !strings.Contains(out, "backend directgw") ||
+		!strings.Contains(out, "in sync") {
+		t.Fatalf("the custom twillctl's status on a directgw node: %v\n%s", err, out)
+	}
+}
+
+// TestBackendInAnotherModule: the example backend, built from a module of
+// its own with the replace writing-a-backend.md shows.
+func TestBackendInAnotherModule(t *testing.T) {
+	root := kubetest.Root(t)
+	mod := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(mod, "directgw"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(mod, "cmd", "twilld"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile(filepath.Join(root, "Documentation", "examples", "directgw", "directgw.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	main, err := os.ReadFile(filepath.Join(root, "Documentation", "examples", "twilld-directgw", "main.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	main = []byte(strings.Replace(string(main), "github.com/twill-net/twill/Documentation/examples/directgw", "example.com/mybackend/directgw", 1))
+	gomod := "module example.com/mybackend\n\ngo 1.26\n\nrequire github.com/twill-net/twill v0.0.0\n\nreplace github.com/twill-net/twill => " + root + "\n"
+	for path, data := range map[string][]byte{"go.mod": []byte(gomod), "directgw/directgw.go": src, "cmd/twilld/main.go": main} {
+		if err := os.WriteFile(filepath.Join(mod, path), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, args := range [][]string{{"mod", "tidy"}, {"build", "-o", filepath.Join(mod, "twilld"), "./cmd/twilld"}} {
+		cmd := exec.Command("go", args...)
+		cmd.Dir = mod
+		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go %s in a module of its own: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	out, err := exec.Command(filepath.Join(mod, "twilld"), "--help").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "directgw") {
+		t.Fatalf("the custom twilld does not list directgw: %v\n%s", err, out)
 	}
 }
 

@@ -187,7 +187,7 @@ func TestStatusReportsRefusedPeers(t *testing.T) {
 	waitFor(t, 10*time.Second, "status to report the refused peer", func() bool {
 		out, err = exec.Command("ip", "netns", "exec", ns, c.bin+"/twillctl", "status", "--etcd-endpoints", c.etcdURL,
 			"--subnet-file", c.subnetFile(0), "--iface", "eth0").CombinedOutput()
-		return strings.Contains(string(out), "10.244.240.0-24 via 10.98.0.5: not on-link")
+		return strings.Contains(string(out), "10.244.240.0/24 via 10.98.0.5: not on-link")
 	})
 	if err == nil || !strings.Contains(string(out), "1 valid, 1 refused") || !strings.Contains(string(out), "in sync") {
 		t.Errorf("status with a peer not on-link: %v\n%s", err, out)

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"regexp"
 	"slices"
+	"strings"
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
@@ -114,7 +115,20 @@ func ChooseExternal(h *nl.Handle, o IfaceOptions) (backend.ExternalInterface, er
 		}
 	}
 	if !ok {
-		return backend.ExternalInterface{}, fmt.Errorf("choosing the external interface by %s: no interface matches (pass --iface)", how)
+		hint := "pass --iface"
+		if len(o.Ifaces) > 0 || len(o.IfaceRegex) > 0 {
+			hint = "no such interface, or it has no usable " + families(o) + " address"
+			var names []string
+			for _, l := range links {
+				if usable(byIndex[l.Index]) {
+					names = append(names, l.Name)
+				}
+			}
+			if len(names) > 0 {
+				hint += "; interfaces that have one: " + strings.Join(names, ", ")
+			}
+		}
+		return backend.ExternalInterface{}, fmt.Errorf("choosing the external interface by %s: no interface matches (%s)", how, hint)
 	}
 	return describe(link, byIndex[link.Index], o)
 }
@@ -137,6 +151,17 @@ func Refresh(h *nl.Handle, name string, o IfaceOptions) (backend.ExternalInterfa
 		prefixes = append(prefixes, a.Prefix)
 	}
 	return describe(link, prefixes, o)
+}
+
+// families names the address families in use, for messages.
+func families(o IfaceOptions) string {
+	switch {
+	case o.IPv4 && o.IPv6:
+		return "IPv4 or IPv6"
+	case o.IPv6:
+		return "IPv6"
+	}
+	return "IPv4"
 }
 
 func describe(link nl.Link, addrs []netip.Prefix, o IfaceOptions) (backend.ExternalInterface, error) {

@@ -37,6 +37,21 @@ type Lease struct {
 // dual-stack lease "10.244.1.0-24&fd00:1::-64" (flannel's format).
 func (l Lease) Key() string { return SubnetKey(l.Subnet, l.IPv6Subnet) }
 
+// String is the lease's subnets in CIDR form, as logs and messages show
+// them: "10.244.1.0/24", or "10.244.1.0/24,fd00:1::/64".
+func (l Lease) String() string {
+	var parts []string
+	for _, p := range []netip.Prefix{l.Subnet, l.IPv6Subnet} {
+		if p.IsValid() {
+			parts = append(parts, p.String())
+		}
+	}
+	if len(parts) == 0 {
+		return "(no subnet)"
+	}
+	return strings.Join(parts, ",")
+}
+
 // SubnetKey formats the registry name of a subnet pair.
 func SubnetKey(v4, v6 netip.Prefix) string {
 	var parts []string
@@ -310,11 +325,11 @@ func Peers(cfg *Config, local Lease, snap Snapshot, buf []Lease) (peers []Lease,
 			continue
 		}
 		if err := CheckPeer(cfg, local, l); err != nil {
-			refuse(l.Key(), err.Error())
+			refuse(l.String(), err.Error())
 			continue
 		}
 		if l.Attrs.BackendType != cfg.BackendType {
-			refuse(l.Key(), fmt.Sprintf("backend type %q, but this cluster runs %q", l.Attrs.BackendType, cfg.BackendType))
+			refuse(l.String(), fmt.Sprintf("backend type %q, but this cluster runs %q", l.Attrs.BackendType, cfg.BackendType))
 			continue
 		}
 		peers = append(peers, l)

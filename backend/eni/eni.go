@@ -346,7 +346,7 @@ func (n *Network) DesiredRoutes(peers []subnet.Lease, emit func(nl.Route)) (bad 
 			if bad == nil {
 				bad = map[string]string{}
 			}
-			bad[p.Key()] = err.Error()
+			bad[p.String()] = err.Error()
 			continue
 		}
 		emit(nl.Route{Dst: p.Subnet, Gw: d.ENIIP, LinkIndex: idx})

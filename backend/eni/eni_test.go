@@ -100,7 +100,7 @@ func TestDesiredRoutes(t *testing.T) {
 		badKeys []string
 	}{
 		{ModePrefix, []string{"10.10.1.0/24 dev#7 table 100", "0.0.0.0/0 via 10.10.1.254 dev#7 table 100", "10.10.200.0/24 via 10.10.1.2 dev#7 table 100"},
-			[]string{"10.10.201.0-24", "10.10.202.0-24"}},
+			[]string{"10.10.201.0/24", "10.10.202.0/24"}},
 		{ModeSecondaryIP, []string{"10.10.1.0/24 dev#7 table 100", "0.0.0.0/0 via 10.10.1.254 dev#7 table 100"}, nil},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {

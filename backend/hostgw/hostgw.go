@@ -132,7 +132,7 @@ func DesiredRoutes(ext backend.ExternalInterface, peers []subnet.Lease, emit fun
 			}
 		}
 		if !ok {
-			unreachable = append(unreachable, p.Key()+" via "+p.Attrs.PublicIP.String())
+			unreachable = append(unreachable, p.String()+" via "+p.Attrs.PublicIP.String())
 		}
 	}
 	slices.Sort(unreachable)

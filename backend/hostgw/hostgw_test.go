@@ -25,7 +25,7 @@ func TestDesiredRoutes(t *testing.T) {
 	if !reflect.DeepEqual(routes, want) {
 		t.Errorf("routes %v, want %v", routes, want)
 	}
-	if !reflect.DeepEqual(unreachable, []string{"10.244.3.0-24 via 172.16.0.3"}) {
+	if !reflect.DeepEqual(unreachable, []string{"10.244.3.0/24 via 172.16.0.3"}) {
 		t.Errorf("unreachable %v", unreachable)
 	}
 }

@@ -139,16 +139,16 @@ func screenMACs(local subnet.Lease, own net.HardwareAddr, peers []subnet.Lease, 
 		if bytes.Equal(hw, own) {
 			for _, i := range idx {
 				if peers[i].Subnet.Addr().Less(local.Subnet.Addr()) {
-					sc.takeNew = peers[i].Key()
+					sc.takeNew = peers[i].String()
 				} else {
-					drop[i] = fmt.Sprintf("VTEP MAC %s is this node's too (%s keeps it; the peer must pick another)", hw, local.Key())
+					drop[i] = fmt.Sprintf("VTEP MAC %s is this node's too (%s keeps it; the peer must pick another)", hw, local.String())
 				}
 			}
 		}
 		if len(idx) > 1 {
 			keys := make([]string, len(idx))
 			for j, i := range idx {
-				keys[j] = peers[i].Key()
+				keys[j] = peers[i].String()
 			}
 			for _, i := range idx {
 				drop[i] = fmt.Sprintf("VTEP MAC %s is published by %d nodes (%s); refusing them until each has its own",
@@ -162,7 +162,7 @@ func screenMACs(local subnet.Lease, own net.HardwareAddr, peers []subnet.Lease, 
 	kept := peers[:0]
 	for i, p := range peers {
 		if why, ok := drop[i]; ok {
-			sc.refused = append(sc.refused, p.Key()+": "+why)
+			sc.refused = append(sc.refused, p.String()+": "+why)
 			continue
 		}
 		kept = append(kept, p)

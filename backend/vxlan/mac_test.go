@@ -41,7 +41,7 @@ func TestScreenMACs(t *testing.T) {
 	t.Run("a lower peer with this node's MAC keeps it; this node takes another", func(t *testing.T) {
 		peers := []subnet.Lease{lease("10.244.1.0/24", "10.0.0.1", own.String())}
 		kept, sc := screenMACs(local, own, peers, never, mac)
-		if len(kept) != 1 || sc.takeNew != "10.244.1.0-24" || len(sc.refused) != 0 {
+		if len(kept) != 1 || sc.takeNew != "10.244.1.0/24" || len(sc.refused) != 0 {
 			t.Fatalf("kept %v screen %+v", kept, sc)
 		}
 	})

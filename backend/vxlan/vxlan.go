@@ -478,7 +478,7 @@ func DesiredState(cfg Config, ext backend.ExternalInterface, dev int, peers []su
 		}
 		o, err := ObjectsFor(cfg, ext, dev, p, hw, err)
 		if err != nil {
-			refused = append(refused, p.Key()+": "+err.Error())
+			refused = append(refused, p.String()+": "+err.Error())
 			continue
 		}
 		if !o.OK {
@@ -582,7 +582,7 @@ func (n *Network) reconcileAll(link nl.Link, peers []subnet.Lease) error {
 			continue
 		}
 		o, err := ObjectsFor(cfg, ext, link.Index, p, n.macs[i], n.macErrs[i])
-		recs[(nl.Route{Dst: p.Subnet}).Key()] = &peerRec{raw: string(p.Attrs.BackendData), pub: p.Attrs.PublicIP, objects: o, err: err, key: p.Key(), gen: n.gen}
+		recs[(nl.Route{Dst: p.Subnet}).Key()] = &peerRec{raw: string(p.Attrs.BackendData), pub: p.Attrs.PublicIP, objects: o, err: err, key: p.String(), gen: n.gen}
 	}
 	var refused []string
 	nPlan, err := n.neighs.Plan(link.Index, func(emit func(nl.Neigh)) {
@@ -664,7 +664,7 @@ func (n *Network) reconcileChanges(link nl.Link, peers []subnet.Lease) error {
 			neighUp = append(neighUp, o.Neigh)
 			fdbUp = append(fdbUp, o.FDB)
 		}
-		n.recs[k] = &peerRec{raw: string(p.Attrs.BackendData), pub: p.Attrs.PublicIP, objects: o, err: err, key: p.Key(), gen: gen}
+		n.recs[k] = &peerRec{raw: string(p.Attrs.BackendData), pub: p.Attrs.PublicIP, objects: o, err: err, key: p.String(), gen: gen}
 	}
 	for k, rec := range n.recs {
 		if rec.gen == gen {

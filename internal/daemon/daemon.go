@@ -188,7 +188,7 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 	d.log.Info("holding lease", "subnet", lease.Subnet, "ipv6_subnet", lease.IPv6Subnet, "backend", cfg.BackendType)
 	nw, err := be.Attach(ctx, lease)
 	if err != nil {
-		return fmt.Errorf("attaching the %s backend to %s: %w", cfg.BackendType, lease.Key(), err)
+		return fmt.Errorf("attaching the %s backend to %s: %w", cfg.BackendType, lease, err)
 	}
 	if err := network.EnableForwarding(cfg.EnableIPv4, cfg.EnableIPv6); err != nil {
 		return err
@@ -435,8 +435,16 @@ func (d *Daemon) peers(cfg *subnet.Config, local subnet.Lease, snap subnet.Snaps
 		d.log.Warn("refusing lease; no route will be programmed from it", "lease", k, "reason", refused[k])
 	}
 	for k := range old {
-		if _, still := refused[k]; !still {
-			d.log.Info("lease no longer refused", "lease", k)
+		if _, still := refused[k]; still {
+			continue
+		}
+		// Only a lease that is now a peer was mended; one that went away
+		// was not.
+		for _, p := range peers {
+			if p.String() == k {
+				d.log.Info("lease no longer refused", "lease", k)
+				break
+			}
 		}
 	}
 	return peers

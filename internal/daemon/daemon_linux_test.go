@@ -182,7 +182,7 @@ func TestPrivilegedDaemonSelectsRegisteredBackend(t *testing.T) {
 	if env.Backend != "recorder" || env.MTU != 1234 || env.Subnet.String() != "10.244.1.0/24" {
 		t.Errorf("subnet.env %+v", env)
 	}
-	if !strings.Contains(logs.String(), "refusing lease") || !strings.Contains(logs.String(), "10.99.0.0-24") {
+	if !strings.Contains(logs.String(), "refusing lease") || !strings.Contains(logs.String(), "lease=10.99.0.0/24") {
 		t.Errorf("the refused lease was not logged:\n%s", logs.String())
 	}
 }

@@ -356,7 +356,7 @@ func (m *Manager) rebind(ctx context.Context, key string, e entry, value []byte)
 	}
 	l := e.lease
 	l.Attrs, _ = subnet.ParseLeaseAttrs(value)
-	m.log.Info("reusing subnet", "subnet", l.Key(), "reservation", l.Reserved)
+	m.log.Info("reusing subnet", "subnet", l.String(), "reservation", l.Reserved)
 	return m.hold(key, l, value, id, ttl, l.Reserved), true, nil
 }
 
