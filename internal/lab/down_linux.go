@@ -56,11 +56,11 @@ func pidsIn(ns string) []int {
 // PID: SIGTERM, then SIGKILL after 5s), deletes the namespaces and the
 // state directory. It works from what exists, not only from the recorded
 // state, so a lab whose `up` was killed half-way is removed as well.
-func Down(stateRoot, name string) error {
+func Down(stateRoot, name, netnsPrefix string) error {
 	if !nameRE.MatchString(name) {
 		return fmt.Errorf("--name %q: use 1 to 8 lowercase letters or digits", name)
 	}
-	nss, err := namespaces(Prefix(name))
+	nss, err := namespaces(NetnsPrefix(netnsPrefix, name))
 	if err != nil {
 		return err
 	}
@@ -70,7 +70,7 @@ func Down(stateRoot, name string) error {
 	}
 	// A Kubernetes lab's containers live in pod namespaces that have no
 	// name; they are found through the cgroups the lab made for them.
-	cgroups := cgroupRoots(Prefix(name))
+	cgroups := cgroupRoots(NetnsPrefix(netnsPrefix, name))
 	for _, pid := range cgroupPIDs(cgroups) {
 		if !contains(pids, pid) {
 			pids = append(pids, pid)

@@ -313,7 +313,11 @@ func (s *State) nodeCommand(node string, argv []string) (*exec.Cmd, error) {
 	if err != nil {
 		return nil, err
 	}
-	return exec.Command("nsenter", append([]string{"-t", strconv.Itoa(pid), "-m", "--net=/var/run/netns/" + nsName}, argv...)...), nil
+	args := []string{"-t", strconv.Itoa(pid), "-m", "--net=/var/run/netns/" + nsName}
+	if wd, err := os.Getwd(); err == nil {
+		args = append(args, "--wd="+wd) // the caller's directory, as for any command
+	}
+	return exec.Command("nsenter", append(args, argv...)...), nil
 }
 
 // ExecCommand is a command run inside a lab node or pod: in a Kubernetes
@@ -321,6 +325,9 @@ func (s *State) nodeCommand(node string, argv []string) (*exec.Cmd, error) {
 // Kubernetes pod, in the pod's network namespace.
 func ExecCommand(s *State, target string, argv []string) (*exec.Cmd, error) {
 	argv = s.ownCommand(target, argv)
+	if s.Bare {
+		return s.nodeCommand(target, argv)
+	}
 	if s.Kubernetes {
 		for _, n := range s.Nodes {
 			if n.Name == target || n.NS == target {
@@ -350,7 +357,7 @@ func ExecCommand(s *State, target string, argv []string) (*exec.Cmd, error) {
 // KubectlCommand is kubectl as the lab's admin, run in the underlay
 // namespace (where the apiserver listens).
 func (s *State) KubectlCommand(args ...string) *exec.Cmd {
-	full := append([]string{"netns", "exec", Prefix(s.Name) + "-ul", filepath.Join(s.KubeBinDir, "kubectl"), "--kubeconfig", s.AdminKubeconfig}, args...)
+	full := append([]string{"netns", "exec", s.prefix() + "-ul", filepath.Join(s.KubeBinDir, "kubectl"), "--kubeconfig", s.AdminKubeconfig}, args...)
 	return exec.Command("ip", full...)
 }
 
@@ -442,7 +449,7 @@ func (s *State) apiGet(ctx context.Context, path string) ([]byte, error) {
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
-	underlay := "/var/run/netns/" + Prefix(s.Name) + "-ul"
+	underlay := "/var/run/netns/" + s.prefix() + "-ul"
 	dialer := &net.Dialer{Timeout: 5 * time.Second}
 	tr := &http.Transport{
 		TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool},

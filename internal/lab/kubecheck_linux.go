@@ -74,7 +74,7 @@ func PodNetNS(s *State, p Pod) (string, error) {
 		return "/var/run/netns/" + p.NS, nil
 	}
 	want := "pod" + p.UID
-	for _, root := range cgroupRoots(Prefix(s.Name)) {
+	for _, root := range cgroupRoots(s.prefix()) {
 		var found string
 		_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 			if found != "" {

@@ -51,6 +51,16 @@ type Options struct {
 	ImageDir   string
 	// KeepOnFailure leaves a lab whose up failed in place, to look at.
 	KeepOnFailure bool
+	// NetnsPrefix replaces "twl" in the names of the lab's namespaces.
+	NetnsPrefix string
+	// Bare makes machines only: nodes with a root of their own (private
+	// /run, /var/lib, /var/log, /opt and /etc, as a Kubernetes lab's) on
+	// the underlay, and nothing running, to follow an install by hand with
+	// lab exec (the etcd quickstart, say). Pods and backends do not apply.
+	Bare bool
+	// UnderlayCIDR is the nodes' segment (an IPv4 /24; default
+	// 10.99.0.0/24): nodes take .1, .2, ... and the underlay namespace .254.
+	UnderlayCIDR netip.Prefix
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9]{1,8}$`)
@@ -63,6 +73,15 @@ func (o *Options) Validate() error {
 	}
 	if !nameRE.MatchString(o.Name) {
 		return fmt.Errorf("--name %q: use 1 to 8 lowercase letters or digits", o.Name)
+	}
+	if !o.UnderlayCIDR.IsValid() {
+		o.UnderlayCIDR = netip.MustParsePrefix("10.99.0.0/24")
+	}
+	if !o.UnderlayCIDR.Addr().Is4() || o.UnderlayCIDR.Bits() != 24 || o.UnderlayCIDR.Masked() != o.UnderlayCIDR {
+		return fmt.Errorf("--underlay-cidr %s: an IPv4 /24 network address", o.UnderlayCIDR)
+	}
+	if o.Bare && (o.Kubernetes || o.Underlay != "flat") {
+		return errors.New("--bare: a flat underlay of bare machines; drop --kubernetes and --underlay")
 	}
 	if o.Nodes < 1 || o.Nodes > 50 {
 		return fmt.Errorf("--nodes %d: between 1 and 50", o.Nodes)
@@ -103,8 +122,21 @@ func (o *Options) Validate() error {
 	return nil
 }
 
-// Prefix is the lab's namespace name prefix.
-func Prefix(name string) string { return "twl-" + name }
+// DefaultNetnsPrefix starts the names of every lab's namespaces (and
+// cgroups): twl-<name>-n1 and so on.
+const DefaultNetnsPrefix = "twl"
+
+// NetnsPrefix is a lab's namespace name prefix ("twl-<name>"). A prefix of
+// one's own keeps labs of the same names apart (tests running the docs'
+// commands use one per run).
+func NetnsPrefix(prefix, name string) string {
+	if prefix == "" {
+		prefix = DefaultNetnsPrefix
+	}
+	return prefix + "-" + name
+}
+
+func (s *State) prefix() string { return NetnsPrefix(s.NetnsPrefix, s.Name) }
 
 // Dir is the lab's state directory.
 func Dir(stateRoot, name string) string { return filepath.Join(stateRoot, name) }
@@ -112,16 +144,18 @@ func Dir(stateRoot, name string) string { return filepath.Join(stateRoot, name) 
 // State is what a running lab is made of, recorded in <dir>/state.json as
 // `lab up` goes.
 type State struct {
-	Name     string    `json:"name"`
-	Dir      string    `json:"dir"`
-	Backend  string    `json:"backend"`
-	ENIMode  string    `json:"eniMode,omitempty"`
-	Underlay string    `json:"underlay"`
-	Created  time.Time `json:"created"`
-	EtcdURL  string    `json:"etcdURL"`
-	EtcdSock string    `json:"etcdSock"`
-	Nodes    []Node    `json:"nodes"`
-	Pods     []Pod     `json:"pods"`
+	Name        string    `json:"name"`
+	NetnsPrefix string    `json:"netnsPrefix,omitempty"`
+	Dir         string    `json:"dir"`
+	Backend     string    `json:"backend"`
+	ENIMode     string    `json:"eniMode,omitempty"`
+	Underlay    string    `json:"underlay"`
+	Bare        bool      `json:"bare,omitempty"`
+	Created     time.Time `json:"created"`
+	EtcdURL     string    `json:"etcdURL"`
+	EtcdSock    string    `json:"etcdSock"`
+	Nodes       []Node    `json:"nodes"`
+	Pods        []Pod     `json:"pods"`
 	// Processes the lab started, by PID, with the namespace they run in.
 	Processes []Process `json:"processes"`
 	Ready     bool      `json:"ready"`

@@ -45,7 +45,7 @@ func PrintStatus(ctx context.Context, s *State, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(w, "apiserver %s (%s); kubectl: twillctl lab kubectl --name %s ...\n\n", s.APIServer, running(Prefix(s.Name)+"-ul", "kube-apiserver"), s.Name)
+		fmt.Fprintf(w, "apiserver %s (%s); kubectl: twillctl lab kubectl --name %s ...\n\n", s.APIServer, running(s.prefix()+"-ul", "kube-apiserver"), s.Name)
 		fmt.Fprintln(w, "NODE\tNETNS\tADDRESS\tPOD CIDR\tREADY\tTWILL POD\tCONTAINERD\tKUBELET\tKUBE-PROXY")
 		for _, n := range s.Nodes {
 			cidr, ready, pod := "-", "unknown", "none"

@@ -29,14 +29,14 @@ func Up(ctx context.Context, o Options, progress io.Writer) (_ *State, err error
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	if existing, _ := namespaces(Prefix(o.Name)); len(existing) > 0 {
+	if existing, _ := namespaces(NetnsPrefix(o.NetnsPrefix, o.Name)); len(existing) > 0 {
 		return nil, fmt.Errorf("lab %q already exists (%d namespaces); twillctl lab down --name %s first", o.Name, len(existing), o.Name)
 	}
 	dir := Dir(o.StateRoot, o.Name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating %s: %w", dir, err)
 	}
-	s := &State{Name: o.Name, Dir: dir, Backend: o.Backend, ENIMode: o.ENIMode, Underlay: o.Underlay, Created: time.Now(), BinDir: o.BinDir}
+	s := &State{Name: o.Name, NetnsPrefix: o.NetnsPrefix, Bare: o.Bare, Dir: dir, Backend: o.Backend, ENIMode: o.ENIMode, Underlay: o.Underlay, Created: time.Now(), BinDir: o.BinDir}
 	if o.Kubernetes {
 		// Read the images' names first: a missing or broken image fails
 		// before anything is built.
@@ -55,7 +55,7 @@ func Up(ctx context.Context, o Options, progress io.Writer) (_ *State, err error
 			fmt.Fprintf(progress, "lab up failed; kept for inspection (twillctl lab down --name %s removes it)\n", o.Name)
 		} else if err != nil {
 			fmt.Fprintf(progress, "lab up failed; removing what was built\n")
-			if derr := Down(o.StateRoot, o.Name); derr != nil {
+			if derr := Down(o.StateRoot, o.Name, o.NetnsPrefix); derr != nil {
 				err = fmt.Errorf("%w (and cleaning up: %v)", err, derr)
 			}
 		}
@@ -64,8 +64,8 @@ func Up(ctx context.Context, o Options, progress io.Writer) (_ *State, err error
 	start := time.Now()
 
 	step("underlay (%s) and %d node namespaces", o.Underlay, o.Nodes)
-	topts := topology.Options{Prefix: Prefix(o.Name), Nodes: o.Nodes,
-		Underlay: netip.MustParsePrefix("10.99.0.0/24"), Routed: o.Underlay == "routed", DefaultRoute: o.Kubernetes}
+	topts := topology.Options{Prefix: NetnsPrefix(o.NetnsPrefix, o.Name), Nodes: o.Nodes,
+		Underlay: o.UnderlayCIDR, Routed: o.Underlay == "routed", DefaultRoute: o.Kubernetes || o.Bare}
 	conf := fmt.Sprintf(`{"Network":"10.244.0.0/16","Backend":{"Type":%q}}`, o.Backend)
 	if o.Backend == "eni" {
 		// A simulated VPC 10.10.0.0/16: primary NICs on 10.10.0.0/24, ENIs
@@ -87,6 +87,30 @@ func Up(ctx context.Context, o Options, progress io.Writer) (_ *State, err error
 	}
 	if err := s.save(); err != nil {
 		return nil, err
+	}
+
+	if o.Bare {
+		step("a root of its own for every node (lab exec runs commands there)")
+		cwd, _ := os.Getwd()
+		for _, n := range s.Nodes {
+			dir := filepath.Join(s.Dir, n.Name)
+			ready := filepath.Join(dir, "root.ready")
+			if _, err := s.spawnNodeRoot(n.NS, "--dir", dir, "--ready-file", ready, "--keep", s.Dir, "--keep", s.BinDir, "--keep", cwd); err != nil {
+				return nil, err
+			}
+			if err := poll(ctx, 30*time.Second, n.Name+"'s root", func() error {
+				_, err := os.Stat(ready)
+				return s.processError(err, "node-root")
+			}); err != nil {
+				return nil, err
+			}
+		}
+		s.Ready = true
+		if err := s.save(); err != nil {
+			return nil, err
+		}
+		step("ready in %s", time.Since(start).Round(100*time.Millisecond))
+		return s, nil
 	}
 
 	step("etcd in %s", topo.Underlay)
@@ -171,7 +195,7 @@ func (s *State) spawn(role, ns, bin string, args ...string) error {
 // exec the process in place, so the PID is the process's own), logs to
 // <role>-<ns>.log and records the PID.
 func (s *State) start(role, ns string, argv []string, attr *syscall.SysProcAttr) (int, error) {
-	log := filepath.Join(s.Dir, fmt.Sprintf("%s-%s.log", role, strings.TrimPrefix(ns, Prefix(s.Name)+"-")))
+	log := filepath.Join(s.Dir, fmt.Sprintf("%s-%s.log", role, strings.TrimPrefix(ns, s.prefix()+"-")))
 	f, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return 0, err

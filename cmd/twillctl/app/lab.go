@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,8 +33,19 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
   twillctl lab exec node1 -- ip route
   twillctl lab down`,
 	}
-	cmd.PersistentFlags().StringVar(&o.Name, "name", "lab", "lab name (1-8 lowercase letters or digits)")
-	cmd.PersistentFlags().StringVar(&o.StateRoot, "state-root", lab.DefaultStateRoot, "directory holding one state directory per lab")
+	// Defaults may come from the environment, so that the docs' commands run
+	// as written in a lab of one's own (tests run them side by side).
+	env := func(k, def string) string {
+		if v := os.Getenv(k); v != "" {
+			return v
+		}
+		return def
+	}
+	cmd.PersistentFlags().StringVar(&o.Name, "name", env("TWILL_LAB_NAME", "lab"), "lab name (1-8 lowercase letters or digits; env TWILL_LAB_NAME)")
+	cmd.PersistentFlags().StringVar(&o.StateRoot, "state-root", env("TWILL_LAB_STATE_ROOT", lab.DefaultStateRoot),
+		"directory holding one state directory per lab (env TWILL_LAB_STATE_ROOT)")
+	cmd.PersistentFlags().StringVar(&o.NetnsPrefix, "netns-prefix", env("TWILL_LAB_NETNS_PREFIX", lab.DefaultNetnsPrefix),
+		"first part of the lab's namespace names, <prefix>-<name>-n1 (env TWILL_LAB_NETNS_PREFIX)")
 	binDir := func() string {
 		exe, err := os.Executable()
 		if err != nil {
@@ -53,7 +65,11 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 				return err
 			}
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "\nlab %q is up: %d nodes, %d pods, backend %s, %s underlay (state in %s)\n", s.Name, len(s.Nodes), len(s.Pods), s.Backend, s.Underlay, s.Dir)
+			if s.Bare {
+				fmt.Fprintf(w, "\nlab %q is up: %d bare machines on the underlay (state in %s)\n", s.Name, len(s.Nodes), s.Dir)
+			} else {
+				fmt.Fprintf(w, "\nlab %q is up: %d nodes, %d pods, backend %s, %s underlay (state in %s)\n", s.Name, len(s.Nodes), len(s.Pods), s.Backend, s.Underlay, s.Dir)
+			}
 			flag := ""
 			if o.Name != "lab" {
 				flag = " --name " + o.Name
@@ -70,6 +86,8 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 	up.Flags().StringVar(&o.Backend, "backend", "vxlan", "vxlan, host-gw or eni (eni runs on a simulated cloud VPC)")
 	up.Flags().StringVar(&o.Underlay, "underlay", "flat", "flat (one L2 segment) or routed (two segments and a router); eni always uses its VPC")
 	up.Flags().StringVar(&o.ENIMode, "eni-mode", "prefix", "with --backend eni: prefix or secondary-ip")
+	up.Flags().BoolVar(&o.Bare, "bare", false, "machines only: node namespaces with a root of their own and nothing running, to install twill by hand with lab exec")
+	up.Flags().Var(prefixFlag{&o.UnderlayCIDR}, "underlay-cidr", "the nodes' segment, an IPv4 /24 (default 10.99.0.0/24)")
 	up.Flags().BoolVar(&o.KeepOnFailure, "keep-on-failure", false, "leave what was built in place when up fails, to inspect it (lab down removes it)")
 	up.Flags().BoolVar(&o.Kubernetes, "kubernetes", false, "a Kubernetes cluster: control plane, containerd, kubelet and kube-proxy per node, twill installed from dist/kube-twill.yml")
 	up.Flags().StringVar(&o.KubeBinDir, "kube-bin-dir", "", "with --kubernetes: the Kubernetes binaries (default: build/kube/current next to bin/, made by make setup)")
@@ -132,7 +150,7 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 		Short: "Remove every namespace, process and file of the lab (also after a crashed lab up)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := lab.Down(o.StateRoot, o.Name); err != nil {
+			if err := lab.Down(o.StateRoot, o.Name, o.NetnsPrefix); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "lab %q removed\n", o.Name)
@@ -202,6 +220,25 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 	cmd.AddCommand(up, check, status, execCmd, down, echo, probe, kubectl, nodeRoot)
 	return cmd
 }
+
+// prefixFlag is a netip.Prefix flag.
+type prefixFlag struct{ p *netip.Prefix }
+
+func (f prefixFlag) String() string {
+	if f.p == nil || !f.p.IsValid() {
+		return ""
+	}
+	return f.p.String()
+}
+func (f prefixFlag) Set(v string) error {
+	p, err := netip.ParsePrefix(v)
+	if err != nil {
+		return err
+	}
+	*f.p = p
+	return nil
+}
+func (prefixFlag) Type() string { return "cidr" }
 
 // commandExit turns a command's failing exit status into twillctl's own.
 func commandExit(err error) error {
