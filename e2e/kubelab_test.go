@@ -8,9 +8,11 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -387,4 +389,43 @@ func echoOnce(netns ns.NetNS, to netip.AddrPort) error {
 		err = fmt.Errorf("echo %q", line)
 	}
 	return err
+}
+
+// TestKubeLabDownAfterKilledUp: lab up --kubernetes killed half-way (its
+// nodes' roots, containerds and kubelets running), then lab down: no
+// namespace, process, mount, cgroup or file of the lab is left, and the
+// machine's paths and sysctls are as before.
+func TestKubeLabDownAfterKilledUp(t *testing.T) {
+	l := newLabCtl(t)
+	before := snapshotHost()
+	images := kubeLabImages(t, l.bin, "e2e")
+	name := labName("kk")
+	cmd := exec.Command(l.bin+"/twillctl", "lab", "up", "--name", name, "--state-root", l.root, "--kubernetes", "--nodes", "2",
+		"--kube-bin-dir", kubeBinDir(t), "--image-dir", images)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = l.run("down", "--name", name) })
+	// Until a kubelet runs: the state records it.
+	waitFor(t, 90*time.Second, "a kubelet running in the lab", func() bool {
+		s, err := lab.Load(l.root, name)
+		if err != nil {
+			return false
+		}
+		for _, p := range s.Processes {
+			if p.Role == "kubelet" {
+				return true
+			}
+		}
+		return false
+	})
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	_ = cmd.Wait()
+	if out, err := l.run("down", "--name", name); err != nil {
+		t.Fatalf("lab down after a killed lab up: %v\n%s", err, out)
+	}
+	l.requireGone(name)
+	if after := snapshotHost(); !mapsEqual(before, after) {
+		t.Errorf("the machine changed:\nbefore %v\nafter  %v", before, after)
+	}
 }

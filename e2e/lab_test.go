@@ -95,6 +95,11 @@ func (l *labCtl) requireGone(name string) {
 			l.t.Errorf("process %s of the lab still runs: %q", e.Name(), strings.ReplaceAll(string(cmdline), "\x00", " "))
 		}
 	}
+	// A Kubernetes lab's pods live in cgroups of the lab's; a cgroup can only
+	// go once no process is left in it.
+	if cg, _ := filepath.Glob("/sys/fs/cgroup/*/twl-" + name + "-*"); len(cg) > 0 {
+		l.t.Errorf("cgroups left: %v", cg)
+	}
 }
 
 func TestLabDefaultAndSideBySide(t *testing.T) {

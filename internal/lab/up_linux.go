@@ -292,7 +292,8 @@ func (s *State) addPods(ctx context.Context, o Options, i int) error {
 		pods = append(pods, p)
 		atts = append(atts, cnidriver.Attachment{ContainerID: p.Name, IfName: "eth0", Netns: "/var/run/netns/" + p.NS})
 	}
-	list := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"lab","plugins":[{"type":"twill","subnetFile":%q,"dataDir":%q}]}`,
+	// The versions dist/10-twill.conflist declares: every runtime reads it.
+	list := fmt.Sprintf(`{"cniVersion":"1.0.0","cniVersions":["1.0.0","1.1.0"],"name":"lab","plugins":[{"type":"twill","subnetFile":%q,"dataDir":%q}]}`,
 		filepath.Join(nodeDir, "subnet.env"), filepath.Join(nodeDir, "networks"))
 	if err := os.WriteFile(filepath.Join(nodeDir, "10-twill.conflist"), []byte(list), 0o644); err != nil {
 		return err
