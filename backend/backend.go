@@ -108,8 +108,8 @@ type Drift struct {
 func (d Drift) Clean() bool { return len(d.Missing)+len(d.Extra)+len(d.Wrong) == 0 }
 
 // RouteDrift compares desired routes with the kernel's owned routes in
-// table (0: main).
-func RouteDrift(h *nl.Handle, table int, desired []nl.Route) (Drift, error) {
+// table (0: main). Devices are named when h can list links.
+func RouteDrift(h RouteTable, table int, desired []nl.Route) (Drift, error) {
 	if table == 0 {
 		table = owned.MainTable
 	}
@@ -125,9 +125,11 @@ func RouteDrift(h *nl.Handle, table int, desired []nl.Route) (Drift, error) {
 	p := DiffRoutes(want, RouteMap(have))
 	d := Drift{Objects: len(desired)}
 	names := map[int]string{}
-	if links, err := h.Links(); err == nil {
-		for _, l := range links {
-			names[l.Index] = l.Name
+	if lh, ok := h.(interface{ Links() ([]nl.Link, error) }); ok {
+		if links, err := lh.Links(); err == nil {
+			for _, l := range links {
+				names[l.Index] = l.Name
+			}
 		}
 	}
 	show := func(r nl.Route) string {

@@ -2,32 +2,25 @@ package backend
 
 import (
 	"bytes"
-	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twill-net/twill/backend/nl"
 )
 
-// NeighSync keeps the permanent neighbour entries (or, with FDB, the
-// forwarding entries) of one device equal to a desired set, the way
-// RouteSync does for routes: a record of the kernel replaced by a dump when
-// invalidated, after FullSyncEvery, or after a failure; a desired set kept
-// between calls and updated in place; changes in batches. Entries that are
-// not permanent belong to the kernel and are left alone.
+// NeighSync keeps the permanent neighbour entries of one device (or, with
+// FDB, its forwarding entries: MAC -> remote) equal to a desired set. It is
+// the neighbour face of the one sync engine (see ownedSet). Entries that
+// are not permanent belong to the kernel and are left alone.
 type NeighSync struct {
-	NL            *nl.Handle
+	NL            NeighTable
 	FDB           bool
 	FullSyncEvery time.Duration
 
-	mu       sync.Mutex
-	known    map[neighKey]nl.Neigh // guarded by mu; nil until read
-	link     int                   // guarded by mu; device the record is for
-	lastDump time.Time             // guarded by mu
-
-	// Used only by Plan, which callers do not run concurrently.
-	desired map[neighKey]*stampedNeigh
-	gen     uint64
+	link atomic.Int64 // the device's index
+	once sync.Once
+	set  ownedSet[neighKey, nl.Neigh]
 }
 
 // neighKey identifies an entry: its IP for neighbours, its MAC for FDB
@@ -37,191 +30,130 @@ type neighKey struct {
 	mac [6]byte
 }
 
-type stampedNeigh struct {
-	n   nl.Neigh
-	gen uint64
+func (s *NeighSync) engine() *ownedSet[neighKey, nl.Neigh] {
+	s.once.Do(func() {
+		s.set.kind = neighKind{s: s}
+		s.set.fullSyncEvery = s.FullSyncEvery
+	})
+	return &s.set
 }
 
-func (s *NeighSync) key(n nl.Neigh) neighKey {
-	if s.FDB {
-		var k neighKey
-		copy(k.mac[:], n.HardwareAddr)
-		return k
+// SetLink says which device the entries are on; a different device than
+// before makes the next sync read the kernel.
+func (s *NeighSync) SetLink(index int) {
+	if s.link.Swap(int64(index)) != int64(index) {
+		s.engine().Invalidate()
+	}
+}
+
+// Prepare plans the change to the whole desired set (what desired emits),
+// reading the kernel if needed, and changes nothing.
+func (s *NeighSync) Prepare(desired func(emit func(nl.Neigh))) (*NeighChange, error) {
+	c, err := s.engine().plan(desired)
+	if err != nil {
+		return nil, err
+	}
+	return &NeighChange{c}, nil
+}
+
+// PrepareUpdate plans a change of part of the desired set: upsert adds or
+// changes entries, remove drops them; the rest stays desired.
+func (s *NeighSync) PrepareUpdate(upsert, remove []nl.Neigh) (*NeighChange, error) {
+	keys := make([]neighKey, len(remove))
+	k := neighKind{s: s}
+	for i, n := range remove {
+		keys[i] = k.key(n)
+	}
+	c, err := s.engine().planUpdate(upsert, keys)
+	if err != nil {
+		return nil, err
+	}
+	return &NeighChange{c}, nil
+}
+
+// Sync makes the entries match the whole desired set.
+func (s *NeighSync) Sync(desired func(emit func(nl.Neigh))) (SyncStats, error) {
+	c, err := s.Prepare(desired)
+	if err != nil {
+		return SyncStats{}, err
+	}
+	return c.Apply()
+}
+
+// Invalidate forces the next sync to read the kernel.
+func (s *NeighSync) Invalidate() { s.engine().Invalidate() }
+
+// NeighChange is a planned change of a NeighSync.
+type NeighChange struct{ c *change[neighKey, nl.Neigh] }
+
+// Upserts sets entries (and, for an FDB entry whose remote changed, first
+// deletes the old one: to the kernel it is another entry).
+func (c *NeighChange) Upserts() (SyncStats, error) { return c.c.upserts() }
+
+// Deletes removes entries no desired one backs.
+func (c *NeighChange) Deletes() (SyncStats, error) { return c.c.deletes() }
+
+// Apply is Upserts, then Deletes.
+func (c *NeighChange) Apply() (SyncStats, error) { return c.c.both() }
+
+// Empty reports whether nothing changes.
+func (c *NeighChange) Empty() bool { return c.c.empty() }
+
+// neighKind is the engine's view of neighbour or FDB entries.
+type neighKind struct{ s *NeighSync }
+
+func (k neighKind) key(n nl.Neigh) neighKey {
+	if k.s.FDB {
+		var key neighKey
+		copy(key.mac[:], n.HardwareAddr)
+		return key
 	}
 	return neighKey{ip: n.IP.As16()}
 }
 
-func sameNeigh(a, b nl.Neigh) bool {
+func (k neighKind) same(a, b nl.Neigh) bool {
 	return a.LinkIndex == b.LinkIndex && a.IP == b.IP && bytes.Equal(a.HardwareAddr, b.HardwareAddr) && a.Permanent == b.Permanent
 }
 
-// NeighPlan is the changes to make.
-type NeighPlan struct {
-	Set, Delete []nl.Neigh
+// inPlace: a neighbour is replaced in place; an FDB entry with a new remote
+// is a new entry (MAC + remote) to the kernel.
+func (k neighKind) inPlace(have, want nl.Neigh) bool { return !k.s.FDB || have.IP == want.IP }
+
+func (k neighKind) normalize(n nl.Neigh) nl.Neigh {
+	n.LinkIndex, n.Permanent = int(k.s.link.Load()), true
+	return n
 }
 
-// Plan computes the changes for link given the entries desired emits (the
-// whole desired set); it reads the kernel when the record cannot be trusted.
-func (s *NeighSync) Plan(link int, desired func(emit func(nl.Neigh))) (NeighPlan, error) {
-	if s.desired == nil {
-		s.desired = map[neighKey]*stampedNeigh{}
+func (k neighKind) list() ([]nl.Neigh, error) {
+	link := int(k.s.link.Load())
+	var (
+		all []nl.Neigh
+		err error
+	)
+	if k.s.FDB {
+		all, err = k.s.NL.FDB(link)
+	} else {
+		all, err = k.s.NL.Neighs(link, nl.FamilyAll)
 	}
-	s.gen++
-	gen := s.gen
-	desired(func(n nl.Neigh) { s.upsert(link, n, gen) })
-	for k, e := range s.desired {
-		if e.gen != gen {
-			delete(s.desired, k)
+	if err != nil {
+		return nil, err
+	}
+	owned := all[:0]
+	for _, n := range all {
+		if n.Permanent {
+			owned = append(owned, n)
 		}
 	}
-	return s.plan(link, nil)
+	return owned, nil
 }
 
-// PlanUpdate is Plan for part of the desired set: upsert adds or changes
-// entries, remove drops them (by key), the rest stays as desired before.
-// While the record is trusted only the changed keys are compared with it.
-func (s *NeighSync) PlanUpdate(link int, upsert, remove []nl.Neigh) (NeighPlan, error) {
-	if s.desired == nil {
-		s.desired = map[neighKey]*stampedNeigh{}
+func (k neighKind) apply(op nl.Op, ns []nl.Neigh) []error {
+	if op == nl.OpAdd {
+		op = nl.OpReplace // neighbour and FDB writes replace
 	}
-	s.gen++
-	keys := make([]neighKey, 0, len(upsert)+len(remove))
-	for _, n := range remove {
-		k := s.key(n)
-		delete(s.desired, k)
-		keys = append(keys, k)
+	ops := make([]nl.NeighOp, len(ns))
+	for i, n := range ns {
+		ops[i] = nl.NeighOp{Op: op, Neigh: n, FDB: k.s.FDB}
 	}
-	for _, n := range upsert {
-		keys = append(keys, s.upsert(link, n, s.gen))
-	}
-	return s.plan(link, keys)
-}
-
-func (s *NeighSync) upsert(link int, n nl.Neigh, gen uint64) neighKey {
-	n.LinkIndex, n.Permanent = link, true
-	k := s.key(n)
-	if e, ok := s.desired[k]; ok {
-		if !sameNeigh(e.n, n) {
-			e.n = n
-		}
-		e.gen = gen
-		return k
-	}
-	s.desired[k] = &stampedNeigh{n: n, gen: gen}
-	return k
-}
-
-// plan diffs the desired set (only keys, when given and the record is
-// trusted) against the record, reading the kernel first when needed.
-func (s *NeighSync) plan(link int, keys []neighKey) (NeighPlan, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.known == nil || s.link != link || (s.FullSyncEvery > 0 && time.Since(s.lastDump) >= s.FullSyncEvery) {
-		var (
-			have []nl.Neigh
-			err  error
-		)
-		if s.FDB {
-			have, err = s.NL.FDB(link)
-		} else {
-			have, err = s.NL.Neighs(link, nl.FamilyAll)
-		}
-		if err != nil {
-			return NeighPlan{}, err
-		}
-		s.known = make(map[neighKey]nl.Neigh, len(have))
-		for _, n := range have {
-			if n.Permanent {
-				s.known[s.key(n)] = n
-			}
-		}
-		s.link, s.lastDump = link, time.Now()
-		keys = nil
-	}
-	var p NeighPlan
-	diffKey := func(k neighKey) bool { // reports whether the entry is exactly as desired
-		e, want := s.desired[k]
-		have, ok := s.known[k]
-		switch {
-		case want && (!ok || !sameNeigh(have, e.n)):
-			if ok && s.FDB && have.IP != e.n.IP {
-				// A changed remote is a different entry to the kernel
-				// (MAC + dst): delete the old one so exactly one remains.
-				p.Delete = append(p.Delete, have)
-			}
-			p.Set = append(p.Set, e.n)
-		case !want && ok:
-			p.Delete = append(p.Delete, have)
-		case want:
-			return true
-		}
-		return false
-	}
-	if keys != nil {
-		for _, k := range keys {
-			diffKey(k)
-		}
-		return p, nil
-	}
-	matched := 0
-	for k := range s.desired {
-		if diffKey(k) {
-			matched++
-		}
-	}
-	if matched == len(s.known) {
-		return p, nil // every kernel entry is desired as it is: nothing to delete
-	}
-	for k, have := range s.known {
-		if _, ok := s.desired[k]; !ok {
-			p.Delete = append(p.Delete, have)
-		}
-	}
-	return p, nil
-}
-
-// Apply carries out one part of a plan and updates the record.
-func (s *NeighSync) Apply(op nl.Op, entries []nl.Neigh) (int, error) {
-	if len(entries) == 0 {
-		return 0, nil
-	}
-	ops := make([]nl.NeighOp, len(entries))
-	for i, n := range entries {
-		n.Permanent = true
-		ops[i] = nl.NeighOp{Op: op, Neigh: n, FDB: s.FDB}
-	}
-	var errs []error
-	done := 0
-	results := s.NL.NeighBatch(ops)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i, err := range results {
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		done++
-		if s.known == nil {
-			continue
-		}
-		n := ops[i].Neigh
-		if op == nl.OpDel {
-			if have, ok := s.known[s.key(n)]; ok && sameNeigh(have, n) {
-				delete(s.known, s.key(n))
-			}
-		} else {
-			s.known[s.key(n)] = n
-		}
-	}
-	if len(errs) > 0 {
-		s.known = nil
-	}
-	return done, errors.Join(errs...)
-}
-
-// Invalidate forces the next Plan to read the kernel.
-func (s *NeighSync) Invalidate() {
-	s.mu.Lock()
-	s.known = nil
-	s.mu.Unlock()
+	return k.s.NL.NeighBatch(ops)
 }

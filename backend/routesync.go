@@ -14,269 +14,147 @@ import (
 	"github.com/twill-net/twill/backend/owned"
 )
 
-// RouteSync keeps the routes twill owns in one table equal to a desired set.
-//
-// Reading 5,000 routes back from the kernel costs several milliseconds, too
-// much to do on every lease event, so RouteSync keeps its own record of what
-// it programmed. The record is replaced by a kernel dump whenever it may be
-// wrong: at the first Sync, after FullSyncEvery, after a failed change, and
-// as soon as Observe sees a kernel event that contradicts it.
-//
-// The desired set is also kept between calls and updated in place, with a
-// generation stamp per route, so that a lease event with thousands of peers
-// allocates almost nothing.
+// RouteSync keeps the routes twill owns in one table (those with twill's
+// protocol) equal to a desired set. It is the route face of the one sync
+// engine (see ownedSet): a record of the kernel re-read when it may be
+// wrong, a desired set updated in place, batched changes, adds before
+// deletes.
 type RouteSync struct {
-	NL            *nl.Handle
+	NL            RouteTable
 	Table         int // 0 means main
 	FullSyncEvery time.Duration
 
-	mu       sync.Mutex
-	known    map[nl.Key]nl.Route // guarded by mu; nil until read from the kernel
-	lastDump time.Time           // guarded by mu
-
-	// Used only inside Sync, which callers do not run concurrently.
-	desired map[nl.Key]*stamped
-	gen     uint64
+	once sync.Once
+	set  ownedSet[nl.Key, nl.Route]
 }
 
-// stamped is a desired route with the generation that last confirmed it
-// (seen) and the one that set its current value (set).
-type stamped struct {
-	route     nl.Route
-	seen, set uint64
+func (s *RouteSync) engine() *ownedSet[nl.Key, nl.Route] {
+	s.once.Do(func() {
+		s.set.kind = routeKind{nl: s.NL, table: tableOrMain(s.Table)}
+		s.set.fullSyncEvery = s.FullSyncEvery
+	})
+	return &s.set
 }
 
-// SyncStats says what one Sync changed.
-type SyncStats struct {
-	Added, Replaced, Deleted int
-	// Repaired counts changes to routes whose desired value had not
-	// changed, and deletions of routes nobody asked for in this process's
-	// life: drift, as opposed to lease changes.
-	Repaired int
-	// Dumped is true when the kernel was read back.
-	Dumped bool
+func tableOrMain(t int) int {
+	if t == 0 {
+		return owned.MainTable
+	}
+	return t
 }
 
 // Sync makes the owned routes match the routes desired emits: the whole
 // desired set. Callers run one Sync or Update at a time.
 func (s *RouteSync) Sync(desired func(emit func(nl.Route))) (SyncStats, error) {
-	if s.desired == nil {
-		s.desired = map[nl.Key]*stamped{}
+	c, err := s.Prepare(desired)
+	if err != nil {
+		return SyncStats{}, err
 	}
-	s.gen++
-	gen := s.gen
-	table := s.table()
-	desired(func(r nl.Route) { s.upsertLocked(r, table, gen) })
-	var dropped map[nl.Key]bool // desired last time, not any more
-	for k, e := range s.desired {
-		if e.seen != gen {
-			if dropped == nil {
-				dropped = map[nl.Key]bool{}
-			}
-			dropped[k] = true
-			delete(s.desired, k)
-		}
-	}
-	return s.converge(nil, dropped, gen)
+	return c.Apply()
 }
 
 // Update changes part of the desired set: upsert adds or changes routes,
-// remove drops routes by key; the rest stays as desired before. While the
-// record of the kernel is trusted, only the changed keys are compared with
-// it, so the cost is that of the change, not of the whole set; otherwise
-// the whole desired set is compared with a fresh dump, as Sync does.
+// remove drops them by key; the rest stays desired. While the record of
+// the kernel is trusted only the changed keys are compared with it.
 func (s *RouteSync) Update(upsert []nl.Route, remove []nl.Key) (SyncStats, error) {
-	if s.desired == nil {
-		s.desired = map[nl.Key]*stamped{}
+	c, err := s.PrepareUpdate(upsert, remove)
+	if err != nil {
+		return SyncStats{}, err
 	}
-	s.gen++
-	gen := s.gen
-	table := s.table()
-	keys := make([]nl.Key, 0, len(upsert)+len(remove))
-	for _, r := range upsert {
-		keys = append(keys, s.upsertLocked(r, table, gen))
-	}
-	var dropped map[nl.Key]bool
-	for _, k := range remove {
-		if _, ok := s.desired[k]; ok {
-			if dropped == nil {
-				dropped = map[nl.Key]bool{}
-			}
-			dropped[k] = true
-			delete(s.desired, k)
-		}
-		keys = append(keys, k)
-	}
-	return s.converge(keys, dropped, gen)
+	return c.Apply()
 }
 
-// upsertLocked records r as desired (stamping it seen, and set when it is
-// new or changed) and returns its key.
-func (s *RouteSync) upsertLocked(r nl.Route, table int, gen uint64) nl.Key {
-	r.Protocol, r.Table = owned.RouteProtocol, table
-	k := r.Key()
-	e, ok := s.desired[k]
-	switch {
-	case !ok:
-		s.desired[k] = &stamped{route: r, seen: gen, set: gen}
-	case !e.route.Equal(r):
-		e.route, e.seen, e.set = r, gen, gen
-	default:
-		e.seen = gen
+// Prepare is Sync's first half: it plans, reading the kernel if needed,
+// and changes nothing. A backend that must order changes across sets (a
+// neighbour before its route, a route before its FDB entry goes) applies
+// the halves itself.
+func (s *RouteSync) Prepare(desired func(emit func(nl.Route))) (*RouteChange, error) {
+	c, err := s.engine().plan(desired)
+	if err != nil {
+		return nil, fmt.Errorf("reading owned routes of table %d: %w", tableOrMain(s.Table), err)
 	}
-	return k
+	return &RouteChange{c}, nil
 }
 
-// converge compares the desired set with the kernel (only keys, when given
-// and the record is trusted) and applies the difference.
-func (s *RouteSync) converge(keys []nl.Key, dropped map[nl.Key]bool, gen uint64) (SyncStats, error) {
-	var st SyncStats
-	table := s.table()
-	s.mu.Lock()
-	if s.known == nil || (s.FullSyncEvery > 0 && time.Since(s.lastDump) >= s.FullSyncEvery) {
-		s.mu.Unlock()
-		have, err := s.NL.Routes(nl.FamilyAll, nl.RouteFilter{Table: table, Protocol: owned.RouteProtocol})
-		if err != nil {
-			return st, fmt.Errorf("reading owned routes of table %d: %w", table, err)
-		}
-		s.mu.Lock()
-		s.known = RouteMap(have)
-		s.lastDump = time.Now()
-		st.Dumped = true
-		keys = nil // the record was just rebuilt: compare everything
+// PrepareUpdate is Update's first half.
+func (s *RouteSync) PrepareUpdate(upsert []nl.Route, remove []nl.Key) (*RouteChange, error) {
+	c, err := s.engine().planUpdate(upsert, remove)
+	if err != nil {
+		return nil, fmt.Errorf("reading owned routes of table %d: %w", tableOrMain(s.Table), err)
 	}
-	var plan RoutePlan
-	if keys == nil {
-		plan = diffRoutes(s.desired, func(e *stamped) nl.Route { return e.route }, s.known)
-	} else {
-		for _, k := range keys {
-			e, want := s.desired[k]
-			have, ok := s.known[k]
-			switch {
-			case want && !ok:
-				plan.Add = append(plan.Add, e.route)
-			case want && !have.Equal(e.route):
-				plan.Replace = append(plan.Replace, e.route)
-			case !want && ok:
-				plan.Delete = append(plan.Delete, have)
-			}
-		}
-	}
-	s.mu.Unlock()
-
-	// A change is drift unless the desired route was set by this very call.
-	drift := func(r nl.Route) bool { return s.desired[r.Key()].set != gen }
-	var errs []error
-	// Add and replace first, then delete: a route never disappears before
-	// its successor is in place. Each phase is one batch.
-	for _, phase := range []struct {
-		op     nl.Op
-		routes []nl.Route
-	}{{nl.OpAdd, plan.Add}, {nl.OpReplace, plan.Replace}, {nl.OpDel, plan.Delete}} {
-		if len(phase.routes) == 0 {
-			continue
-		}
-		ops := make([]nl.RouteOp, len(phase.routes))
-		for i, r := range phase.routes {
-			ops[i] = nl.RouteOp{Op: phase.op, Route: r}
-			s.record(r, phase.op != nl.OpDel)
-		}
-		for i, err := range s.NL.RouteBatch(ops) {
-			r := phase.routes[i]
-			if err != nil {
-				s.record(r, phase.op == nl.OpDel) // undo: the kernel did not change
-				if phase.op == nl.OpAdd && errors.Is(err, unix.EEXIST) {
-					err = fmt.Errorf("%w (a route twill does not own holds this destination; leaving it alone)", err)
-				}
-				errs = append(errs, err)
-				continue
-			}
-			switch phase.op {
-			case nl.OpAdd:
-				st.Added++
-				if drift(r) {
-					st.Repaired++
-				}
-			case nl.OpReplace:
-				st.Replaced++
-				if drift(r) {
-					st.Repaired++
-				}
-			case nl.OpDel:
-				st.Deleted++
-				if !dropped[r.Key()] {
-					st.Repaired++ // stale: not desired at any time by this process
-				}
-			}
-		}
-	}
-	if len(errs) > 0 {
-		s.Invalidate() // re-read the kernel next time
-	}
-	return st, errors.Join(errs...)
+	return &RouteChange{c}, nil
 }
 
-// record updates the record before the kernel call, so that the event the
-// kernel sends about our own change agrees with it.
-func (s *RouteSync) record(r nl.Route, present bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.known == nil {
-		return
-	}
-	if present {
-		s.known[r.Key()] = r
-	} else {
-		delete(s.known, r.Key())
-	}
-}
+// RouteChange is a planned change of a RouteSync.
+type RouteChange struct{ c *change[nl.Key, nl.Route] }
+
+// Upserts adds and replaces routes.
+func (c *RouteChange) Upserts() (SyncStats, error) { return c.c.upserts() }
+
+// Deletes removes routes no desired one backs.
+func (c *RouteChange) Deletes() (SyncStats, error) { return c.c.deletes() }
+
+// Apply is Upserts, then Deletes.
+func (c *RouteChange) Apply() (SyncStats, error) { return c.c.both() }
 
 // Observe checks a kernel route event against the record and reports
 // whether it contradicts it, in which case the next Sync reads the kernel.
 func (s *RouteSync) Observe(ev nl.RouteEvent) bool {
-	if ev.Route.Protocol != owned.RouteProtocol || ev.Route.Key().Table != uint32(s.table()) {
+	if ev.Route.Protocol != owned.RouteProtocol || ev.Route.Key().Table != uint32(tableOrMain(s.Table)) {
 		return false
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.known == nil {
-		return true
-	}
-	have, ok := s.known[ev.Route.Key()]
-	contradicts := ok == ev.Deleted
-	if !contradicts && !ev.Deleted && !have.Equal(ev.Route) {
-		contradicts = true
-	}
-	if contradicts {
-		s.known = nil
-	}
-	return contradicts
+	return s.engine().observe(ev.Route, ev.Deleted)
 }
 
 // Invalidate forces the next Sync to read the kernel.
-func (s *RouteSync) Invalidate() {
-	s.mu.Lock()
-	s.known = nil
-	s.mu.Unlock()
-}
-
-func (s *RouteSync) table() int {
-	if s.Table == 0 {
-		return owned.MainTable
-	}
-	return s.Table
-}
+func (s *RouteSync) Invalidate() { s.engine().Invalidate() }
 
 // Watch follows the kernel's route events until ctx ends, and pokes when
 // one contradicts the record (a route of twill's changed behind its back).
 // Every (re)subscription invalidates the record and pokes, since events
 // before it were not seen. It is the route half of a KernelWatcher.
 func (s *RouteSync) Watch(ctx context.Context, log *slog.Logger, poke func()) error {
+	w, ok := s.NL.(RouteWatcher)
+	if !ok {
+		<-ctx.Done()
+		return nil
+	}
 	return WatchLoop(ctx, log, "route", func() { s.Invalidate(); poke() }, func(ctx context.Context, subscribed func()) error {
-		return s.NL.WatchRoutes(ctx, subscribed, func(ev nl.RouteEvent) {
+		return w.WatchRoutes(ctx, subscribed, func(ev nl.RouteEvent) {
 			if s.Observe(ev) {
 				poke()
 			}
 		})
 	})
+}
+
+// routeKind is the engine's view of routes.
+type routeKind struct {
+	nl    RouteTable
+	table int
+}
+
+func (k routeKind) key(r nl.Route) nl.Key           { return r.Key() }
+func (k routeKind) same(a, b nl.Route) bool         { return a.Equal(b) }
+func (k routeKind) inPlace(nl.Route, nl.Route) bool { return true }
+func (k routeKind) normalize(r nl.Route) nl.Route {
+	r.Protocol, r.Table = owned.RouteProtocol, k.table
+	return r
+}
+func (k routeKind) list() ([]nl.Route, error) {
+	return k.nl.Routes(nl.FamilyAll, nl.RouteFilter{Table: k.table, Protocol: owned.RouteProtocol})
+}
+
+func (k routeKind) apply(op nl.Op, rs []nl.Route) []error {
+	ops := make([]nl.RouteOp, len(rs))
+	for i, r := range rs {
+		ops[i] = nl.RouteOp{Op: op, Route: r}
+	}
+	errs := k.nl.RouteBatch(ops)
+	for i, err := range errs {
+		if op == nl.OpAdd && errors.Is(err, unix.EEXIST) {
+			errs[i] = fmt.Errorf("%w (a route twill does not own holds this destination; leaving it alone)", err)
+		}
+	}
+	return errs
 }

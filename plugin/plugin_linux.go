@@ -21,6 +21,7 @@ import (
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/internal/allocations"
+	"github.com/twill-net/twill/internal/sysctl"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -170,8 +171,8 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	if err := host.LinkSetUp(hostLink.Index); err != nil {
 		return fmt.Errorf("twill: %w", err)
 	}
-	if err := writeSysctl("net/ipv4/conf/"+hostName+"/proxy_arp", "1"); err != nil {
-		return err
+	if err := sysctl.Set("net/ipv4/conf/"+hostName+"/proxy_arp", "1"); err != nil {
+		return fmt.Errorf("twill: %w", err)
 	}
 	for _, ip := range ips {
 		r := nl.Route{Dst: hostPrefix(ip), LinkIndex: hostLink.Index, Scope: nl.ScopeLink, Protocol: owned.PodRouteProtocol}
@@ -583,11 +584,4 @@ func cmdGC(args *skel.CmdArgs) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func writeSysctl(name, value string) error {
-	if err := os.WriteFile("/proc/sys/"+name, []byte(value), 0o644); err != nil {
-		return fmt.Errorf("twill: setting %s=%s: %w", strings.ReplaceAll(name, "/", "."), value, err)
-	}
-	return nil
 }

@@ -42,7 +42,7 @@ import (
 	enicni "github.com/twill-net/twill/backend/eni/cni"
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/backend/owned"
-	"github.com/twill-net/twill/network"
+	"github.com/twill-net/twill/internal/sysctl"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -170,12 +170,28 @@ func ParseData(raw json.RawMessage) (Data, error) {
 	return d, nil
 }
 
+// Kernel is what the eni backend reads and changes: the ENI's link and
+// address, routes, policy rules. *nl.Handle has it all; internal/kernelfake
+// models it.
+type Kernel interface {
+	backend.RouteTable
+	backend.RuleTable
+	LinkByName(name string) (nl.Link, error)
+	LinkSetUp(index int) error
+	Addrs(link int, family nl.Family) ([]nl.Addr, error)
+	AddrAdd(link int, p netip.Prefix) error
+	RouteDel(r nl.Route) error
+}
+
+var _ Kernel = (*nl.Handle)(nil)
+
 // Backend is eni on one node.
 type Backend struct {
 	opts backend.Options
 	set  Settings
 	prov Provider
 	log  *slog.Logger
+	k    Kernel
 
 	link nl.Link
 	eni  ENI
@@ -199,22 +215,36 @@ func New(opts backend.Options) (backend.Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Backend{opts: opts, set: set, prov: prov, log: opts.Logger.With("backend", Type, "mode", set.Mode)}, nil
+	b := &Backend{opts: opts, set: set, prov: prov, log: opts.Logger.With("backend", Type, "mode", set.Mode)}
+	if opts.Netlink != nil {
+		b.k = opts.Netlink
+	}
+	return b, nil
+}
+
+// describe finds the ENI's link and asks the provider what the ENI is: a
+// read, with no side effect in the cloud or the kernel.
+func (b *Backend) describe(ctx context.Context) error {
+	link, err := b.k.LinkByName(b.set.Interface)
+	if err != nil {
+		return fmt.Errorf("eni: Backend.Interface %q: %w", b.set.Interface, err)
+	}
+	mac := net.HardwareAddr(link.HardwareAddr).String()
+	eni, err := b.prov.DescribeENI(ctx, mac)
+	if err != nil {
+		return fmt.Errorf("eni: describing the ENI of %s (%s): %w", link.Name, mac, err)
+	}
+	b.link, b.eni = link, eni
+	return nil
 }
 
 // Prepare finds the ENI, asks the provider what it is, and publishes its
 // primary IP for the peers' routes.
 func (b *Backend) Prepare(ctx context.Context) (subnet.LeaseAttrs, error) {
-	h := b.opts.Netlink
-	link, err := h.LinkByName(b.set.Interface)
-	if err != nil {
-		return subnet.LeaseAttrs{}, fmt.Errorf("eni: Backend.Interface %q: %w", b.set.Interface, err)
+	if err := b.describe(ctx); err != nil {
+		return subnet.LeaseAttrs{}, err
 	}
-	mac := net.HardwareAddr(link.HardwareAddr).String()
-	eni, err := b.prov.DescribeENI(ctx, mac)
-	if err != nil {
-		return subnet.LeaseAttrs{}, fmt.Errorf("eni: describing the ENI of %s (%s): %w", link.Name, mac, err)
-	}
+	h, link, eni := b.k, b.link, b.eni
 	addrs, err := h.Addrs(link.Index, nl.FamilyV4)
 	if err != nil {
 		return subnet.LeaseAttrs{}, fmt.Errorf("eni: %w", err)
@@ -234,35 +264,26 @@ func (b *Backend) Prepare(ctx context.Context) (subnet.LeaseAttrs, error) {
 			return subnet.LeaseAttrs{}, fmt.Errorf("eni: %w", err)
 		}
 	}
-	b.link, b.eni = link, eni
 	data, _ := json.Marshal(Data{ENI: eni.ID, ENIIP: eni.PrimaryIP.Addr()})
 	ext := b.opts.ExtIface
 	b.log.Info("using ENI", "eni", eni.ID, "iface", link.Name, "primary_ip", eni.PrimaryIP, "gateway", eni.Gateway, "provider", b.set.Provider)
 	return subnet.LeaseAttrs{PublicIP: ext.PublicIP, BackendType: Type, BackendData: data}, nil
 }
 
-// Attach delegates the lease prefix to the ENI (prefix mode) and returns the
-// Network that keeps the node's policy routing in place.
+// Attach returns the Network that keeps the node's policy routing in
+// place. It changes nothing in the cloud or the kernel (twillctl status
+// attaches to compare): delegating the lease prefix is Reconcile's first
+// step.
 func (b *Backend) Attach(ctx context.Context, lease subnet.Lease) (backend.Network, error) {
-	if b.set.Mode == ModePrefix {
-		if err := b.prov.AssignPrefix(ctx, b.eni.ID, lease.Subnet); err != nil {
-			return nil, fmt.Errorf("eni: delegating the lease %s to ENI %s: %w", lease.Subnet, b.eni.ID, err)
-		}
-		// A prefix from an earlier lease of this node would stay routed to
-		// it in the cloud, and blackhole whoever holds that subnet next.
-		for _, p := range b.eni.Prefixes {
-			if p == lease.Subnet {
-				continue
-			}
-			if err := b.prov.UnassignPrefix(ctx, b.eni.ID, p); err != nil {
-				return nil, fmt.Errorf("eni: taking the old prefix %s back from ENI %s: %w", p, b.eni.ID, err)
-			}
-			b.log.Info("took back a prefix of an earlier lease from the ENI", "eni", b.eni.ID, "prefix", p, "lease", lease.Subnet)
+	if b.eni.ID == "" {
+		if err := b.describe(ctx); err != nil {
+			return nil, err
 		}
 	}
 	n := &Network{
-		b: b, set: b.set, link: b.link, eni: b.eni, log: b.log, metrics: b.opts.Metrics,
-		routes: &backend.RouteSync{NL: b.opts.Netlink, Table: b.set.Table, FullSyncEvery: b.opts.FullSyncEvery},
+		b: b, set: b.set, link: b.link, eni: b.eni, log: b.log, metrics: b.opts.Metrics, lease: lease,
+		routes: &backend.RouteSync{NL: b.k, Table: b.set.Table, FullSyncEvery: b.opts.FullSyncEvery},
+		rules:  &backend.RuleSync{NL: b.k, FullSyncEvery: b.opts.FullSyncEvery},
 	}
 	if b.set.Mode == ModeSecondaryIP {
 		n.pool = &Pool{Dir: filepath.Join(b.opts.StateDir, "eni-pool"), Provider: b.prov, ENI: b.eni, Log: b.log,
@@ -283,7 +304,12 @@ type Network struct {
 	log     *slog.Logger
 	metrics *backend.Metrics
 	routes  *backend.RouteSync
+	rules   *backend.RuleSync
 	pool    *Pool
+	lease   subnet.Lease
+	// delegated is set once the lease prefix is the ENI's in the cloud
+	// (prefix mode); only Reconcile's goroutine touches it.
+	delegated bool
 
 	mu      sync.Mutex
 	badPeer map[string]string // guarded by mu; peers with unusable data, logged once
@@ -358,6 +384,9 @@ func (n *Network) DesiredRoutes(peers []subnet.Lease, emit func(nl.Route)) (bad 
 // no VPC subnet route in main, the rule for the ENI's own address, and
 // loose reverse-path filtering on the ENI.
 func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
+	if err := n.delegate(ctx); err != nil {
+		return err
+	}
 	if err := n.nodeSetup(); err != nil {
 		return fmt.Errorf("eni: %w", err)
 	}
@@ -391,9 +420,34 @@ func (n *Network) nodeRule() nl.Rule {
 	return nl.Rule{Priority: n.set.RuleFromPod, Src: netip.PrefixFrom(n.eni.PrimaryIP.Addr(), 32), Table: n.set.Table, Protocol: owned.RouteProtocol}
 }
 
+// delegate makes the lease prefix the ENI's in the cloud (prefix mode),
+// and takes back the prefixes of earlier leases, once.
+func (n *Network) delegate(ctx context.Context) error {
+	if n.set.Mode != ModePrefix || n.delegated {
+		return nil
+	}
+	b, lease := n.b, n.lease
+	if err := b.prov.AssignPrefix(ctx, n.eni.ID, lease.Subnet); err != nil {
+		return fmt.Errorf("eni: delegating the lease %s to ENI %s: %w", lease.Subnet, n.eni.ID, err)
+	}
+	// A prefix from an earlier lease of this node would stay routed to it
+	// in the cloud, and blackhole whoever holds that subnet next.
+	for _, p := range n.eni.Prefixes {
+		if p == lease.Subnet {
+			continue
+		}
+		if err := b.prov.UnassignPrefix(ctx, n.eni.ID, p); err != nil {
+			return fmt.Errorf("eni: taking the old prefix %s back from ENI %s: %w", p, n.eni.ID, err)
+		}
+		n.log.Info("took back a prefix of an earlier lease from the ENI", "eni", n.eni.ID, "prefix", p, "lease", lease.Subnet)
+	}
+	n.delegated = true
+	return nil
+}
+
 func (n *Network) nodeSetup() error {
-	h := n.routes.NL
-	if err := network.SetSysctl("net/ipv4/conf/"+n.link.Name+"/rp_filter", "2"); err != nil {
+	h := n.b.k
+	if err := sysctl.Set("net/ipv4/conf/"+n.link.Name+"/rp_filter", "2"); err != nil {
 		return err
 	}
 	main, err := h.Routes(nl.FamilyV4, nl.RouteFilter{LinkIndex: n.link.Index})
@@ -408,24 +462,15 @@ func (n *Network) nodeSetup() error {
 			n.log.Info("removed the VPC subnet's route from the main table; pods reach it only through table "+strconv.Itoa(n.set.Table), "route", r.String())
 		}
 	}
-	rules, err := h.Rules(nl.FamilyV4)
-	if err != nil {
-		return err
-	}
-	want := n.nodeRule()
-	for _, r := range rules {
-		if r.Same(want) {
-			return nil
-		}
-	}
-	return h.RuleAdd(want)
+	_, err = n.rules.Sync(func(emit func(nl.Rule)) { emit(n.nodeRule()) })
+	return err
 }
 
 // Drift compares the kernel with what peers call for, changing nothing.
 func (n *Network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift, error) {
 	var routes []nl.Route
 	bad := n.DesiredRoutes(peers, func(r nl.Route) { routes = append(routes, r) })
-	d, err := backend.RouteDrift(n.routes.NL, n.set.Table, routes)
+	d, err := backend.RouteDrift(n.b.k, n.set.Table, routes)
 	if err != nil {
 		return d, err
 	}
@@ -433,7 +478,7 @@ func (n *Network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift,
 		d.Refused = append(d.Refused, k+": "+why)
 	}
 	slices.Sort(d.Refused)
-	rules, err := n.routes.NL.Rules(nl.FamilyV4)
+	rules, err := n.b.k.Rules(nl.FamilyV4)
 	if err != nil {
 		return d, err
 	}

@@ -34,8 +34,6 @@ func (e ENI) Subnet() netip.Prefix { return e.PrimaryIP.Masked() }
 type Provider interface {
 	// DescribeENI returns the ENI whose MAC address is mac.
 	DescribeENI(ctx context.Context, mac string) (ENI, error)
-	// AttachENI attaches a new ENI in subnet to this instance.
-	AttachENI(ctx context.Context, subnet netip.Prefix) (ENI, error)
 	// AssignIPs assigns n more secondary IPs to the ENI and returns the
 	// ENI as it is afterwards.
 	AssignIPs(ctx context.Context, eniID string, n int) (ENI, error)
@@ -56,7 +54,7 @@ var (
 	ErrLimitExceeded = errors.New("limit exceeded")
 	// ErrThrottled: the API asks the caller to slow down; retry later.
 	ErrThrottled = errors.New("throttled")
-	// ErrNotSupported: the provider cannot do this (static: attach).
+	// ErrNotSupported: the provider cannot do this.
 	ErrNotSupported = errors.New("not supported")
 )
 

@@ -88,10 +88,6 @@ func (s *static) DescribeENI(_ context.Context, mac string) (ENI, error) {
 	return s.find(func(e ENI) bool { return e.MAC == strings.ToLower(mac) }, "MAC "+mac)
 }
 
-func (s *static) AttachENI(context.Context, netip.Prefix) (ENI, error) {
-	return ENI{}, fmt.Errorf("static provider: attaching an ENI: %w (declare it in ProviderConfig.ENIs)", ErrNotSupported)
-}
-
 func (s *static) AssignIPs(_ context.Context, id string, _ int) (ENI, error) {
 	e, err := s.find(func(e ENI) bool { return e.ID == id }, "ID "+id)
 	if err != nil {

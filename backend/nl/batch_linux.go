@@ -21,22 +21,6 @@ import (
 // applies each message on its own, so one failing route does not stop the
 // others, and each gets its own error.
 
-// Op is a kind of route change.
-type Op int
-
-// Route changes.
-const (
-	OpAdd     Op = iota // fail with EEXIST if the key is taken
-	OpReplace           // add or replace the route with the same key
-	OpDel               // a missing route is not an error
-)
-
-// RouteOp is one change in a batch.
-type RouteOp struct {
-	Op    Op
-	Route Route
-}
-
 // batchSize bounds the messages in flight, keeping well under the socket's
 // receive buffer for the acks.
 const batchSize = 256
@@ -58,15 +42,6 @@ func (h *Handle) RouteBatch(ops []RouteOp) []error {
 			}
 			return opError(ops[i], errno)
 		})
-}
-
-// NeighOp is one neighbour or FDB change in a batch.
-type NeighOp struct {
-	Op    Op // OpReplace or OpDel
-	Neigh Neigh
-	// FDB makes it a bridge forwarding entry (MAC -> remote IP, on the
-	// device itself) rather than an ARP/NDP entry.
-	FDB bool
 }
 
 // NeighBatch applies neighbour and FDB changes in order and returns one

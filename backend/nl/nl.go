@@ -8,6 +8,7 @@
 package nl
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 )
@@ -141,4 +142,76 @@ func (r Rule) String() string {
 		s += " to " + r.Dst.String()
 	}
 	return s + fmt.Sprintf(" lookup %d", r.Table)
+}
+
+// Family selects an address family for listings.
+type Family int
+
+// Address families.
+const (
+	FamilyAll Family = 0  // AF_UNSPEC
+	FamilyV4  Family = 2  // AF_INET
+	FamilyV6  Family = 10 // AF_INET6
+)
+
+// RouteFilter narrows a route listing. Zero fields match anything, except
+// Table, where 0 means the main table.
+type RouteFilter struct {
+	AllTables bool // every table; Table is ignored
+	Table     int
+	Protocol  int
+	LinkIndex int
+}
+
+// ErrLinkNotFound is returned (wrapped) when a named or indexed link is absent.
+var ErrLinkNotFound = errors.New("link not found")
+
+// RouteEvent is a change the kernel announced to one of its routes.
+type RouteEvent struct {
+	Deleted bool
+	Route   Route
+}
+
+// watchReceiveBuffer is the receive buffer of event subscriptions. A burst
+// of thousands of route changes (a start-up, a mass lease change) overflows
+// the kernel's default and loses the subscription (ENOBUFS); 8 MiB holds
+// about 50,000 route messages. The kernel allocates it only as it fills.
+const watchReceiveBuffer = 8 << 20
+
+// LinkEvent is a change the kernel announced to a link.
+type LinkEvent struct {
+	Deleted bool
+	Link    Link
+}
+
+// AddrEvent is a change the kernel announced to an address.
+type AddrEvent struct {
+	Deleted   bool
+	LinkIndex int
+	Prefix    netip.Prefix
+}
+
+// Op is a kind of route change.
+type Op int
+
+// Route changes.
+const (
+	OpAdd     Op = iota // fail with EEXIST if the key is taken
+	OpReplace           // add or replace the route with the same key
+	OpDel               // a missing route is not an error
+)
+
+// RouteOp is one change in a batch.
+type RouteOp struct {
+	Op    Op
+	Route Route
+}
+
+// NeighOp is one neighbour or FDB change in a batch.
+type NeighOp struct {
+	Op    Op // OpReplace or OpDel
+	Neigh Neigh
+	// FDB makes it a bridge forwarding entry (MAC -> remote IP, on the
+	// device itself) rather than an ARP/NDP entry.
+	FDB bool
 }

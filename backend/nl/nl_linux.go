@@ -85,25 +85,6 @@ func retryDump[T any](dump func() (T, error)) (T, error) {
 	return v, fmt.Errorf("dump still interrupted after %d attempts: %w", dumpAttempts, err)
 }
 
-// Family selects an address family for listings.
-type Family int
-
-// Address families.
-const (
-	FamilyAll Family = unix.AF_UNSPEC
-	FamilyV4  Family = unix.AF_INET
-	FamilyV6  Family = unix.AF_INET6
-)
-
-// RouteFilter narrows a route listing. Zero fields match anything, except
-// Table, where 0 means the main table.
-type RouteFilter struct {
-	AllTables bool // every table; Table is ignored
-	Table     int
-	Protocol  int
-	LinkIndex int
-}
-
 // Routes lists the routes of one table, optionally narrowed by protocol and
 // link. Only unicast routes are returned.
 func (h *Handle) Routes(family Family, f RouteFilter) ([]Route, error) {
@@ -234,9 +215,6 @@ func fromNetlinkLink(l netlink.Link) Link {
 	}
 }
 
-// ErrLinkNotFound is returned (wrapped) when a named or indexed link is absent.
-var ErrLinkNotFound = errors.New("link not found")
-
 // LinkByName returns the link called name.
 func (h *Handle) LinkByName(name string) (Link, error) {
 	l, err := h.h.LinkByName(name)
@@ -305,18 +283,6 @@ func (h *Handle) Addrs(linkIndex int, family Family) ([]Addr, error) {
 	}
 	return out, nil
 }
-
-// RouteEvent is a change the kernel announced to one of its routes.
-type RouteEvent struct {
-	Deleted bool
-	Route   Route
-}
-
-// watchReceiveBuffer is the receive buffer of event subscriptions. A burst
-// of thousands of route changes (a start-up, a mass lease change) overflows
-// the kernel's default and loses the subscription (ENOBUFS); 8 MiB holds
-// about 50,000 route messages. The kernel allocates it only as it fills.
-const watchReceiveBuffer = 8 << 20
 
 // WatchRoutes calls subscribed once the subscription is in place, then fn
 // for every route change in the handle's namespace, until ctx is done.
@@ -534,12 +500,6 @@ func (h *Handle) FDB(index int) ([]Neigh, error) {
 	return out, nil
 }
 
-// LinkEvent is a change the kernel announced to a link.
-type LinkEvent struct {
-	Deleted bool
-	Link    Link
-}
-
 // WatchLinks calls subscribed once subscribed, then fn for every link
 // change in the handle's namespace, until ctx is done. Neither may block.
 func (h *Handle) WatchLinks(ctx context.Context, subscribed func(), fn func(LinkEvent)) error {
@@ -553,13 +513,6 @@ func (h *Handle) WatchLinks(ctx context.Context, subscribed func(), fn func(Link
 	}, func(u netlink.LinkUpdate) {
 		fn(LinkEvent{Deleted: u.Header.Type == unix.RTM_DELLINK, Link: fromNetlinkLink(u.Link)})
 	})
-}
-
-// AddrEvent is a change the kernel announced to an address.
-type AddrEvent struct {
-	Deleted   bool
-	LinkIndex int
-	Prefix    netip.Prefix
 }
 
 // WatchAddrs calls subscribed once subscribed, then fn for every address

@@ -12,6 +12,8 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+
+	"github.com/twill-net/twill/internal/sysctl"
 )
 
 // Options describe the cluster to build.
@@ -164,7 +166,7 @@ func Build(o Options) (_ *Topology, err error) {
 				}
 			}
 		}
-		if _, err := Exec(t.Router, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"); err != nil {
+		if err := sysctl.SetIn("/var/run/netns/"+t.Router, "net/ipv4/ip_forward", "1"); err != nil {
 			return nil, err
 		}
 		// The first underlay namespace (where etcd listens) reaches the
@@ -282,7 +284,7 @@ func (t *Topology) AddPod(node Node, name string, addr netip.Addr) (Pod, error) 
 			return p, err
 		}
 	}
-	if _, err := Exec(node.NS, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/conf/"+host+"/proxy_arp"); err != nil {
+	if err := sysctl.SetIn("/var/run/netns/"+node.NS, "net/ipv4/conf/"+host+"/proxy_arp", "1"); err != nil {
 		return p, err
 	}
 	return p, nil

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 
 	"github.com/twill-net/twill/backend/eni/sim"
+	"github.com/twill-net/twill/internal/sysctl"
 )
 
 // VPCOptions turn the underlay into a simulated cloud VPC for the eni
@@ -43,8 +44,10 @@ func (t *Topology) buildVPC(o Options) error {
 			return err
 		}
 	}
-	if _, err := Exec(fab, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward; echo 1 > /proc/sys/net/ipv4/conf/all/rp_filter; echo 1 > /proc/sys/net/ipv4/conf/default/rp_filter"); err != nil {
-		return err
+	for _, name := range []string{"net/ipv4/ip_forward", "net/ipv4/conf/all/rp_filter", "net/ipv4/conf/default/rp_filter"} {
+		if err := sysctl.SetIn("/var/run/netns/"+fab, name, "1"); err != nil {
+			return err
+		}
 	}
 	st := sim.State{Fabric: fab, VPC: v.Space, Subnet: v.ENISubnet, Gateway: gwENI, MaxIPsPerENI: v.MaxIPsPerENI}
 	nextPrimary, nextENI := o.Underlay.Addr(), v.ENISubnet.Addr()
@@ -75,12 +78,12 @@ func (t *Topology) buildVPC(o Options) error {
 				return err
 			}
 		}
-		sysctls := ""
 		for _, port := range []string{pPort, ePort} {
-			sysctls += fmt.Sprintf("echo 1 > /proc/sys/net/ipv4/conf/%s/proxy_arp; echo 1 > /proc/sys/net/ipv4/conf/%s/rp_filter; ", port, port)
-		}
-		if _, err := Exec(fab, "sh", "-c", sysctls); err != nil {
-			return err
+			for _, name := range []string{"proxy_arp", "rp_filter"} {
+				if err := sysctl.SetIn("/var/run/netns/"+fab, "net/ipv4/conf/"+port+"/"+name, "1"); err != nil {
+					return err
+				}
+			}
 		}
 		mac, err := linkMAC(n.NS, "eth1")
 		if err != nil {

@@ -206,11 +206,6 @@ func (p *Provider) DescribeENI(_ context.Context, mac string) (eni.ENI, error) {
 	return eni.ENI{}, fmt.Errorf("sim: no ENI with MAC %s", mac)
 }
 
-// AttachENI is not simulated: the test topology attaches the ENIs.
-func (p *Provider) AttachENI(context.Context, netip.Prefix) (eni.ENI, error) {
-	return eni.ENI{}, fmt.Errorf("sim: attaching an ENI: %w (the simulated VPC's topology attaches one per node)", eni.ErrNotSupported)
-}
-
 // AssignIPs assigns up to n free addresses of the subnet, within the ENI's
 // limit.
 func (p *Provider) AssignIPs(ctx context.Context, id string, n int) (eni.ENI, error) {

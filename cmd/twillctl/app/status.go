@@ -97,12 +97,6 @@ func runStatus(ctx context.Context, w io.Writer, reg *backend.Registry, o status
 	if err != nil {
 		return err
 	}
-	if cfg.BackendType == "eni" {
-		// Attaching eni would call its cloud provider; status stays read-only.
-		fmt.Fprintf(w, "lease\t%s\tbackend eni\tMTU %d\npeers\t%d valid, %d refused\nkernel\tdrift is not checked for eni; see `ip rule` and `ip route show table %s`\n",
-			env.Subnet, env.MTU, len(peers), len(refused), env.Extra["ENI_TABLE"])
-		return nil
-	}
 	be, err := reg.New(cfg.BackendType, backend.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Netlink: h, ExtIface: ext, Config: cfg, StateDir: o.stateDir})
 	if err != nil {

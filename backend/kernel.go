@@ -1,0 +1,43 @@
+package backend
+
+import (
+	"context"
+
+	"github.com/twill-net/twill/backend/nl"
+)
+
+// The narrow views of the kernel the sync engines need. *nl.Handle has
+// them all; internal/kernelfake models them as maps, so the engines and the
+// backends built on them are tested without root.
+
+// RouteTable is what a RouteSync reads and changes.
+type RouteTable interface {
+	Routes(family nl.Family, f nl.RouteFilter) ([]nl.Route, error)
+	RouteBatch(ops []nl.RouteOp) []error
+}
+
+// RouteWatcher follows route events (RouteSync.Watch).
+type RouteWatcher interface {
+	WatchRoutes(ctx context.Context, subscribed func(), fn func(nl.RouteEvent)) error
+}
+
+// NeighTable is what a NeighSync reads and changes.
+type NeighTable interface {
+	Neighs(link int, family nl.Family) ([]nl.Neigh, error)
+	FDB(link int) ([]nl.Neigh, error)
+	NeighBatch(ops []nl.NeighOp) []error
+}
+
+// RuleTable is what a RuleSync reads and changes.
+type RuleTable interface {
+	Rules(family nl.Family) ([]nl.Rule, error)
+	RuleAdd(r nl.Rule) error
+	RuleDel(r nl.Rule) error
+}
+
+var (
+	_ RouteTable   = (*nl.Handle)(nil)
+	_ RouteWatcher = (*nl.Handle)(nil)
+	_ NeighTable   = (*nl.Handle)(nil)
+	_ RuleTable    = (*nl.Handle)(nil)
+)

@@ -1,0 +1,75 @@
+package vxlan
+
+import (
+	"bytes"
+	"errors"
+	"net/netip"
+	"slices"
+
+	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/nl"
+)
+
+// Kernel is what the vxlan backend reads and changes: its VTEP device, and
+// the routes, neighbours and FDB entries through it. *nl.Handle has it all;
+// internal/kernelfake models it.
+type Kernel interface {
+	backend.RouteTable
+	backend.NeighTable
+	VXLANByName(name string) (nl.Link, nl.VXLAN, bool, error)
+	VXLANAdd(v nl.VXLAN) (nl.Link, error)
+	LinkDel(index int) error
+	LinkSetUp(index int) error
+	Addrs(link int, family nl.Family) ([]nl.Addr, error)
+	AddrAdd(link int, p netip.Prefix) error
+}
+
+var _ Kernel = (*nl.Handle)(nil)
+
+// ensureDevice makes the VTEP device match want (re-creating it when its
+// identity is wrong), up, with addr assigned. It reports the link and
+// whether it was (re)created.
+func ensureDevice(k Kernel, want nl.VXLAN, addr netip.Prefix) (nl.Link, bool, error) {
+	link, have, isVXLAN, err := k.VXLANByName(want.Name)
+	created := false
+	switch {
+	case errors.Is(err, nl.ErrLinkNotFound):
+		if link, err = k.VXLANAdd(want); err != nil {
+			return nl.Link{}, false, err
+		}
+		created = true
+	case err != nil:
+		return nl.Link{}, false, err
+	case !isVXLAN || !deviceMatches(have, want):
+		if err := k.LinkDel(link.Index); err != nil {
+			return nl.Link{}, false, err
+		}
+		if link, err = k.VXLANAdd(want); err != nil {
+			return nl.Link{}, false, err
+		}
+		created = true
+	}
+	if !link.Up {
+		if err := k.LinkSetUp(link.Index); err != nil {
+			return nl.Link{}, false, err
+		}
+	}
+	if addr.IsValid() {
+		addrs, err := k.Addrs(link.Index, nl.FamilyV4)
+		if err != nil {
+			return nl.Link{}, false, err
+		}
+		if !slices.ContainsFunc(addrs, func(a nl.Addr) bool { return a.Prefix == addr }) {
+			if err := k.AddrAdd(link.Index, addr); err != nil {
+				return nl.Link{}, false, err
+			}
+		}
+	}
+	return link, created, nil
+}
+
+// deviceMatches reports whether an existing VTEP is the one twill wants.
+func deviceMatches(have, want nl.VXLAN) bool {
+	return have.VNI == want.VNI && have.Port == want.Port && !have.Learning && have.VtepDevIndex == want.VtepDevIndex &&
+		have.SrcAddr == want.SrcAddr && have.MTU == want.MTU && bytes.Equal(have.HardwareAddr, want.HardwareAddr)
+}

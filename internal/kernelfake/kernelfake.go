@@ -1,0 +1,465 @@
+// Package kernelfake models the kernel state twill programs (links and
+// their addresses, routes, neighbour and FDB entries, policy rules) as
+// maps, behind the same methods as *nl.Handle, with the kernel's answers
+// (EEXIST, ESRCH, ENOENT, ENODEV, ENETDOWN). Tests hand it to the sync
+// engines and backends instead of a netlink handle and assert on the state
+// it holds afterwards, without root. It models state, not calls: a test
+// never checks which methods were called, only what the kernel holds.
+package kernelfake
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/twill-net/twill/backend/nl"
+)
+
+// Kernel is one network namespace's state. The zero value is empty and
+// ready; it is safe for concurrent use.
+type Kernel struct {
+	mu        sync.Mutex
+	nextIndex int                             // guarded by mu
+	links     map[int]*link                   // guarded by mu
+	routes    map[nl.Key]nl.Route             // guarded by mu
+	neighs    map[int]map[netip.Addr]nl.Neigh // guarded by mu; by link, IP
+	fdb       map[int]map[[6]byte]nl.Neigh    // guarded by mu; by link, MAC
+	rules     []nl.Rule                       // guarded by mu
+	// Fail, when set, is consulted before every change: a non-nil error is
+	// returned instead of making it (a kernel that refuses).
+	Fail func(what string) error
+}
+
+type link struct {
+	l     nl.Link
+	vxlan *nl.VXLAN
+	addrs []netip.Prefix
+}
+
+func (k *Kernel) initLocked() {
+	if k.links == nil {
+		k.links, k.routes = map[int]*link{}, map[nl.Key]nl.Route{}
+		k.neighs, k.fdb = map[int]map[netip.Addr]nl.Neigh{}, map[int]map[[6]byte]nl.Neigh{}
+		k.nextIndex = 1
+	}
+}
+
+func (k *Kernel) fail(what string) error {
+	if k.Fail != nil {
+		return k.Fail(what)
+	}
+	return nil
+}
+
+// AddLink adds a link (an external interface, say) and returns it.
+func (k *Kernel) AddLink(name string, mtu int, up bool, addrs ...netip.Prefix) nl.Link {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	l := nl.Link{Index: k.nextIndex, Name: name, MTU: mtu, Up: up, Type: "veth", HardwareAddr: []byte{0x52, 0x54, 0, 0, 0, byte(k.nextIndex)}}
+	k.nextIndex++
+	k.links[l.Index] = &link{l: l, addrs: slices.Clone(addrs)}
+	return l
+}
+
+// SetUp sets a link's state; taking it down flushes the routes through it,
+// as the kernel does for IPv4, without a word.
+func (k *Kernel) SetUp(index int, up bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	if l, ok := k.links[index]; ok {
+		l.l.Up = up
+		if !up {
+			for key, r := range k.routes {
+				if r.LinkIndex == index {
+					delete(k.routes, key)
+				}
+			}
+		}
+	}
+}
+
+func (k *Kernel) linkLocked(index int) (*link, error) {
+	l, ok := k.links[index]
+	if !ok {
+		return nil, fmt.Errorf("link #%d: %w", index, unix.ENODEV)
+	}
+	return l, nil
+}
+
+// Links lists every link.
+func (k *Kernel) Links() ([]nl.Link, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	out := make([]nl.Link, 0, len(k.links))
+	for _, l := range k.links {
+		out = append(out, l.l)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Index < out[j].Index })
+	return out, nil
+}
+
+// LinkByName returns the link called name.
+func (k *Kernel) LinkByName(name string) (nl.Link, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	for _, l := range k.links {
+		if l.l.Name == name {
+			return l.l, nil
+		}
+	}
+	return nl.Link{}, fmt.Errorf("finding link %q: %w", name, nl.ErrLinkNotFound)
+}
+
+// LinkByIndex returns the link with the given index.
+func (k *Kernel) LinkByIndex(index int) (nl.Link, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	if l, ok := k.links[index]; ok {
+		return l.l, nil
+	}
+	return nl.Link{}, fmt.Errorf("finding link #%d: %w", index, nl.ErrLinkNotFound)
+}
+
+// LinkExists reports whether a link called name exists.
+func (k *Kernel) LinkExists(name string) (bool, error) {
+	_, err := k.LinkByName(name)
+	return err == nil, nil
+}
+
+// LinkDel deletes a link, with everything on it; a missing link is fine.
+func (k *Kernel) LinkDel(index int) error {
+	if err := k.fail("link del"); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	delete(k.links, index)
+	delete(k.neighs, index)
+	delete(k.fdb, index)
+	for key, r := range k.routes {
+		if r.LinkIndex == index {
+			delete(k.routes, key)
+		}
+	}
+	return nil
+}
+
+// LinkSetUp brings a link up.
+func (k *Kernel) LinkSetUp(index int) error {
+	if err := k.fail("link up"); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	l, err := k.linkLocked(index)
+	if err != nil {
+		return err
+	}
+	l.l.Up = true
+	return nil
+}
+
+// VXLANAdd creates a VXLAN device.
+func (k *Kernel) VXLANAdd(v nl.VXLAN) (nl.Link, error) {
+	if err := k.fail("vxlan add"); err != nil {
+		return nl.Link{}, err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	for _, l := range k.links {
+		if l.l.Name == v.Name {
+			return nl.Link{}, fmt.Errorf("creating vxlan device %s: %w", v.Name, unix.EEXIST)
+		}
+	}
+	if _, ok := k.links[v.VtepDevIndex]; v.VtepDevIndex != 0 && !ok {
+		return nl.Link{}, fmt.Errorf("creating vxlan device %s on #%d: %w", v.Name, v.VtepDevIndex, unix.ENODEV)
+	}
+	mac := slices.Clone(v.HardwareAddr)
+	if len(mac) == 0 {
+		mac = []byte{0x0a, 0xff, 0, 0, 0, byte(k.nextIndex)}
+	}
+	vc := v
+	vc.HardwareAddr = mac
+	l := nl.Link{Index: k.nextIndex, Name: v.Name, MTU: v.MTU, Type: "vxlan", HardwareAddr: mac}
+	k.nextIndex++
+	k.links[l.Index] = &link{l: l, vxlan: &vc}
+	return l, nil
+}
+
+// VXLANByName reads a VXLAN device's configuration.
+func (k *Kernel) VXLANByName(name string) (nl.Link, nl.VXLAN, bool, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	for _, l := range k.links {
+		if l.l.Name != name {
+			continue
+		}
+		if l.vxlan == nil {
+			return l.l, nl.VXLAN{}, false, nil
+		}
+		v := *l.vxlan
+		v.MTU, v.HardwareAddr = l.l.MTU, slices.Clone(l.l.HardwareAddr)
+		return l.l, v, true, nil
+	}
+	return nl.Link{}, nl.VXLAN{}, false, fmt.Errorf("finding link %q: %w", name, nl.ErrLinkNotFound)
+}
+
+// SetMTU changes a link's MTU (a change behind twill's back).
+func (k *Kernel) SetMTU(index, mtu int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	if l, ok := k.links[index]; ok {
+		l.l.MTU = mtu
+	}
+}
+
+// Addrs lists the addresses of a link (all links when 0).
+func (k *Kernel) Addrs(index int, family nl.Family) ([]nl.Addr, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	var out []nl.Addr
+	for i, l := range k.links {
+		if index != 0 && i != index {
+			continue
+		}
+		for _, p := range l.addrs {
+			if family == nl.FamilyAll || (family == nl.FamilyV4) == p.Addr().Is4() {
+				out = append(out, nl.Addr{Prefix: p, LinkIndex: i})
+			}
+		}
+	}
+	return out, nil
+}
+
+// AddrAdd assigns an address to a link.
+func (k *Kernel) AddrAdd(index int, p netip.Prefix) error {
+	if err := k.fail("addr add"); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	l, err := k.linkLocked(index)
+	if err != nil {
+		return err
+	}
+	if slices.Contains(l.addrs, p) {
+		return fmt.Errorf("adding address %s: %w", p, unix.EEXIST)
+	}
+	l.addrs = append(l.addrs, p)
+	return nil
+}
+
+// Routes lists the unicast routes matching f.
+func (k *Kernel) Routes(family nl.Family, f nl.RouteFilter) ([]nl.Route, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	table := f.Table
+	if table == 0 {
+		table = 254
+	}
+	var out []nl.Route
+	for key, r := range k.routes {
+		switch {
+		case !f.AllTables && int(key.Table) != table,
+			f.Protocol != 0 && r.Protocol != f.Protocol,
+			f.LinkIndex != 0 && r.LinkIndex != f.LinkIndex,
+			family == nl.FamilyV4 && !key.V4, family == nl.FamilyV6 && key.V4:
+			continue
+		}
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Dst.String() < out[j].Dst.String() })
+	return out, nil
+}
+
+// RouteBatch applies route changes as the kernel would, one error each.
+func (k *Kernel) RouteBatch(ops []nl.RouteOp) []error {
+	errs := make([]error, len(ops))
+	for i, op := range ops {
+		errs[i] = k.route(op.Op, op.Route)
+	}
+	return errs
+}
+
+// RouteDel deletes a route (a change behind twill's back, in tests); a
+// missing one is fine.
+func (k *Kernel) RouteDel(r nl.Route) error { return k.route(nl.OpDel, r) }
+
+func (k *Kernel) route(op nl.Op, r nl.Route) error {
+	if err := k.fail("route"); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	key := r.Key()
+	if op == nl.OpDel {
+		if _, ok := k.routes[key]; !ok {
+			return nil // ESRCH, which twill's batches treat as done
+		}
+		delete(k.routes, key)
+		return nil
+	}
+	l, err := k.linkLocked(r.LinkIndex)
+	if err != nil {
+		return fmt.Errorf("route %s: %w", r, err)
+	}
+	if !l.l.Up {
+		return fmt.Errorf("route %s: %w", r, unix.ENETDOWN)
+	}
+	if _, ok := k.routes[key]; ok && op == nl.OpAdd {
+		return fmt.Errorf("adding route %s: %w", r, unix.EEXIST)
+	}
+	if r.Table == 0 {
+		r.Table = 254
+	}
+	k.routes[key] = r
+	return nil
+}
+
+// Neighs lists a link's neighbour entries.
+func (k *Kernel) Neighs(index int, family nl.Family) ([]nl.Neigh, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	var out []nl.Neigh
+	for _, n := range k.neighs[index] {
+		if family == nl.FamilyAll || (family == nl.FamilyV4) == n.IP.Is4() {
+			out = append(out, n)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].IP.Less(out[j].IP) })
+	return out, nil
+}
+
+// FDB lists a link's forwarding entries.
+func (k *Kernel) FDB(index int) ([]nl.Neigh, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	var out []nl.Neigh
+	for _, n := range k.fdb[index] {
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool { return bytes.Compare(out[i].HardwareAddr, out[j].HardwareAddr) < 0 })
+	return out, nil
+}
+
+// NeighBatch applies neighbour and FDB changes, one error each. Setting an
+// FDB entry replaces the remote of its MAC, as NLM_F_REPLACE does on a VXLAN
+// device; deleting one needs its remote to match.
+func (k *Kernel) NeighBatch(ops []nl.NeighOp) []error {
+	errs := make([]error, len(ops))
+	for i, op := range ops {
+		errs[i] = k.neigh(op)
+	}
+	return errs
+}
+
+// NeighDel deletes a neighbour (or with fdb, an FDB) entry behind twill's
+// back, in tests.
+func (k *Kernel) NeighDel(n nl.Neigh, fdb bool) error {
+	return k.neigh(nl.NeighOp{Op: nl.OpDel, Neigh: n, FDB: fdb})
+}
+
+func (k *Kernel) neigh(op nl.NeighOp) error {
+	if err := k.fail("neigh"); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	n := op.Neigh
+	if _, err := k.linkLocked(n.LinkIndex); err != nil {
+		return err
+	}
+	if op.FDB {
+		var mac [6]byte
+		copy(mac[:], n.HardwareAddr)
+		t := k.fdb[n.LinkIndex]
+		if t == nil {
+			t = map[[6]byte]nl.Neigh{}
+			k.fdb[n.LinkIndex] = t
+		}
+		if op.Op == nl.OpDel {
+			if have, ok := t[mac]; ok && have.IP == n.IP {
+				delete(t, mac)
+			}
+			return nil
+		}
+		n.HardwareAddr = slices.Clone(n.HardwareAddr)
+		t[mac] = n
+		return nil
+	}
+	t := k.neighs[n.LinkIndex]
+	if t == nil {
+		t = map[netip.Addr]nl.Neigh{}
+		k.neighs[n.LinkIndex] = t
+	}
+	if op.Op == nl.OpDel {
+		delete(t, n.IP)
+		return nil
+	}
+	n.HardwareAddr = slices.Clone(n.HardwareAddr)
+	t[n.IP] = n
+	return nil
+}
+
+// Rules lists the policy rules.
+func (k *Kernel) Rules(family nl.Family) ([]nl.Rule, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []nl.Rule
+	for _, r := range k.rules {
+		v4 := !(r.Src.IsValid() && r.Src.Addr().Is6()) && !(r.Dst.IsValid() && r.Dst.Addr().Is6())
+		if family == nl.FamilyAll || (family == nl.FamilyV4) == v4 {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// RuleAdd adds a rule; an identical one present is fine.
+func (k *Kernel) RuleAdd(r nl.Rule) error {
+	if err := k.fail("rule add"); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, have := range k.rules {
+		if have.Same(r) {
+			return nil
+		}
+	}
+	k.rules = append(k.rules, r)
+	return nil
+}
+
+// RuleDel deletes a rule; an absent one is fine.
+func (k *Kernel) RuleDel(r nl.Rule) error {
+	if err := k.fail("rule del"); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.rules = slices.DeleteFunc(k.rules, func(have nl.Rule) bool { return have.Same(r) })
+	return nil
+}
