@@ -32,6 +32,7 @@ func newVPCCluster(t *testing.T, nodes, maxIPs int) *vpcCluster {
 	c := newClusterWith(t, topology.Options{Nodes: nodes, Underlay: netip.MustParsePrefix("10.10.0.0/24"),
 		VPC: &topology.VPCOptions{Space: netip.MustParsePrefix("10.10.0.0/16"), ENISubnet: netip.MustParsePrefix("10.10.1.0/24"),
 			MaxIPsPerENI: maxIPs, StateFile: state}})
+	c.daemon = "twilld-lab" // the shipped twilld does not link the simulated cloud
 	return &vpcCluster{cluster: c, state: state}
 }
 
@@ -266,7 +267,7 @@ func TestENIPrefixMode(t *testing.T) {
 
 	// twilld cleanup undoes the node setup: the ENI table, the ENI's rule,
 	// and the VPC subnet's route in main comes back.
-	if out, err := exec.Command("ip", "netns", "exec", v.topo.Nodes[0].NS, v.bin+"/twilld", "cleanup", "--subnet-file", v.subnetFile(0)).CombinedOutput(); err != nil {
+	if out, err := exec.Command("ip", "netns", "exec", v.topo.Nodes[0].NS, v.bin+"/"+v.daemon, "cleanup", "--subnet-file", v.subnetFile(0)).CombinedOutput(); err != nil {
 		t.Fatalf("twilld cleanup: %v\n%s", err, out)
 	}
 	if strings.Contains(v.rules(0), "proto 167") || strings.TrimSpace(eniTable(0)) != "" {

@@ -38,7 +38,8 @@ func TestMain(m *testing.M) {
 // process.
 func binaries(t testing.TB) string {
 	t.Helper()
-	return buildtest.Binaries(t, "github.com/twill-net/twill/cmd/twilld", "github.com/twill-net/twill/cmd/twillctl", "github.com/twill-net/twill/cmd/twill")
+	return buildtest.Binaries(t, "github.com/twill-net/twill/cmd/twilld", "github.com/twill-net/twill/cmd/twilld-lab",
+		"github.com/twill-net/twill/cmd/twillctl", "github.com/twill-net/twill/cmd/twill")
 }
 
 // proc is a process the test started inside a namespace; it is stopped by
@@ -143,6 +144,7 @@ type cluster struct {
 	etcdRun func() *proc // starts etcd (again) on the same data
 	cli     *clientv3.Client
 	daemons map[int]*proc
+	daemon  string // the twilld binary the nodes run: twilld, or twilld-lab for the simulated VPC
 }
 
 const netConfHostGW = `{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"}}`
@@ -175,7 +177,7 @@ func newClusterWith(t testing.TB, o topology.Options) *cluster {
 			t.Error(err)
 		}
 	})
-	c := &cluster{t: t, bin: bin, dir: dir, topo: topo, daemons: map[int]*proc{}}
+	c := &cluster{t: t, bin: bin, dir: dir, topo: topo, daemons: map[int]*proc{}, daemon: "twilld"}
 	c.etcdURL = fmt.Sprintf("http://%s:2379", topo.BridgeAddr)
 	sock := filepath.Join(dir, "etcd.sock")
 	c.etcdRun = func() *proc {
@@ -227,7 +229,7 @@ func (c *cluster) startDaemon(i int, extra ...string) *proc {
 	}
 	args := append([]string{"--etcd-endpoints", c.etcdURL, "--iface", "eth0", "--subnet-file", c.subnetFile(i),
 		"--state-dir", state}, extra...)
-	p := start(c.t, n.NS, filepath.Join(c.dir, n.Name+".log"), c.bin+"/twilld", args...)
+	p := start(c.t, n.NS, filepath.Join(c.dir, n.Name+".log"), c.bin+"/"+c.daemon, args...)
 	c.daemons[i] = p
 	return p
 }

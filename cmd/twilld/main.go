@@ -5,8 +5,7 @@ import (
 	"os"
 
 	"github.com/twill-net/twill/backend"
-	_ "github.com/twill-net/twill/backend/eni"     // built-in backends register in init()
-	_ "github.com/twill-net/twill/backend/eni/sim" // the simulated VPC provider (lab, tests)
+	_ "github.com/twill-net/twill/backend/eni" // built-in backends register in init()
 	_ "github.com/twill-net/twill/backend/hostgw"
 	_ "github.com/twill-net/twill/backend/vxlan"
 	"github.com/twill-net/twill/cmd/twilld/app"

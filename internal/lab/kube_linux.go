@@ -23,8 +23,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/twill-net/twill/internal/sysctl"
 	"github.com/twill-net/twill/internal/topology"
-	"github.com/twill-net/twill/network"
 )
 
 // upKube turns the lab's namespaces into a Kubernetes cluster: the control
@@ -198,7 +198,7 @@ func (s *State) startNode(ctx context.Context, i int, nodeCrt, nodeKey string) e
 	// The node's operating system: IP forwarding on (a Kubernetes node
 	// prerequisite), the CNI plugins the OS package provides, cgroups for
 	// its pods under a parent the lab owns.
-	if err := ns.WithNetNSPath("/var/run/netns/"+n.NS, func(ns.NetNS) error { return network.SetSysctl("net/ipv4/ip_forward", "1") }); err != nil {
+	if err := sysctl.SetIn("/var/run/netns/"+n.NS, "net/ipv4/ip_forward", "1"); err != nil {
 		return err
 	}
 	for _, p := range []string{"loopback", "portmap"} {
@@ -386,7 +386,9 @@ func (s *State) ownCommand(target string, argv []string) []string {
 		return argv
 	}
 	switch argv[0] {
-	case "twilld", "twillctl", "twill":
+	case "twilld":
+		argv = append([]string{filepath.Join(s.BinDir, DaemonBinary(s.Backend))}, argv[1:]...)
+	case "twillctl", "twill":
 		argv = append([]string{filepath.Join(s.BinDir, argv[0])}, argv[1:]...)
 	default:
 		return argv

@@ -111,7 +111,7 @@ func (o *Options) Validate() error {
 		return errors.New("--backend host-gw --underlay routed: host-gw routes each peer's subnet via the peer's own address, " +
 			"which must be on the same L2 segment; across a router it cannot work. Use --underlay flat, or --backend vxlan")
 	}
-	for _, b := range []string{"twilld", "twill", "twillctl"} {
+	for _, b := range []string{DaemonBinary(o.Backend), "twill", "twillctl"} {
 		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
 			return fmt.Errorf("%s not found next to twillctl in %s (run make build): %w", b, o.BinDir, err)
 		}
@@ -120,6 +120,16 @@ func (o *Options) Validate() error {
 		return o.validateKube()
 	}
 	return nil
+}
+
+// DaemonBinary names the twilld a lab of the backend runs: twilld-lab (the
+// built-in backends plus the eni backend's simulated cloud) for eni, the
+// shipped twilld otherwise.
+func DaemonBinary(backend string) string {
+	if backend == "eni" {
+		return "twilld-lab"
+	}
+	return "twilld"
 }
 
 // DefaultNetnsPrefix starts the names of every lab's namespaces (and

@@ -158,7 +158,7 @@ func Up(ctx context.Context, o Options, progress io.Writer) (_ *State, err error
 		if err := os.MkdirAll(nodeDir, 0o755); err != nil {
 			return nil, err
 		}
-		if err := s.spawn("twilld", n.NS, filepath.Join(o.BinDir, "twilld"), "--etcd-endpoints", s.EtcdURL, "--iface", "eth0",
+		if err := s.spawn("twilld", n.NS, filepath.Join(o.BinDir, DaemonBinary(o.Backend)), "--etcd-endpoints", s.EtcdURL, "--iface", "eth0",
 			"--subnet-file", filepath.Join(nodeDir, "subnet.env"), "--state-dir", nodeDir, "--ip-masq",
 			"--healthz-port", fmt.Sprint(HealthzPort)); err != nil {
 			return nil, err
