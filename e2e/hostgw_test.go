@@ -21,7 +21,7 @@ import (
 func TestEtcdHostGW(t *testing.T) {
 	c := newCluster(t, 3)
 	c.put("/twill.io/network/config", netConfHostGW)
-	a, b, cNode := c.topo.Nodes[0], c.topo.Nodes[1], c.topo.Nodes[2]
+	a, b := c.topo.Nodes[0], c.topo.Nodes[1]
 	// Someone else's route in the same table; twill must never touch it.
 	const foreign = "172.30.0.0/16 via 10.99.0.3 dev eth0 proto static"
 	if err := topology.IP(a.NS, "route", "add", "172.30.0.0/16", "via", "10.99.0.3", "proto", "static"); err != nil {
@@ -50,19 +50,14 @@ func TestEtcdHostGW(t *testing.T) {
 	waitFor(t, 5*time.Second, "every node routing to every peer subnet", allRoutes)
 	t.Logf("all routes in place %s after starting the daemons", time.Since(started).Round(time.Millisecond))
 
-	// A pod-like address behind A reaches one behind C, and back.
-	podA, err := c.topo.AddPod(a, "pa", subnets[0].Addr().Next().Next())
-	if err != nil {
+	// A pod behind A, wired by the twill plugin, reaches one behind C,
+	// and back.
+	podANS, podAAddr := c.addPod(0, "pa")
+	podCNS, podCAddr := c.addPod(2, "pc")
+	if err := ping(podANS, podCAddr); err != nil {
 		t.Fatal(err)
 	}
-	podC, err := c.topo.AddPod(cNode, "pc", subnets[2].Addr().Next().Next())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ping(podA.NS, podC.Addr); err != nil {
-		t.Fatal(err)
-	}
-	if err := ping(podC.NS, podA.Addr); err != nil {
+	if err := ping(podCNS, podAAddr); err != nil {
 		t.Fatal(err)
 	}
 
@@ -126,7 +121,7 @@ func TestEtcdHostGW(t *testing.T) {
 		if !strings.Contains(c.routes(0), c.hostgwRoute(1, subnets[1])) {
 			t.Fatal("A lost its route to B during B's restart")
 		}
-		if err := ping(podA.NS, podC.Addr); err != nil {
+		if err := ping(podANS, podCAddr); err != nil {
 			t.Fatal(err)
 		}
 	})

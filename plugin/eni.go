@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"time"
 
@@ -87,20 +86,6 @@ func deletePodRules(h *nl.Handle, ips []netip.Addr) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// checkPodRules reports the first missing rule of ip.
-func checkPodRules(h *nl.Handle, m eniMode, ip netip.Addr) error {
-	rules, err := h.Rules(nl.FamilyV4)
-	if err != nil {
-		return fmt.Errorf("twill: CHECK: %w", err)
-	}
-	for _, want := range m.podRules(ip) {
-		if !slices.ContainsFunc(rules, want.Same) {
-			return fmt.Errorf("twill: CHECK: rule %q missing (eni %s mode)", want.String(), m.Mode)
-		}
-	}
-	return nil
 }
 
 // poolWait bounds how long ADD waits for the daemon to grow the warm pool.

@@ -8,10 +8,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ipam"
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/allocator"
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 	"github.com/twill-net/twill/internal/allocations"
+	"github.com/twill-net/twill/subnet"
 )
 
 // store opens host-local's on-disk store for the network: one file per
@@ -100,4 +104,49 @@ type reservation = allocations.Record
 // the store lock when it matters).
 func reservations(c *NetConf) ([]reservation, error) {
 	return allocations.Records(filepath.Join(c.DataDir, c.Name))
+}
+
+// addAddresses allocates the pod's addresses in process, or through the
+// configured IPAM plugin.
+func addAddresses(c *NetConf, args *skel.CmdArgs, env subnet.Env, linkExists func(string) (bool, error)) ([]netip.Addr, *current.Result, error) {
+	if c.IPAM.Type != "" {
+		r, err := ipam.ExecAdd(c.IPAM.Type, args.StdinData)
+		if err != nil {
+			return nil, nil, fmt.Errorf("twill: delegated IPAM %q: %w", c.IPAM.Type, err)
+		}
+		res, err := current.NewResultFromResult(r)
+		if err != nil {
+			_ = ipam.ExecDel(c.IPAM.Type, args.StdinData)
+			return nil, nil, fmt.Errorf("twill: delegated IPAM %q result: %w", c.IPAM.Type, err)
+		}
+		var ips []netip.Addr
+		for _, ipc := range res.IPs {
+			a, _ := netip.AddrFromSlice(ipc.Address.IP)
+			ips = append(ips, a.Unmap())
+		}
+		if len(ips) == 0 {
+			_ = ipam.ExecDel(c.IPAM.Type, args.StdinData)
+			return nil, nil, fmt.Errorf("twill: delegated IPAM %q returned no address", c.IPAM.Type)
+		}
+		return ips, res, nil
+	}
+	var subnets []netip.Prefix
+	if env.Subnet.IsValid() {
+		subnets = append(subnets, env.Subnet)
+	}
+	if env.IPv6Subnet.IsValid() {
+		subnets = append(subnets, env.IPv6Subnet)
+	}
+	ips, err := allocate(c, args.ContainerID, args.IfName, linkExists, subnets...)
+	return ips, nil, err
+}
+
+func delAddresses(c *NetConf, args *skel.CmdArgs) error {
+	if c.IPAM.Type != "" {
+		if err := ipam.ExecDel(c.IPAM.Type, args.StdinData); err != nil {
+			return fmt.Errorf("twill: delegated IPAM %q: %w", c.IPAM.Type, err)
+		}
+		return nil
+	}
+	return release(c, args.ContainerID, args.IfName)
 }

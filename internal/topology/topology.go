@@ -238,58 +238,6 @@ func (t *Topology) addNS(name string) error {
 	return IP(name, "link", "set", "lo", "up")
 }
 
-// Pod is a namespace behind a node, wired the way the twill CNI plugin
-// wires pods: a /32 address, a default route via 169.254.1.1, and a proxy-ARP
-// host veth with a /32 route to the pod.
-type Pod struct {
-	NS   string
-	Node Node
-	Addr netip.Addr
-}
-
-// AddPod creates a pod namespace behind node with address addr. It is used
-// by tests that exercise the daemon without the CNI plugin.
-func (t *Topology) AddPod(node Node, name string, addr netip.Addr) (Pod, error) {
-	p := Pod{NS: node.NS + "-" + name, Node: node, Addr: addr}
-	if err := t.addNS(p.NS); err != nil {
-		return p, err
-	}
-	host := "v" + name
-	if len(host) > 15 {
-		return p, fmt.Errorf("pod name %q too long", name)
-	}
-	for _, s := range []struct {
-		ns   string
-		args []string
-	}{
-		{node.NS, []string{"link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", p.NS}},
-		{node.NS, []string{"link", "set", host, "up"}},
-		{node.NS, []string{"route", "add", addr.String() + "/32", "dev", host}},
-		{p.NS, []string{"addr", "add", addr.String() + "/32", "dev", "eth0"}},
-		{p.NS, []string{"link", "set", "eth0", "up"}},
-		{p.NS, []string{"route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"}},
-		{p.NS, []string{"neigh", "add", "169.254.1.1", "lladdr", "HOSTMAC", "dev", "eth0", "nud", "permanent"}},
-		{p.NS, []string{"route", "add", "default", "via", "169.254.1.1", "dev", "eth0"}},
-	} {
-		for i, a := range s.args {
-			if a == "HOSTMAC" {
-				mac, err := linkMAC(node.NS, host)
-				if err != nil {
-					return p, err
-				}
-				s.args[i] = mac
-			}
-		}
-		if err := IP(s.ns, s.args...); err != nil {
-			return p, err
-		}
-	}
-	if err := sysctl.SetIn("/var/run/netns/"+node.NS, "net/ipv4/conf/"+host+"/proxy_arp", "1"); err != nil {
-		return p, err
-	}
-	return p, nil
-}
-
 // Destroy deletes every namespace the topology created, newest first.
 // Missing namespaces are fine, so it can run twice.
 func (t *Topology) Destroy() error {

@@ -1,0 +1,67 @@
+package plugin
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/twill-net/twill/subnet"
+)
+
+// cmdStatus reports whether ADD can succeed: 50 (plugin not available) when
+// the daemon has not written subnet.env or when the pool has no free address.
+func cmdStatus(args *skel.CmdArgs) error {
+	c, err := ParseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	env, err := subnet.ReadEnv(c.SubnetFile)
+	if err != nil {
+		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("twill: not ready: %v", err), "")
+	}
+	if c.IPAM.Type != "" || !env.Subnet.IsValid() {
+		return nil
+	}
+	if em, isENI, err := eniFromEnv(env); isENI && em.Mode == eniModeSecondaryIP {
+		if err != nil {
+			return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
+		}
+		return poolStatus(em.PoolDir)
+	}
+	rs, err := rangeSet(env.Subnet)
+	if err != nil {
+		return err
+	}
+	r := (*rs)[0]
+	capacity := rangeSize(r.RangeStart, r.RangeEnd)
+	if r.Gateway != nil && r.Contains(r.Gateway) {
+		capacity--
+	}
+	res, err := reservations(c)
+	if err != nil {
+		return err
+	}
+	used := 0
+	for _, rv := range res {
+		if env.Subnet.Contains(rv.IP) {
+			used++
+		}
+	}
+	if used >= capacity {
+		return types.NewError(types.ErrPluginNotAvailable,
+			fmt.Sprintf("twill: no free address in %s (%d of %d in use)", env.Subnet, used, capacity), "")
+	}
+	return nil
+}
+
+func rangeSize(start, end net.IP) int {
+	a, _ := netip.AddrFromSlice(start)
+	b, _ := netip.AddrFromSlice(end)
+	n := 0
+	for x := a.Unmap(); x.IsValid() && !b.Unmap().Less(x) && n < 1<<24; x = x.Next() {
+		n++
+	}
+	return n
+}
