@@ -23,6 +23,9 @@ type Chains struct {
 	Networks []NetworkPair
 	IPMasq   bool
 	Resync   time.Duration
+	// Open gives the iptables of one family (OpenIPTables when nil; a
+	// model of the tables in unit tests).
+	Open func(v6 bool) (IPTables, error)
 
 	mu       sync.Mutex
 	observed map[string][]string // guarded by mu; chain listing as iptables printed it after the last write
@@ -33,18 +36,38 @@ type NetworkPair struct {
 	Cluster, Local netip.Prefix
 }
 
-func protocolOf(p netip.Prefix) iptables.Protocol {
-	if p.Addr().Is6() {
-		return iptables.ProtocolIPv6
+// IPTables is what Chains reads and changes: *iptables.IPTables has it,
+// internal/iptfake models the tables.
+type IPTables interface {
+	ChainExists(table, chain string) (bool, error)
+	NewChain(table, chain string) error
+	List(table, chain string) ([]string, error)
+	ClearChain(table, chain string) error
+	Append(table, chain string, rulespec ...string) error
+	Exists(table, chain string, rulespec ...string) (bool, error)
+	Insert(table, chain string, pos int, rulespec ...string) error
+}
+
+var _ IPTables = (*iptables.IPTables)(nil)
+
+// OpenIPTables opens the machine's iptables for one family.
+func OpenIPTables(v6 bool) (IPTables, error) {
+	proto := iptables.ProtocolIPv4
+	if v6 {
+		proto = iptables.ProtocolIPv6
 	}
-	return iptables.ProtocolIPv4
+	return iptables.New(iptables.IPFamily(proto), iptables.Timeout(5))
 }
 
 // Sync makes every chain match once.
 func (c *Chains) Sync() error {
 	var errs []error
+	open := c.Open
+	if open == nil {
+		open = OpenIPTables
+	}
 	for _, np := range c.Networks {
-		ipt, err := iptables.New(iptables.IPFamily(protocolOf(np.Cluster)), iptables.Timeout(5))
+		ipt, err := open(np.Cluster.Addr().Is6())
 		if err != nil {
 			errs = append(errs, fmt.Errorf("opening iptables: %w", err))
 			continue
@@ -65,7 +88,7 @@ func (c *Chains) Sync() error {
 	return errors.Join(errs...)
 }
 
-func (c *Chains) syncChain(ipt *iptables.IPTables, v6 bool, j Jump, rules []Rule) error {
+func (c *Chains) syncChain(ipt IPTables, v6 bool, j Jump, rules []Rule) error {
 	key := fmt.Sprintf("%v/%s/%s", v6, j.Table, j.To)
 	exists, err := ipt.ChainExists(j.Table, j.To)
 	if err != nil {

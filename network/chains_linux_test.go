@@ -1,0 +1,100 @@
+package network
+
+import (
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/twill-net/twill/internal/iptfake"
+)
+
+// Chains.Sync against internal/iptfake, without root: the tables are
+// asserted as iptables -S would print them.
+
+var _ IPTables = (*iptfake.Tables)(nil)
+
+func fakeChains(t *testing.T, ipMasq bool) (*Chains, *iptfake.Tables, *strings.Builder) {
+	t.Helper()
+	tables := &iptfake.Tables{}
+	var log strings.Builder
+	c := &Chains{Logger: slog.New(slog.NewTextHandler(&log, nil)), IPMasq: ipMasq,
+		Networks: []NetworkPair{{Cluster: netip.MustParsePrefix("10.244.0.0/16"), Local: netip.MustParsePrefix("10.244.1.0/24")}},
+		Open:     func(bool) (IPTables, error) { return tables, nil }}
+	return c, tables, &log
+}
+
+func list(t *testing.T, tables *iptfake.Tables, table, chain string) []string {
+	t.Helper()
+	got, err := tables.List(table, chain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+func wantChain(t *testing.T, tables *iptfake.Tables, table, chain string, rules []Rule) {
+	t.Helper()
+	want := []string{"-N " + chain}
+	for _, r := range rules {
+		want = append(want, "-A "+chain+" "+strings.Join(r.Spec, " "))
+	}
+	if got := list(t, tables, table, chain); !slices.Equal(got, want) {
+		t.Fatalf("%s/%s:\n got  %q\n want %q", table, chain, got, want)
+	}
+}
+
+func TestChainsSyncAndRepair(t *testing.T) {
+	c, tables, log := fakeChains(t, true)
+	cluster, local := netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("10.244.1.0/24")
+	// Someone's own rule in FORWARD, before twill starts.
+	if err := tables.Append("filter", "FORWARD", "-i", "eth9", "-j", "DROP"); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := c.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantChain(t, tables, "nat", "TWILL-POSTRTG", MasqRules(cluster, local))
+	wantChain(t, tables, "filter", "TWILL-FWD", ForwardRules(cluster))
+	jumpFwd := "-A FORWARD -m comment --comment twill -j TWILL-FWD"
+	if got := list(t, tables, "filter", "FORWARD"); !slices.Equal(got, []string{"-P FORWARD ACCEPT", jumpFwd, "-A FORWARD -i eth9 -j DROP"}) {
+		t.Fatalf("FORWARD %q: want twill's jump first, once, and the other rule kept", got)
+	}
+	if got := list(t, tables, "nat", "POSTROUTING"); !slices.Equal(got, []string{"-P POSTROUTING ACCEPT", "-A POSTROUTING -m comment --comment twill -j TWILL-POSTRTG"}) {
+		t.Fatalf("POSTROUTING %q", got)
+	}
+
+	// Someone deletes a masquerade rule and the FORWARD jump: the next
+	// sync puts both back, in order.
+	m := MasqRules(cluster, local)
+	if err := tables.Delete("nat", "TWILL-POSTRTG", m[1].Spec...); err != nil {
+		t.Fatal(err)
+	}
+	if err := tables.Delete("filter", "FORWARD", "-m", "comment", "--comment", "twill", "-j", "TWILL-FWD"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	wantChain(t, tables, "nat", "TWILL-POSTRTG", m)
+	if got := list(t, tables, "filter", "FORWARD"); got[1] != jumpFwd {
+		t.Fatalf("FORWARD after repair %q", got)
+	}
+	if !strings.Contains(log.String(), "iptables chain drifted; rewriting") {
+		t.Errorf("the repair was not logged:\n%s", log)
+	}
+}
+
+func TestChainsWithoutMasquerade(t *testing.T) {
+	c, tables, _ := fakeChains(t, false)
+	if err := c.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if got := list(t, tables, "nat", "TWILL-POSTRTG"); !slices.Equal(got, []string{"-N TWILL-POSTRTG"}) {
+		t.Fatalf("masquerade chain without --ip-masq: %q, want it empty", got)
+	}
+	wantChain(t, tables, "filter", "TWILL-FWD", ForwardRules(netip.MustParsePrefix("10.244.0.0/16")))
+}
