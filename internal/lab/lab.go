@@ -20,6 +20,8 @@ import (
 	"regexp"
 	"sync"
 	"time"
+
+	"github.com/twill-net/twill/internal/atomicfile"
 )
 
 // Ports used inside the lab's namespaces.
@@ -219,11 +221,10 @@ func (s *State) save() error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(s.Dir, ".state.json.tmp")
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+	if err := atomicfile.Write(filepath.Join(s.Dir, "state.json"), b, 0o644); err != nil {
 		return fmt.Errorf("recording lab state: %w", err)
 	}
-	return os.Rename(tmp, filepath.Join(s.Dir, "state.json"))
+	return nil
 }
 
 // Load reads a lab's recorded state.

@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/exec"
 	"path"
-	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -27,6 +26,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/twill-net/twill/internal/atomicfile"
 )
 
 // File is a file copied from this machine into an image.
@@ -88,19 +88,7 @@ func Write(out string, spec Spec) error {
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		return err
-	}
-	tmp := out + ".tmp"
-	if err := tarball.WriteToFile(tmp, tag, img); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("writing %s: %w", out, err)
-	}
-	if err := os.Rename(tmp, out); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return nil
+	return atomicfile.WriteFrom(out, func(w io.Writer) error { return tarball.Write(tag, img, w) }, 0o644)
 }
 
 // Ref reads the tag a tarball written by Write carries.

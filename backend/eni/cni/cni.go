@@ -10,6 +10,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+
+	"github.com/twill-net/twill/internal/atomicfile"
 )
 
 // Modes.
@@ -73,23 +75,7 @@ func WritePoolFile(dir string, p PoolFile) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(dir, ".pool.json.*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(0o644); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), filepath.Join(dir, "pool.json"))
+	return atomicfile.Write(filepath.Join(dir, "pool.json"), data, 0o644)
 }
 
 // PoolInUse lists the IPs reserved in the pool's store.
