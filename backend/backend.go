@@ -181,7 +181,7 @@ func (e ExternalInterface) Reachable(ip netip.Addr) bool {
 // always set, except that with CheckOnly only Logger and Config are.
 type Options struct {
 	Logger   *slog.Logger
-	Netlink  *nl.Handle
+	Netlink  Kernel
 	ExtIface ExternalInterface
 	// Config is the parsed net-conf.json; Config.Backend is this backend's
 	// raw configuration, to be decoded strictly (see DecodeConfig).

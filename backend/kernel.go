@@ -2,6 +2,7 @@ package backend
 
 import (
 	"context"
+	"net/netip"
 
 	"github.com/twill-net/twill/backend/nl"
 )
@@ -35,7 +36,29 @@ type RuleTable interface {
 	RuleDel(r nl.Rule) error
 }
 
+// Kernel is the netlink seam a backend is given (Options.Netlink): the
+// union of the views above with the links and addresses a backend sets up.
+// twilld passes its *nl.Handle; unit tests pass internal/kernelfake's
+// model. Watching is optional: a backend that follows events asserts
+// RouteWatcher (or WatchLinks) on it, and does without when it is absent.
+type Kernel interface {
+	RouteTable
+	NeighTable
+	RuleTable
+	RouteDel(r nl.Route) error
+	Links() ([]nl.Link, error)
+	LinkByName(name string) (nl.Link, error)
+	LinkByIndex(index int) (nl.Link, error)
+	LinkSetUp(index int) error
+	LinkDel(index int) error
+	VXLANByName(name string) (nl.Link, nl.VXLAN, bool, error)
+	VXLANAdd(v nl.VXLAN) (nl.Link, error)
+	Addrs(link int, family nl.Family) ([]nl.Addr, error)
+	AddrAdd(link int, p netip.Prefix) error
+}
+
 var (
+	_ Kernel       = (*nl.Handle)(nil)
 	_ RouteTable   = (*nl.Handle)(nil)
 	_ RouteWatcher = (*nl.Handle)(nil)
 	_ NeighTable   = (*nl.Handle)(nil)

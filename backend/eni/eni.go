@@ -35,7 +35,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/twill-net/twill/backend"
@@ -192,6 +191,9 @@ type Backend struct {
 	prov Provider
 	log  *slog.Logger
 	k    Kernel
+	// sysctl writes a sysctl of the node's namespace (sysctl.Set; tests
+	// record them instead).
+	sysctl func(name, value string) error
 
 	link nl.Link
 	eni  ENI
@@ -215,10 +217,7 @@ func New(opts backend.Options) (backend.Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Backend{opts: opts, set: set, prov: prov, log: opts.Logger.With("backend", Type, "mode", set.Mode)}
-	if opts.Netlink != nil {
-		b.k = opts.Netlink
-	}
+	b := &Backend{opts: opts, set: set, prov: prov, log: opts.Logger.With("backend", Type, "mode", set.Mode), k: opts.Netlink, sysctl: sysctl.Set}
 	return b, nil
 }
 
@@ -282,8 +281,9 @@ func (b *Backend) Attach(ctx context.Context, lease subnet.Lease) (backend.Netwo
 	}
 	n := &Network{
 		b: b, set: b.set, link: b.link, eni: b.eni, log: b.log, metrics: b.opts.Metrics, lease: lease,
-		routes: &backend.RouteSync{NL: b.k, Table: b.set.Table, FullSyncEvery: b.opts.FullSyncEvery},
-		rules:  &backend.RuleSync{NL: b.k, FullSyncEvery: b.opts.FullSyncEvery},
+		routes:  &backend.RouteSync{NL: b.k, Table: b.set.Table, FullSyncEvery: b.opts.FullSyncEvery},
+		rules:   &backend.RuleSync{NL: b.k, FullSyncEvery: b.opts.FullSyncEvery},
+		refused: &backend.RefusedPeers{Log: b.log, Message: "refusing peers whose ENI data cannot be routed"},
 	}
 	if b.set.Mode == ModeSecondaryIP {
 		n.pool = &Pool{Dir: filepath.Join(b.opts.StateDir, "eni-pool"), Provider: b.prov, ENI: b.eni, Log: b.log,
@@ -310,9 +310,7 @@ type Network struct {
 	// delegated is set once the lease prefix is the ENI's in the cloud
 	// (prefix mode); only Reconcile's goroutine touches it.
 	delegated bool
-
-	mu      sync.Mutex
-	badPeer map[string]string // guarded by mu; peers with unusable data, logged once
+	refused   *backend.RefusedPeers
 }
 
 var (
@@ -403,17 +401,15 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 	return nil
 }
 
+// reportBad counts the refused peers and logs them once per change of the
+// set.
 func (n *Network) reportBad(bad map[string]string) {
 	n.metrics.SetPeersUnroutable(len(bad))
-	n.mu.Lock()
-	old := n.badPeer
-	n.badPeer = bad
-	n.mu.Unlock()
+	refused := make([]string, 0, len(bad))
 	for k, why := range bad {
-		if old[k] != why {
-			n.log.Warn("refusing peer: its ENI data cannot be routed", "lease", k, "reason", why)
-		}
+		refused = append(refused, k+": "+why)
 	}
+	n.refused.Report(refused)
 }
 
 func (n *Network) nodeRule() nl.Rule {
@@ -447,7 +443,7 @@ func (n *Network) delegate(ctx context.Context) error {
 
 func (n *Network) nodeSetup() error {
 	h := n.b.k
-	if err := sysctl.Set("net/ipv4/conf/"+n.link.Name+"/rp_filter", "2"); err != nil {
+	if err := n.b.sysctl("net/ipv4/conf/"+n.link.Name+"/rp_filter", "2"); err != nil {
 		return err
 	}
 	main, err := h.Routes(nl.FamilyV4, nl.RouteFilter{LinkIndex: n.link.Index})

@@ -21,7 +21,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
@@ -69,6 +68,7 @@ func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Network
 		log:     b.log,
 		metrics: b.opts.Metrics,
 		routes:  &backend.RouteSync{NL: b.opts.Netlink, FullSyncEvery: b.opts.FullSyncEvery},
+		refused: &backend.RefusedPeers{Log: b.log, Message: "refusing peers whose public IP is not on-link: host-gw needs all nodes on one L2 segment; use vxlan (or DirectRouting) across routers"},
 	}, nil
 }
 
@@ -78,9 +78,7 @@ type Network struct {
 	log     *slog.Logger
 	metrics *backend.Metrics
 	routes  *backend.RouteSync
-
-	mu          sync.Mutex
-	unreachable []string // guarded by mu; last refused peers, for change-only logging
+	refused *backend.RefusedPeers
 }
 
 var (
@@ -155,23 +153,11 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 	return nil
 }
 
-// reportUnreachable logs the refused peers once per change of the set, so a
-// steady state does not produce a line per peer per resync.
+// reportUnreachable counts the refused peers and logs them once per change
+// of the set.
 func (n *Network) reportUnreachable(keys []string) {
 	n.metrics.SetPeersUnroutable(len(keys))
-	n.mu.Lock()
-	changed := !slices.Equal(keys, n.unreachable)
-	n.unreachable = keys
-	n.mu.Unlock()
-	if !changed || len(keys) == 0 {
-		return
-	}
-	shown := keys
-	if len(shown) > 5 {
-		shown = shown[:5]
-	}
-	n.log.Warn("refusing peers whose public IP is not on-link: host-gw needs all nodes on one L2 segment; use vxlan (or DirectRouting) across routers",
-		"count", len(keys), "iface", n.ext.Link.Name, "on_link", prefixes(n.ext.OnLink), "peers", strings.Join(shown, ", "))
+	n.refused.Report(keys, "iface", n.ext.Link.Name, "on_link", prefixes(n.ext.OnLink))
 }
 
 func prefixes(ps []netip.Prefix) string {

@@ -159,7 +159,8 @@ func screenMACs(local subnet.Lease, own net.HardwareAddr, peers []subnet.Lease, 
 	if len(drop) == 0 {
 		return peers, sc
 	}
-	kept := peers[:0]
+	// A new slice: peers is the caller's, and it may use it again.
+	kept := make([]subnet.Lease, 0, len(peers)-len(drop))
 	for i, p := range peers {
 		if why, ok := drop[i]; ok {
 			sc.refused = append(sc.refused, p.String()+": "+why)
@@ -180,4 +181,39 @@ func randomMAC(taken func(net.HardwareAddr) bool) net.HardwareAddr {
 			return m
 		}
 	}
+}
+
+// screen drops the peers whose VTEP MAC is not theirs alone, and takes a
+// new MAC when a peer that keeps it publishes this node's. It reports
+// whether this node's MAC changed.
+func (n *Network) screen(peers []subnet.Lease) ([]subnet.Lease, bool) {
+	cfg, ext := n.b.cfg, n.b.opts.ExtIface
+	own := n.b.dev.HardwareAddr
+	peers, sc := screenMACs(n.local, own, peers, func(p subnet.Lease) bool { return isDirect(cfg, ext, p) }, n.macOf)
+	n.macRefused.Report(sc.refused)
+	if sc.takeNew == "" {
+		return peers, false
+	}
+	inUse := map[string]bool{}
+	for _, e := range n.parsed {
+		if e.err == nil {
+			inUse[e.mac.String()] = true
+		}
+	}
+	mac := randomMAC(func(m net.HardwareAddr) bool { return inUse[m.String()] })
+	n.b.log.Warn("this node's VTEP MAC is published by another node too (a cloned machine?); choosing a new one and publishing it",
+		"mac", own, "peer", sc.takeNew, "new_mac", mac)
+	n.b.dev.HardwareAddr = mac
+	n.b.storeMAC(mac)
+	n.pending, _ = json.Marshal(Data{VNI: n.b.cfg.VNI, VtepMAC: mac.String()})
+	n.recs = nil
+	return peers, true
+}
+
+// BackendData returns the backend data to publish when it changed since
+// the lease was taken (a new VTEP MAC), once.
+func (n *Network) BackendData() (json.RawMessage, bool) {
+	d := n.pending
+	n.pending = nil
+	return d, d != nil
 }

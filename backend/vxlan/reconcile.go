@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"slices"
-	"strings"
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
@@ -28,13 +26,13 @@ type Network struct {
 	// The rest is used only by Reconcile (and BackendData, ExternalChanged,
 	// called from the same goroutine), which the daemon never runs
 	// concurrently.
-	devIdx     int                 // the device index the records are for
-	parsed     map[string]parsed   // BackendData by raw JSON: parsed once
-	gen        uint64              // this reconcile's stamp
-	recs       map[nl.Key]*peerRec // by peer subnet; nil forces a full reconcile
-	refused    []string            // last refused peers, for change-only logging
-	macRefused []string            // last peers refused for a shared MAC
-	pending    json.RawMessage     // BackendData to publish (a new VTEP MAC)
+	devIdx     int                   // the device index the records are for
+	parsed     map[string]parsed     // BackendData by raw JSON: parsed once
+	gen        uint64                // this reconcile's stamp
+	recs       map[nl.Key]*peerRec   // by peer subnet; nil forces a full reconcile
+	refused    *backend.RefusedPeers // peers with unusable backend data
+	macRefused *backend.RefusedPeers // peers whose VTEP MAC is shared
+	pending    json.RawMessage       // BackendData to publish (a new VTEP MAC)
 }
 
 var (
@@ -87,15 +85,6 @@ func (n *Network) compute(dev int, p subnet.Lease) *peerRec {
 	return &peerRec{raw: string(p.Attrs.BackendData), pub: p.Attrs.PublicIP, objects: o, err: err, name: p.String(), gen: n.gen}
 }
 
-// changes are the three sets' planned changes.
-type changes struct {
-	routes    *backend.RouteChange
-	neigh     *backend.NeighChange
-	fdb       *backend.NeighChange
-	refused   []string
-	refusedOK bool // refused is the whole current list
-}
-
 // Reconcile makes the device, neighbours, FDB and routes match peers.
 func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 	if err := ctx.Err(); err != nil {
@@ -129,147 +118,13 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 		return fmt.Errorf("vxlan: %w", err)
 	}
 	if ch.refusedOK {
-		n.reportRefused(ch.refused)
+		n.refused.Report(ch.refused)
 	}
 	if err := n.apply(ch, len(peers)); err != nil {
 		n.recs = nil // start from the whole state next time
 		return fmt.Errorf("vxlan: %w", err)
 	}
 	return nil
-}
-
-// planAll computes every peer's objects once and plans each set against
-// the whole of them. It runs first, after the device was re-created, and
-// after any failure.
-func (n *Network) planAll(dev int, peers []subnet.Lease) (changes, error) {
-	recs := make(map[nl.Key]*peerRec, len(peers))
-	var (
-		routes       []nl.Route
-		neighs, fdbs []nl.Neigh
-		refused      []string
-	)
-	for _, p := range peers {
-		if !p.Subnet.IsValid() {
-			continue
-		}
-		rec := n.compute(dev, p)
-		recs[(nl.Route{Dst: p.Subnet}).Key()] = rec
-		switch o := rec.objects; {
-		case rec.err != nil:
-			refused = append(refused, rec.name+": "+rec.err.Error())
-		case o.Overlay:
-			neighs, fdbs = append(neighs, o.Neigh), append(fdbs, o.FDB)
-			routes = append(routes, o.Route)
-		case o.OK:
-			routes = append(routes, o.Route)
-		}
-	}
-	slices.Sort(refused)
-	ch := changes{refused: refused, refusedOK: true}
-	var err error
-	if ch.fdb, err = n.fdb.Prepare(emitAll(fdbs)); err != nil {
-		return ch, err
-	}
-	if ch.neigh, err = n.neighs.Prepare(emitAll(neighs)); err != nil {
-		return ch, err
-	}
-	if ch.routes, err = n.routes.Prepare(emitAll(routes)); err != nil {
-		return ch, err
-	}
-	n.recs = recs
-	return ch, nil
-}
-
-func emitAll[V any](vs []V) func(emit func(V)) {
-	return func(emit func(V)) {
-		for _, v := range vs {
-			emit(v)
-		}
-	}
-}
-
-// planChanges finds the peers that changed since the last reconcile (one
-// map lookup per peer) and plans only their objects. The sets keep the
-// whole desired state, so the result is planAll's.
-func (n *Network) planChanges(dev int, peers []subnet.Lease) (changes, error) {
-	var (
-		routeUp          []nl.Route
-		routeRm          []nl.Key
-		neighUp, neighRm []nl.Neigh
-		fdbUp, fdbRm     []nl.Neigh
-		refusedChanged   bool
-	)
-	for _, p := range peers {
-		if !p.Subnet.IsValid() {
-			continue
-		}
-		k := (nl.Route{Dst: p.Subnet}).Key()
-		old := n.recs[k]
-		if old != nil && old.pub == p.Attrs.PublicIP && old.raw == string(p.Attrs.BackendData) {
-			old.gen = n.gen
-			continue
-		}
-		rec := n.compute(dev, p)
-		o := rec.objects
-		if old != nil {
-			// What the peer had and no longer has goes; what it keeps is
-			// replaced by the upserts below.
-			was := old.objects
-			if was.Overlay && (!o.Overlay || !slices.Equal(was.FDB.HardwareAddr, o.FDB.HardwareAddr)) {
-				fdbRm = append(fdbRm, was.FDB)
-			}
-			if was.Overlay && !o.Overlay {
-				neighRm = append(neighRm, was.Neigh)
-			}
-			if was.OK && !o.OK {
-				routeRm = append(routeRm, was.Route.Key())
-			}
-			refusedChanged = refusedChanged || (old.err != nil) != (rec.err != nil)
-		} else {
-			refusedChanged = refusedChanged || rec.err != nil
-		}
-		if o.OK {
-			routeUp = append(routeUp, o.Route)
-		}
-		if o.Overlay {
-			neighUp, fdbUp = append(neighUp, o.Neigh), append(fdbUp, o.FDB)
-		}
-		n.recs[k] = rec
-	}
-	for k, rec := range n.recs {
-		if rec.gen == n.gen {
-			continue
-		}
-		if rec.objects.OK {
-			routeRm = append(routeRm, rec.objects.Route.Key())
-		}
-		if rec.objects.Overlay {
-			neighRm, fdbRm = append(neighRm, rec.objects.Neigh), append(fdbRm, rec.objects.FDB)
-		}
-		refusedChanged = refusedChanged || rec.err != nil
-		delete(n.recs, k)
-	}
-	var ch changes
-	if refusedChanged {
-		for _, rec := range n.recs {
-			if rec.err != nil {
-				ch.refused = append(ch.refused, rec.name+": "+rec.err.Error())
-			}
-		}
-		slices.Sort(ch.refused)
-		ch.refusedOK = true
-	}
-	var err error
-	if ch.fdb, err = n.fdb.PrepareUpdate(fdbUp, fdbRm); err != nil {
-		return ch, err
-	}
-	if ch.neigh, err = n.neighs.PrepareUpdate(neighUp, neighRm); err != nil {
-		return ch, err
-	}
-	if ch.routes, err = n.routes.PrepareUpdate(routeUp, routeRm); err != nil {
-		return ch, err
-	}
-	return ch, nil
 }
 
 // apply carries out the plans in the safe order: neighbours and FDB
@@ -309,57 +164,6 @@ func (n *Network) invalidate() {
 	n.neighs.Invalidate()
 	n.fdb.Invalidate()
 	n.recs = nil
-}
-
-// reportRefused logs the refused peers once per change of the set.
-func (n *Network) reportRefused(refused []string) {
-	if slices.Equal(refused, n.refused) {
-		return
-	}
-	n.refused = refused
-	if len(refused) > 0 {
-		shown := refused[:min(5, len(refused))]
-		n.b.log.Warn("refusing peers with unusable vxlan backend data (wrong VNI or VTEP MAC)", "count", len(refused), "peers", strings.Join(shown, ", "))
-	}
-}
-
-// screen drops the peers whose VTEP MAC is not theirs alone, and takes a
-// new MAC when a peer that keeps it publishes this node's. It reports
-// whether this node's MAC changed.
-func (n *Network) screen(peers []subnet.Lease) ([]subnet.Lease, bool) {
-	cfg, ext := n.b.cfg, n.b.opts.ExtIface
-	own := n.b.dev.HardwareAddr
-	peers, sc := screenMACs(n.local, own, peers, func(p subnet.Lease) bool { return isDirect(cfg, ext, p) }, n.macOf)
-	if !slices.Equal(sc.refused, n.macRefused) && len(sc.refused) > 0 {
-		shown := sc.refused[:min(5, len(sc.refused))]
-		n.b.log.Warn("refusing peers whose VTEP MAC is not theirs alone", "count", len(sc.refused), "peers", strings.Join(shown, "; "))
-	}
-	n.macRefused = sc.refused
-	if sc.takeNew == "" {
-		return peers, false
-	}
-	inUse := map[string]bool{}
-	for _, e := range n.parsed {
-		if e.err == nil {
-			inUse[e.mac.String()] = true
-		}
-	}
-	mac := randomMAC(func(m net.HardwareAddr) bool { return inUse[m.String()] })
-	n.b.log.Warn("this node's VTEP MAC is published by another node too (a cloned machine?); choosing a new one and publishing it",
-		"mac", own, "peer", sc.takeNew, "new_mac", mac)
-	n.b.dev.HardwareAddr = mac
-	n.b.storeMAC(mac)
-	n.pending, _ = json.Marshal(Data{VNI: n.b.cfg.VNI, VtepMAC: mac.String()})
-	n.recs = nil
-	return peers, true
-}
-
-// BackendData returns the backend data to publish when it changed since
-// the lease was taken (a new VTEP MAC), once.
-func (n *Network) BackendData() (json.RawMessage, bool) {
-	d := n.pending
-	n.pending = nil
-	return d, d != nil
 }
 
 // ExternalChanged takes the external interface as it is now. A VTEP bound

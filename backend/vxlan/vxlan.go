@@ -118,9 +118,7 @@ func New(opts backend.Options) (backend.Backend, error) {
 		mtu = cfg.MTU
 	}
 	b := &Backend{opts: opts, cfg: cfg, log: opts.Logger.With("backend", Type)}
-	if opts.Netlink != nil {
-		b.k = opts.Netlink
-	}
+	b.k = opts.Netlink
 	b.dev = nl.VXLAN{Name: DeviceName(cfg.VNI), VNI: cfg.VNI, Port: cfg.Port, SrcAddr: local, VtepDevIndex: ext.Link.Index, MTU: mtu}
 	return b, nil
 }
@@ -149,14 +147,16 @@ func (b *Backend) Prepare(context.Context) (subnet.LeaseAttrs, error) {
 // Attach returns the Network that programs the peers.
 func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Network, error) {
 	return &Network{
-		b:       b,
-		local:   lease,
-		vtepIP:  netip.PrefixFrom(lease.Subnet.Addr(), 32),
-		routes:  &backend.RouteSync{NL: b.k, FullSyncEvery: b.opts.FullSyncEvery},
-		neighs:  &backend.NeighSync{NL: b.k, FullSyncEvery: b.opts.FullSyncEvery},
-		fdb:     &backend.NeighSync{NL: b.k, FDB: true, FullSyncEvery: b.opts.FullSyncEvery},
-		metrics: b.opts.Metrics,
-		parsed:  map[string]parsed{},
+		b:          b,
+		local:      lease,
+		vtepIP:     netip.PrefixFrom(lease.Subnet.Addr(), 32),
+		routes:     &backend.RouteSync{NL: b.k, FullSyncEvery: b.opts.FullSyncEvery},
+		neighs:     &backend.NeighSync{NL: b.k, FullSyncEvery: b.opts.FullSyncEvery},
+		fdb:        &backend.NeighSync{NL: b.k, FDB: true, FullSyncEvery: b.opts.FullSyncEvery},
+		metrics:    b.opts.Metrics,
+		parsed:     map[string]parsed{},
+		refused:    &backend.RefusedPeers{Log: b.log, Message: "refusing peers with unusable vxlan backend data (wrong VNI or VTEP MAC)"},
+		macRefused: &backend.RefusedPeers{Log: b.log, Message: "refusing peers whose VTEP MAC is not theirs alone"},
 	}, nil
 }
 

@@ -299,6 +299,9 @@ func (k *Kernel) RouteBatch(ops []nl.RouteOp) []error {
 	return errs
 }
 
+// RouteReplace adds or replaces a route.
+func (k *Kernel) RouteReplace(r nl.Route) error { return k.route(nl.OpReplace, r) }
+
 // RouteDel deletes a route (a change behind twill's back, in tests); a
 // missing one is fine.
 func (k *Kernel) RouteDel(r nl.Route) error { return k.route(nl.OpDel, r) }

@@ -27,6 +27,7 @@ import (
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/eni"
 	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/internal/atomicfile"
 )
 
 func init() { eni.RegisterProvider("sim", New) }
@@ -83,7 +84,27 @@ func Load(path string) (State, error) {
 }
 
 // Provider is the sim provider.
-type Provider struct{ path string }
+type Provider struct {
+	path string
+	// open gives the fabric namespace's kernel (nl.Open; a model in
+	// tests) and a function that releases it.
+	open func(ns string) (Fabric, func(), error)
+}
+
+// Fabric is what the simulated cloud programs in its router namespace.
+type Fabric interface {
+	LinkByName(name string) (nl.Link, error)
+	RouteReplace(r nl.Route) error
+	RouteDel(r nl.Route) error
+}
+
+func openFabric(ns string) (Fabric, func(), error) {
+	h, err := nl.Open(ns)
+	if err != nil {
+		return nil, nil, err
+	}
+	return h, h.Close, nil
+}
 
 // New is the sim ProviderFactory.
 func New(raw json.RawMessage) (eni.Provider, error) {
@@ -97,7 +118,7 @@ func New(raw json.RawMessage) (eni.Provider, error) {
 	if _, err := os.Stat(c.StateFile); err != nil {
 		return nil, fmt.Errorf("StateFile %q: %w", c.StateFile, err)
 	}
-	return &Provider{path: c.StateFile}, nil
+	return &Provider{path: c.StateFile, open: openFabric}, nil
 }
 
 func load(path string) (State, error) {
@@ -117,11 +138,7 @@ func save(path string, st *State) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.Write(path, data, 0o644)
 }
 
 // withLock runs fn holding the state's lock file (bounded wait).
@@ -148,7 +165,7 @@ func withLock(path string, fn func() error) error {
 
 // change loads the state, lets fn change it and program the fabric, and
 // saves it if fn succeeded.
-func (p *Provider) change(ctx context.Context, fn func(st *State, fabric *nl.Handle) error) error {
+func (p *Provider) change(ctx context.Context, fn func(st *State, fabric Fabric) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -157,11 +174,11 @@ func (p *Provider) change(ctx context.Context, fn func(st *State, fabric *nl.Han
 		if err != nil {
 			return err
 		}
-		h, err := nl.Open(st.Fabric)
+		h, closeFabric, err := p.open(st.Fabric)
 		if err != nil {
 			return fmt.Errorf("sim: fabric: %w", err)
 		}
-		defer h.Close()
+		defer closeFabric()
 		if err := fn(&st, h); err != nil {
 			return err
 		}
@@ -184,7 +201,7 @@ func (st *State) toENI(e ENI) eni.ENI {
 }
 
 // route is the fabric's route to something assigned to e.
-func route(h *nl.Handle, e *ENI, dst netip.Prefix) (nl.Route, error) {
+func route(h Fabric, e *ENI, dst netip.Prefix) (nl.Route, error) {
 	l, err := h.LinkByName(e.Port)
 	if err != nil {
 		return nl.Route{}, fmt.Errorf("sim: ENI %s port: %w", e.ID, err)
@@ -210,7 +227,7 @@ func (p *Provider) DescribeENI(_ context.Context, mac string) (eni.ENI, error) {
 // limit.
 func (p *Provider) AssignIPs(ctx context.Context, id string, n int) (eni.ENI, error) {
 	var out eni.ENI
-	err := p.change(ctx, func(st *State, h *nl.Handle) error {
+	err := p.change(ctx, func(st *State, h Fabric) error {
 		e, err := st.find(id)
 		if err != nil {
 			return err
@@ -256,7 +273,7 @@ func (p *Provider) AssignIPs(ctx context.Context, id string, n int) (eni.ENI, er
 
 // UnassignIPs releases addresses of the ENI.
 func (p *Provider) UnassignIPs(ctx context.Context, id string, ips []netip.Addr) error {
-	return p.change(ctx, func(st *State, h *nl.Handle) error {
+	return p.change(ctx, func(st *State, h Fabric) error {
 		e, err := st.find(id)
 		if err != nil {
 			return err
@@ -276,7 +293,7 @@ func (p *Provider) UnassignIPs(ctx context.Context, id string, ips []netip.Addr)
 
 // AssignPrefix delegates p to the ENI if it is in the VPC and nobody else's.
 func (p *Provider) AssignPrefix(ctx context.Context, id string, pfx netip.Prefix) error {
-	return p.change(ctx, func(st *State, h *nl.Handle) error {
+	return p.change(ctx, func(st *State, h Fabric) error {
 		e, err := st.find(id)
 		if err != nil {
 			return err
@@ -307,7 +324,7 @@ func (p *Provider) AssignPrefix(ctx context.Context, id string, pfx netip.Prefix
 
 // UnassignPrefix takes a prefix back from the ENI.
 func (p *Provider) UnassignPrefix(ctx context.Context, id string, pfx netip.Prefix) error {
-	return p.change(ctx, func(st *State, h *nl.Handle) error {
+	return p.change(ctx, func(st *State, h Fabric) error {
 		e, err := st.find(id)
 		if err != nil {
 			return err

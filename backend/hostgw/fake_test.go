@@ -1,0 +1,102 @@
+package hostgw
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/internal/kernelfake"
+	"github.com/twill-net/twill/subnet"
+)
+
+// host-gw's Reconcile against internal/kernelfake, without root.
+
+func mainTable(t *testing.T, k *kernelfake.Kernel) []string {
+	t.Helper()
+	rs, err := k.Routes(nl.FamilyAll, nl.RouteFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, r := range rs {
+		out = append(out, r.String())
+	}
+	slices.Sort(out)
+	return out
+}
+
+func fakeNode(t *testing.T) (*kernelfake.Kernel, *Network, *strings.Builder) {
+	t.Helper()
+	k := &kernelfake.Kernel{}
+	eth := k.AddLink("eth0", 1500, true, netip.MustParsePrefix("192.168.1.1/24"))
+	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log strings.Builder
+	b, err := New(backend.Options{Logger: slog.New(slog.NewTextHandler(&log, nil)), Netlink: k, Config: cfg,
+		ExtIface: backend.ExternalInterface{Link: eth, Addr: netip.MustParseAddr("192.168.1.1"), PublicIP: netip.MustParseAddr("192.168.1.1"),
+			OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	attrs, err := b.Prepare(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nw, err := b.Attach(context.Background(), subnet.Lease{Subnet: netip.MustParsePrefix("10.244.1.0/24"), Attrs: attrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k, nw.(*Network), &log
+}
+
+func TestFakeReconcile(t *testing.T) {
+	k, nw, log := fakeNode(t)
+	ctx := context.Background()
+	peers := []subnet.Lease{peer("10.244.2.0/24", "192.168.1.2"), peer("10.244.3.0/24", "192.168.1.3"), peer("10.244.4.0/24", "10.9.0.4")}
+	for range 3 {
+		if err := nw.Reconcile(ctx, peers); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []string{"10.244.2.0/24 via 192.168.1.2 dev#1", "10.244.3.0/24 via 192.168.1.3 dev#1"}
+	if got := mainTable(t, k); !slices.Equal(got, want) {
+		t.Fatalf("main table %q, want %q", got, want)
+	}
+	if n := strings.Count(log.String(), "refusing peers whose public IP is not on-link"); n != 1 {
+		t.Errorf("the unreachable peer was logged %d times over three reconciles, want once:\n%s", n, log)
+	}
+	d, err := nw.Drift(ctx, peers)
+	if err != nil || len(d.Missing)+len(d.Extra)+len(d.Wrong) != 0 || len(d.Refused) != 1 {
+		t.Errorf("drift %+v, %v: want none, and the one refused peer", d, err)
+	}
+
+	// The link flaps: the kernel drops its routes without an event that
+	// twill's record would contradict. twilld hands over the interface.
+	k.SetUp(1, false)
+	k.SetUp(1, true)
+	if d, _ := nw.Drift(ctx, peers); len(d.Missing) != 2 {
+		t.Errorf("drift after a flap %+v: want both routes missing", d)
+	}
+	nw.ExternalChanged(nw.ext)
+	if err := nw.Reconcile(ctx, peers); err != nil {
+		t.Fatal(err)
+	}
+	if got := mainTable(t, k); !slices.Equal(got, want) {
+		t.Fatalf("after the flap: main table %q, want %q", got, want)
+	}
+
+	// A peer leaves.
+	if err := nw.Reconcile(ctx, peers[1:]); err != nil {
+		t.Fatal(err)
+	}
+	if got := mainTable(t, k); !slices.Equal(got, want[1:]) {
+		t.Fatalf("after a peer left: main table %q, want %q", got, want[1:])
+	}
+}

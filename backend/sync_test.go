@@ -1,0 +1,433 @@
+package backend
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/backend/owned"
+	"github.com/twill-net/twill/internal/kernelfake"
+)
+
+// The engines are tested against internal/kernelfake, a model of the
+// kernel's state: each test sets the kernel up, syncs, and asserts what
+// the kernel holds afterwards, as `ip route` would show it.
+
+var (
+	_ RouteTable = (*kernelfake.Kernel)(nil)
+	_ NeighTable = (*kernelfake.Kernel)(nil)
+	_ RuleTable  = (*kernelfake.Kernel)(nil)
+)
+
+func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+func ip(s string) netip.Addr    { return netip.MustParseAddr(s) }
+
+// routes lists a table's routes as `ip route` would, owned ones marked.
+func routes(t *testing.T, k *kernelfake.Kernel, table int) []string {
+	t.Helper()
+	rs, err := k.Routes(nl.FamilyAll, nl.RouteFilter{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.String()
+		if r.Protocol == owned.RouteProtocol {
+			out[i] += " proto twill"
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func want(t *testing.T, what string, got, want []string) {
+	t.Helper()
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("%s:\n got  %q\n want %q", what, got, want)
+	}
+}
+
+func emitRoutes(rs ...nl.Route) func(func(nl.Route)) {
+	return func(emit func(nl.Route)) {
+		for _, r := range rs {
+			emit(r)
+		}
+	}
+}
+
+func TestRouteSyncConvergesAndLeavesForeignRoutes(t *testing.T) {
+	k := &kernelfake.Kernel{}
+	eth := k.AddLink("eth0", 1500, true, pfx("192.168.1.10/24"))
+	// Before twilld: a route of someone else's, a twill route from a
+	// previous run that no lease backs now, and one with a stale gateway.
+	for _, r := range []nl.Route{
+		{Dst: pfx("10.0.0.0/8"), Gw: ip("192.168.1.1"), LinkIndex: eth.Index, Protocol: 4},
+		{Dst: pfx("10.244.9.0/24"), Gw: ip("192.168.1.9"), LinkIndex: eth.Index, Protocol: owned.RouteProtocol},
+		{Dst: pfx("10.244.2.0/24"), Gw: ip("192.168.1.99"), LinkIndex: eth.Index, Protocol: owned.RouteProtocol},
+	} {
+		if errs := k.RouteBatch([]nl.RouteOp{{Op: nl.OpAdd, Route: r}}); errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+	}
+	s := &RouteSync{NL: k}
+	st, err := s.Sync(emitRoutes(
+		nl.Route{Dst: pfx("10.244.1.0/24"), Gw: ip("192.168.1.11"), LinkIndex: eth.Index},
+		nl.Route{Dst: pfx("10.244.2.0/24"), Gw: ip("192.168.1.12"), LinkIndex: eth.Index},
+	))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want(t, "main table", routes(t, k, 0), []string{
+		"10.0.0.0/8 via 192.168.1.1 dev#1",
+		"10.244.1.0/24 via 192.168.1.11 dev#1 proto twill",
+		"10.244.2.0/24 via 192.168.1.12 dev#1 proto twill",
+	})
+	if st.Added != 1 || st.Replaced != 1 || st.Deleted != 1 || !st.Dumped {
+		t.Errorf("stats %+v, want 1 added, 1 replaced, 1 deleted, after a dump", st)
+	}
+	if st.Repaired != 1 {
+		t.Errorf("Repaired = %d, want 1 (the route no lease backs)", st.Repaired)
+	}
+
+	// Nothing to do: nothing changes, nothing is read back.
+	st, err = s.Sync(emitRoutes(
+		nl.Route{Dst: pfx("10.244.1.0/24"), Gw: ip("192.168.1.11"), LinkIndex: eth.Index},
+		nl.Route{Dst: pfx("10.244.2.0/24"), Gw: ip("192.168.1.12"), LinkIndex: eth.Index},
+	))
+	if err != nil || st != (SyncStats{}) {
+		t.Fatalf("second sync: %+v, %v; want no change and no dump", st, err)
+	}
+}
+
+func TestRouteSyncOwnTable(t *testing.T) {
+	k := &kernelfake.Kernel{}
+	eth := k.AddLink("eth1", 1500, true)
+	s := &RouteSync{NL: k, Table: 100}
+	if _, err := s.Sync(emitRoutes(nl.Route{Dst: pfx("10.10.1.0/24"), LinkIndex: eth.Index, Scope: nl.ScopeLink})); err != nil {
+		t.Fatal(err)
+	}
+	want(t, "table 100", routes(t, k, 100), []string{"10.10.1.0/24 dev#1 table 100 proto twill"})
+	want(t, "main table", routes(t, k, 0), nil)
+}
+
+func TestRouteSyncRepairsWhatItIsToldOf(t *testing.T) {
+	k := &kernelfake.Kernel{}
+	eth := k.AddLink("eth0", 1500, true)
+	r := nl.Route{Dst: pfx("10.244.1.0/24"), Gw: ip("192.168.1.11"), LinkIndex: eth.Index}
+	s := &RouteSync{NL: k}
+	if _, err := s.Sync(emitRoutes(r)); err != nil {
+		t.Fatal(err)
+	}
+	// Someone deletes the route. The record still has it, so a sync
+	// alone, which reads nothing, cannot know...
+	gone := r
+	gone.Protocol = owned.RouteProtocol
+	if err := k.RouteDel(gone); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := s.Sync(emitRoutes(r)); st.Added != 0 {
+		t.Fatalf("a sync with a trusted record re-added a route: %+v", st)
+	}
+	// ...until the kernel's event says so.
+	if s.Observe(nl.RouteEvent{Route: nl.Route{Dst: pfx("10.99.0.0/16"), LinkIndex: eth.Index}, Deleted: true}) {
+		t.Error("an event about a route that is not twill's contradicted the record")
+	}
+	if !s.Observe(nl.RouteEvent{Route: gone, Deleted: true}) {
+		t.Fatal("the deletion of an owned route did not contradict the record")
+	}
+	st, err := s.Sync(emitRoutes(r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want(t, "main table", routes(t, k, 0), []string{"10.244.1.0/24 via 192.168.1.11 dev#1 proto twill"})
+	if st.Repaired != 1 {
+		t.Errorf("Repaired = %d, want 1", st.Repaired)
+	}
+	// The event about twill's own change agrees with the record.
+	if s.Observe(nl.RouteEvent{Route: gone}) {
+		t.Error("the event about twill's own add contradicted the record")
+	}
+}
+
+func TestRouteSyncFullSyncEveryReadsTheKernel(t *testing.T) {
+	k := &kernelfake.Kernel{}
+	eth := k.AddLink("eth0", 1500, true)
+	now := time.Unix(1000, 0)
+	s := &RouteSync{NL: k, FullSyncEvery: time.Minute}
+	s.set.now = func() time.Time { return now }
+	r := nl.Route{Dst: pfx("10.244.1.0/24"), Gw: ip("192.168.1.11"), LinkIndex: eth.Index}
+	if _, err := s.Sync(emitRoutes(r)); err != nil {
+		t.Fatal(err)
+	}
+	owned := r
+	owned.Protocol = 167
+	_ = k.RouteDel(owned) // a deletion whose event was lost
+	now = now.Add(59 * time.Second)
+	if st, _ := s.Sync(emitRoutes(r)); st.Dumped {
+		t.Fatal("read the kernel before FullSyncEvery passed")
+	}
+	now = now.Add(time.Second)
+	st, err := s.Sync(emitRoutes(r))
+	if err != nil || !st.Dumped || st.Repaired != 1 {
+		t.Fatalf("after FullSyncEvery: %+v, %v; want a dump and one repair", st, err)
+	}
+	want(t, "main table", routes(t, k, 0), []string{"10.244.1.0/24 via 192.168.1.11 dev#1 proto twill"})
+}
+
+func TestRouteSyncFailureIsRetriedFromTheKernel(t *testing.T) {
+	k := &kernelfake.Kernel{}
+	eth := k.AddLink("eth0", 1500, true)
+	a := nl.Route{Dst: pfx("10.244.1.0/24"), Gw: ip("192.168.1.11"), LinkIndex: eth.Index}
+	b := nl.Route{Dst: pfx("10.244.2.0/24"), Gw: ip("192.168.1.12"), LinkIndex: eth.Index}
+	s := &RouteSync{NL: k}
+	if _, err := s.Sync(emitRoutes(a)); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	refuse := true
+	k.Fail = func(string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if refuse {
+			return errors.New("ENOMEM")
+		}
+		return nil
+	}
+	if _, err := s.Update([]nl.Route{b}, nil); err == nil || !strings.Contains(err.Error(), "ENOMEM") {
+		t.Fatalf("Update with a refusing kernel: %v, want the kernel's error", err)
+	}
+	mu.Lock()
+	refuse = false
+	mu.Unlock()
+	// b is still desired; the failure made the record untrusted, so the
+	// next (empty) update reads the kernel and adds it.
+	st, err := s.Update(nil, nil)
+	if err != nil || !st.Dumped {
+		t.Fatalf("update after the failure: %+v, %v; want a dump", st, err)
+	}
+	want(t, "main table", routes(t, k, 0), []string{
+		"10.244.1.0/24 via 192.168.1.11 dev#1 proto twill",
+		"10.244.2.0/24 via 192.168.1.12 dev#1 proto twill",
+	})
+}
+
+func TestRouteSyncDoesNotTakeAForeignRoute(t *testing.T) {
+	k := &kernelfake.Kernel{}
+	eth := k.AddLink("eth0", 1500, true)
+	foreign := nl.Route{Dst: pfx("10.244.1.0/24"), Gw: ip("192.168.1.1"), LinkIndex: eth.Index, Protocol: 4}
+	k.RouteBatch([]nl.RouteOp{{Op: nl.OpAdd, Route: foreign}})
+	s := &RouteSync{NL: k}
+	_, err := s.Sync(emitRoutes(nl.Route{Dst: pfx("10.244.1.0/24"), Gw: ip("192.168.1.11"), LinkIndex: eth.Index}))
+	if err == nil || !strings.Contains(err.Error(), "a route twill does not own holds this destination") {
+		t.Fatalf("err = %v, want it to say the destination is someone else's", err)
+	}
+	want(t, "main table", routes(t, k, 0), []string{"10.244.1.0/24 via 192.168.1.1 dev#1"})
+}
+
+// TestRouteSyncUpdateIsSync: a sequence of updates leaves the kernel as a
+// full sync of the same desired set does.
+func TestRouteSyncUpdateIsSync(t *testing.T) {
+	inc, full := &kernelfake.Kernel{}, &kernelfake.Kernel{}
+	eth := inc.AddLink("eth0", 1500, true)
+	full.AddLink("eth0", 1500, true)
+	si, sf := &RouteSync{NL: inc}, &RouteSync{NL: full}
+	desired := map[netip.Prefix]nl.Route{}
+	route := func(i, gw int) nl.Route {
+		return nl.Route{Dst: pfx(fmt.Sprintf("10.244.%d.0/24", i)), Gw: netip.AddrFrom4([4]byte{192, 168, 1, byte(gw)}), LinkIndex: eth.Index}
+	}
+	for step := 0; step < 200; step++ {
+		i, gw := step*7%23, step*13%31+1
+		var up []nl.Route
+		var rm []nl.Key
+		if step%3 == 2 {
+			r := route(i, gw)
+			rm = append(rm, r.Key())
+			delete(desired, r.Dst)
+		} else {
+			r := route(i, gw)
+			up = append(up, r)
+			desired[r.Dst] = r
+		}
+		if _, err := si.Update(up, rm); err != nil {
+			t.Fatal(err)
+		}
+		var all []nl.Route
+		for _, r := range desired {
+			all = append(all, r)
+		}
+		if _, err := sf.Sync(emitRoutes(all...)); err != nil {
+			t.Fatal(err)
+		}
+		if a, b := routes(t, inc, 0), routes(t, full, 0); !slices.Equal(a, b) {
+			t.Fatalf("step %d: incremental %q, full %q", step, a, b)
+		}
+	}
+}
+
+func neighs(t *testing.T, k *kernelfake.Kernel, link int, fdb bool) []string {
+	t.Helper()
+	var ns []nl.Neigh
+	var err error
+	if fdb {
+		ns, err = k.FDB(link)
+	} else {
+		ns, err = k.Neighs(link, nl.FamilyAll)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]string, len(ns))
+	for i, n := range ns {
+		out[i] = fmt.Sprintf("%s lladdr %x permanent=%v", n.IP, n.HardwareAddr, n.Permanent)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func emitNeighs(ns ...nl.Neigh) func(func(nl.Neigh)) {
+	return func(emit func(nl.Neigh)) {
+		for _, n := range ns {
+			emit(n)
+		}
+	}
+}
+
+func TestNeighSyncFDBEntryMovesToItsNewRemote(t *testing.T) {
+	k := &kernelfake.Kernel{}
+	dev := k.AddLink("twill.1", 1450, true)
+	mac := []byte{0x0a, 0, 0, 0, 0, 1}
+	s := &NeighSync{NL: k, FDB: true}
+	s.SetLink(dev.Index)
+	if _, err := s.Sync(emitNeighs(nl.Neigh{IP: ip("192.168.1.11"), HardwareAddr: mac})); err != nil {
+		t.Fatal(err)
+	}
+	// The node moved: the MAC's remote is another address.
+	if _, err := s.Sync(emitNeighs(nl.Neigh{IP: ip("192.168.1.21"), HardwareAddr: mac})); err != nil {
+		t.Fatal(err)
+	}
+	want(t, "fdb", neighs(t, k, dev.Index, true), []string{"192.168.1.21 lladdr 0a0000000001 permanent=true"})
+}
+
+func TestNeighSyncLeavesLearnedEntries(t *testing.T) {
+	k := &kernelfake.Kernel{}
+	dev := k.AddLink("twill.1", 1450, true)
+	// An entry the kernel learned (not permanent) is not twill's.
+	k.NeighBatch([]nl.NeighOp{{Op: nl.OpReplace, Neigh: nl.Neigh{LinkIndex: dev.Index, IP: ip("10.244.7.0"), HardwareAddr: []byte{2, 0, 0, 0, 0, 7}}}})
+	s := &NeighSync{NL: k}
+	s.SetLink(dev.Index)
+	n1 := nl.Neigh{IP: ip("10.244.1.0"), HardwareAddr: []byte{0x0a, 0, 0, 0, 0, 1}}
+	n2 := nl.Neigh{IP: ip("10.244.2.0"), HardwareAddr: []byte{0x0a, 0, 0, 0, 0, 2}}
+	if _, err := s.Sync(emitNeighs(n1, n2)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Sync(emitNeighs(n2)); err != nil {
+		t.Fatal(err)
+	}
+	want(t, "neighbours", neighs(t, k, dev.Index, false), []string{
+		"10.244.2.0 lladdr 0a0000000002 permanent=true",
+		"10.244.7.0 lladdr 020000000007 permanent=false",
+	})
+}
+
+func TestNeighSyncNewDeviceReadsTheKernel(t *testing.T) {
+	k := &kernelfake.Kernel{}
+	dev := k.AddLink("twill.1", 1450, true)
+	n1 := nl.Neigh{IP: ip("10.244.1.0"), HardwareAddr: []byte{0x0a, 0, 0, 0, 0, 1}}
+	s := &NeighSync{NL: k}
+	s.SetLink(dev.Index)
+	if _, err := s.Sync(emitNeighs(n1)); err != nil {
+		t.Fatal(err)
+	}
+	// The device is deleted and made again: its entries went with it.
+	if err := k.LinkDel(dev.Index); err != nil {
+		t.Fatal(err)
+	}
+	dev2 := k.AddLink("twill.1", 1450, true)
+	s.SetLink(dev2.Index)
+	if _, err := s.Sync(emitNeighs(n1)); err != nil {
+		t.Fatal(err)
+	}
+	want(t, "neighbours on the new device", neighs(t, k, dev2.Index, false), []string{"10.244.1.0 lladdr 0a0000000001 permanent=true"})
+}
+
+func rules(t *testing.T, k *kernelfake.Kernel) []string {
+	t.Helper()
+	rs, err := k.Rules(nl.FamilyAll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = fmt.Sprintf("%s proto %d", r, r.Protocol)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestRuleSyncReplacesAChangedRule(t *testing.T) {
+	k := &kernelfake.Kernel{}
+	foreign := nl.Rule{Priority: 1536, Src: pfx("10.10.1.99/32"), Table: 200}
+	if err := k.RuleAdd(foreign); err != nil {
+		t.Fatal(err)
+	}
+	s := &RuleSync{NL: k}
+	old := nl.Rule{Priority: 1536, Src: pfx("10.10.1.5/32"), Table: 100}
+	if _, err := s.Sync(func(emit func(nl.Rule)) { emit(old) }); err != nil {
+		t.Fatal(err)
+	}
+	// The ENI's address changed: a rule cannot be replaced, so the old
+	// goes and the new comes; the rule twill does not own stays.
+	st, err := s.Sync(func(emit func(nl.Rule)) { emit(nl.Rule{Priority: 1536, Src: pfx("10.10.1.6/32"), Table: 100}) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	want(t, "rules", rules(t, k), []string{
+		"pref 1536 from 10.10.1.6/32 lookup 100 proto 167",
+		"pref 1536 from 10.10.1.99/32 lookup 200 proto 0",
+	})
+	if st.Added != 1 || st.Deleted != 1 {
+		t.Errorf("stats %+v, want one added and one deleted", st)
+	}
+}
+
+// TestOwnedSetEventsDuringSync: kernel events arrive on the watcher's
+// goroutine while the reconcile goroutine syncs; with -race this checks
+// the lock rule, and the end state is still the desired one.
+func TestOwnedSetEventsDuringSync(t *testing.T) {
+	k := &kernelfake.Kernel{}
+	eth := k.AddLink("eth0", 1500, true)
+	s := &RouteSync{NL: k}
+	var rs []nl.Route
+	for i := 0; i < 50; i++ {
+		rs = append(rs, nl.Route{Dst: pfx(fmt.Sprintf("10.244.%d.0/24", i)), Gw: ip("192.168.1.11"), LinkIndex: eth.Index})
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 2000; i++ {
+			r := rs[i%len(rs)]
+			r.Protocol = owned.RouteProtocol
+			s.Observe(nl.RouteEvent{Route: r, Deleted: i%5 == 0})
+		}
+	}()
+	for i := 0; i < 100; i++ {
+		if _, err := s.Sync(emitRoutes(rs[:len(rs)-i%7]...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-done
+	s.Invalidate()
+	if _, err := s.Sync(emitRoutes(rs...)); err != nil {
+		t.Fatal(err)
+	}
+	if got := routes(t, k, 0); len(got) != len(rs) {
+		t.Fatalf("%d routes after syncing %d", len(got), len(rs))
+	}
+}
