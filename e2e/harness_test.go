@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	twcluster "github.com/twill-net/twill/internal/cluster"
+
 	"github.com/containernetworking/plugins/pkg/ns"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -25,7 +27,6 @@ import (
 	"github.com/twill-net/twill/internal/netnstest"
 	"github.com/twill-net/twill/internal/topology"
 	"github.com/twill-net/twill/subnet"
-	etcdsm "github.com/twill-net/twill/subnet/etcd"
 )
 
 func TestMain(m *testing.M) {
@@ -178,26 +179,14 @@ func newClusterWith(t testing.TB, o topology.Options) *cluster {
 		}
 	})
 	c := &cluster{t: t, bin: bin, dir: dir, topo: topo, daemons: map[int]*proc{}, daemon: "twilld"}
-	c.etcdURL = fmt.Sprintf("http://%s:2379", topo.BridgeAddr)
-	sock := filepath.Join(dir, "etcd.sock")
-	c.etcdRun = func() *proc {
-		return start(t, topo.Underlay, filepath.Join(dir, "etcd.log"), bin+"/twillctl", "etcd",
-			"--data-dir", filepath.Join(dir, "etcd"), "--listen-client-urls", c.etcdURL+",unix://"+sock)
-	}
-	c.etcd = c.etcdRun()
-	waitFor(t, 30*time.Second, "etcd socket", func() bool { _, err := os.Stat(sock); return err == nil })
-	cli, err := etcdsm.NewClient(etcdsm.ClientOptions{Endpoints: []string{"unix://" + sock}})
-	if err != nil {
+	e := twcluster.NewEtcd(topo, dir, bin+"/twillctl")
+	c.etcdURL = e.URL
+	c.etcdRun = func() *proc { return start(t, e.NS(), filepath.Join(dir, "etcd.log"), e.Argv()[0], e.Argv()[1:]...) }
+	t.Cleanup(e.Close)
+	if err := e.Start(context.Background(), func(string, string, ...string) error { c.etcd = c.etcdRun(); return nil }); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cli.Close() })
-	c.cli = cli
-	waitFor(t, 30*time.Second, "etcd answering", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_, err := cli.Get(ctx, "ping")
-		return err == nil
-	})
+	c.cli = e.Client
 	return c
 }
 
@@ -216,20 +205,18 @@ func (c *cluster) del(key string) {
 }
 
 func (c *cluster) subnetFile(i int) string {
-	return filepath.Join(c.dir, fmt.Sprintf("node%d", i), "subnet.env")
+	return twcluster.SubnetFile(twcluster.NodeDir(c.dir, c.topo.Nodes[i].Name))
 }
 
 // startDaemon runs the built twilld in node i (0-based).
 func (c *cluster) startDaemon(i int, extra ...string) *proc {
 	c.t.Helper()
 	n := c.topo.Nodes[i]
-	state := filepath.Join(c.dir, n.Name)
+	state := twcluster.NodeDir(c.dir, n.Name)
 	if err := os.MkdirAll(state, 0o755); err != nil {
 		c.t.Fatal(err)
 	}
-	args := append([]string{"--etcd-endpoints", c.etcdURL, "--iface", "eth0", "--subnet-file", c.subnetFile(i),
-		"--state-dir", state}, extra...)
-	p := start(c.t, n.NS, filepath.Join(c.dir, n.Name+".log"), c.bin+"/"+c.daemon, args...)
+	p := start(c.t, n.NS, filepath.Join(c.dir, n.Name+".log"), c.bin+"/"+c.daemon, twcluster.DaemonArgs(c.etcdURL, state, extra...)...)
 	c.daemons[i] = p
 	return p
 }

@@ -29,33 +29,9 @@ type IfaceOptions struct {
 // ChooseExternal picks the external interface: the first of Ifaces, then of
 // IfaceRegex, then the route to CanReach, then the default route's link.
 func ChooseExternal(h *nl.Handle, o IfaceOptions) (backend.ExternalInterface, error) {
-	links, err := h.Links()
+	c, err := readCandidates(h, o)
 	if err != nil {
 		return backend.ExternalInterface{}, err
-	}
-	addrs, err := h.Addrs(0, nl.FamilyAll)
-	if err != nil {
-		return backend.ExternalInterface{}, err
-	}
-	byIndex := map[int][]netip.Prefix{}
-	for _, a := range addrs {
-		byIndex[a.LinkIndex] = append(byIndex[a.LinkIndex], a.Prefix)
-	}
-	// Only links with an address of a family in use can carry the
-	// underlay, so links without one never match.
-	usable := func(as []netip.Prefix) bool {
-		return slices.ContainsFunc(as, func(p netip.Prefix) bool {
-			a := p.Addr()
-			return (a.IsGlobalUnicast() || a.IsPrivate()) && ((a.Is4() && o.IPv4) || (a.Is6() && o.IPv6))
-		})
-	}
-	find := func(match func(l nl.Link, addrs []netip.Prefix) bool) (nl.Link, bool) {
-		for _, l := range links {
-			if usable(byIndex[l.Index]) && match(l, byIndex[l.Index]) {
-				return l, true
-			}
-		}
-		return nl.Link{}, false
 	}
 	var (
 		link nl.Link
@@ -64,73 +40,139 @@ func ChooseExternal(h *nl.Handle, o IfaceOptions) (backend.ExternalInterface, er
 	)
 	switch {
 	case len(o.Ifaces) > 0:
-		for _, want := range o.Ifaces {
-			ip, ipErr := netip.ParseAddr(want)
-			link, ok = find(func(l nl.Link, as []netip.Prefix) bool {
-				return l.Name == want || (ipErr == nil && slices.ContainsFunc(as, func(p netip.Prefix) bool { return p.Addr() == ip }))
-			})
-			if ok {
-				break
-			}
-		}
-		how = fmt.Sprintf("--iface %v", o.Ifaces)
+		link, ok, how = c.byName(o.Ifaces)
 	case len(o.IfaceRegex) > 0:
-		for _, expr := range o.IfaceRegex {
-			re, err := regexp.Compile(expr)
-			if err != nil {
-				return backend.ExternalInterface{}, fmt.Errorf("--iface-regex %q: %w", expr, err)
-			}
-			link, ok = find(func(l nl.Link, as []netip.Prefix) bool {
-				return re.MatchString(l.Name) || slices.ContainsFunc(as, func(p netip.Prefix) bool { return re.MatchString(p.Addr().String()) })
-			})
-			if ok {
-				break
-			}
-		}
-		how = fmt.Sprintf("--iface-regex %v", o.IfaceRegex)
+		link, ok, how, err = c.byRegex(o.IfaceRegex)
 	case o.CanReach.IsValid():
-		r, err := h.RouteGet(o.CanReach)
-		if err != nil {
-			return backend.ExternalInterface{}, fmt.Errorf("--iface-can-reach %s: %w", o.CanReach, err)
-		}
-		link, err = h.LinkByIndex(r.LinkIndex)
-		ok, how = err == nil, "--iface-can-reach "+o.CanReach.String()
+		link, ok, how, err = byRoute(h, o.CanReach)
 	default:
-		how = "the default route"
-		routes, err := h.Routes(nl.FamilyV4, nl.RouteFilter{})
-		if err != nil {
-			return backend.ExternalInterface{}, err
-		}
-		if !o.IPv4 {
-			if routes, err = h.Routes(nl.FamilyV6, nl.RouteFilter{}); err != nil {
-				return backend.ExternalInterface{}, err
-			}
-		}
-		for _, r := range routes {
-			if r.Dst.Bits() == 0 && r.LinkIndex != 0 {
-				link, err = h.LinkByIndex(r.LinkIndex)
-				ok = err == nil
-				break
-			}
-		}
+		link, ok, how, err = byDefaultRoute(h, o.IPv4)
+	}
+	if err != nil {
+		return backend.ExternalInterface{}, err
 	}
 	if !ok {
 		hint := "pass --iface"
 		if len(o.Ifaces) > 0 || len(o.IfaceRegex) > 0 {
 			hint = "no such interface, or it has no usable " + families(o) + " address"
-			var names []string
-			for _, l := range links {
-				if usable(byIndex[l.Index]) {
-					names = append(names, l.Name)
-				}
-			}
-			if len(names) > 0 {
+			if names := c.usableNames(); len(names) > 0 {
 				hint += "; interfaces that have one: " + strings.Join(names, ", ")
 			}
 		}
 		return backend.ExternalInterface{}, fmt.Errorf("choosing the external interface by %s: no interface matches (%s)", how, hint)
 	}
-	return describe(link, byIndex[link.Index], o)
+	return describe(link, c.addrs[link.Index], o)
+}
+
+// candidates are the machine's links with their addresses. Only links
+// with an address of a family in use can carry the underlay, so links
+// without one never match.
+type candidates struct {
+	links []nl.Link
+	addrs map[int][]netip.Prefix
+	o     IfaceOptions
+}
+
+func readCandidates(h *nl.Handle, o IfaceOptions) (*candidates, error) {
+	links, err := h.Links()
+	if err != nil {
+		return nil, err
+	}
+	addrs, err := h.Addrs(0, nl.FamilyAll)
+	if err != nil {
+		return nil, err
+	}
+	c := &candidates{links: links, addrs: map[int][]netip.Prefix{}, o: o}
+	for _, a := range addrs {
+		c.addrs[a.LinkIndex] = append(c.addrs[a.LinkIndex], a.Prefix)
+	}
+	return c, nil
+}
+
+func (c *candidates) usable(l nl.Link) bool {
+	return slices.ContainsFunc(c.addrs[l.Index], func(p netip.Prefix) bool {
+		a := p.Addr()
+		return (a.IsGlobalUnicast() || a.IsPrivate()) && ((a.Is4() && c.o.IPv4) || (a.Is6() && c.o.IPv6))
+	})
+}
+
+func (c *candidates) usableNames() []string {
+	var names []string
+	for _, l := range c.links {
+		if c.usable(l) {
+			names = append(names, l.Name)
+		}
+	}
+	return names
+}
+
+func (c *candidates) find(match func(l nl.Link, addrs []netip.Prefix) bool) (nl.Link, bool) {
+	for _, l := range c.links {
+		if c.usable(l) && match(l, c.addrs[l.Index]) {
+			return l, true
+		}
+	}
+	return nl.Link{}, false
+}
+
+// byName is --iface: names or addresses, tried in order.
+func (c *candidates) byName(ifaces []string) (nl.Link, bool, string) {
+	for _, want := range ifaces {
+		ip, ipErr := netip.ParseAddr(want)
+		if l, ok := c.find(func(l nl.Link, as []netip.Prefix) bool {
+			return l.Name == want || (ipErr == nil && slices.ContainsFunc(as, func(p netip.Prefix) bool { return p.Addr() == ip }))
+		}); ok {
+			return l, true, ""
+		}
+	}
+	return nl.Link{}, false, fmt.Sprintf("--iface %v", ifaces)
+}
+
+// byRegex is --iface-regex: expressions matched against names and
+// addresses, tried in order.
+func (c *candidates) byRegex(exprs []string) (nl.Link, bool, string, error) {
+	for _, expr := range exprs {
+		re, err := regexp.Compile(expr)
+		if err != nil {
+			return nl.Link{}, false, "", fmt.Errorf("--iface-regex %q: %w", expr, err)
+		}
+		if l, ok := c.find(func(l nl.Link, as []netip.Prefix) bool {
+			return re.MatchString(l.Name) || slices.ContainsFunc(as, func(p netip.Prefix) bool { return re.MatchString(p.Addr().String()) })
+		}); ok {
+			return l, true, "", nil
+		}
+	}
+	return nl.Link{}, false, fmt.Sprintf("--iface-regex %v", exprs), nil
+}
+
+// byRoute is --iface-can-reach: the link the kernel would use.
+func byRoute(h *nl.Handle, dst netip.Addr) (nl.Link, bool, string, error) {
+	r, err := h.RouteGet(dst)
+	if err != nil {
+		return nl.Link{}, false, "", fmt.Errorf("--iface-can-reach %s: %w", dst, err)
+	}
+	l, err := h.LinkByIndex(r.LinkIndex)
+	return l, err == nil, "--iface-can-reach " + dst.String(), nil
+}
+
+// byDefaultRoute is the default route's link (IPv6's without IPv4).
+func byDefaultRoute(h *nl.Handle, ipv4 bool) (nl.Link, bool, string, error) {
+	how := "the default route"
+	family := nl.FamilyV4
+	if !ipv4 {
+		family = nl.FamilyV6
+	}
+	routes, err := h.Routes(family, nl.RouteFilter{})
+	if err != nil {
+		return nl.Link{}, false, how, err
+	}
+	for _, r := range routes {
+		if r.Dst.Bits() == 0 && r.LinkIndex != 0 {
+			l, err := h.LinkByIndex(r.LinkIndex)
+			return l, err == nil, how, nil
+		}
+	}
+	return nl.Link{}, false, how, nil
 }
 
 // Refresh reads the external interface again, by name: after it went down

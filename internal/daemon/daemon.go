@@ -158,9 +158,37 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 	if err != nil || cfg == nil {
 		return err
 	}
-	ext, err := network.ChooseExternal(d.o.Netlink, withFamilies(d.o.Iface, cfg))
+	ext, lease, nw, err := d.attach(ctx, cfg)
+	if err != nil || nw == nil {
+		return err
+	}
+	chains, envFile, err := d.setUpNode(cfg, lease, nw)
 	if err != nil {
 		return err
+	}
+	g.Go(func() error { return envFile.Run(ctx) })
+	g.Go(func() error { return d.o.Subnets.Run(ctx, d.publish) })
+	if r, ok := nw.(backend.Runner); ok {
+		g.Go(func() error { return r.Run(ctx) })
+	}
+	g.Go(func() error { return chains.Run(ctx) })
+	// The kernel flushes routes through a link that goes down without
+	// announcing it, and a re-created link has a new index: watch the
+	// external interface, and read it again before the next reconcile.
+	d.ext = extWatch{name: ext.Link.Name, opts: withFamilies(d.o.Iface, cfg)}
+	d.ext.index.Store(int64(ext.Link.Index))
+	d.afterFirstReconcile = d.afterReady(ctx, g, nw)
+	return d.reconcileLoop(ctx, cfg, lease, nw)
+}
+
+// attach chooses the external interface, prepares the backend, takes the
+// lease and attaches the backend to it. A nil Network with no error means
+// the daemon was stopped while waiting for the lease.
+func (d *Daemon) attach(ctx context.Context, cfg *subnet.Config) (backend.ExternalInterface, subnet.Lease, backend.Network, error) {
+	var lease subnet.Lease
+	ext, err := network.ChooseExternal(d.o.Netlink, withFamilies(d.o.Iface, cfg))
+	if err != nil {
+		return ext, lease, nil, err
 	}
 	d.log.Info("using external interface", "iface", ext.Link.Name, "addr", ext.Addr, "public_ip", ext.PublicIP, "mtu", ext.Link.MTU)
 	be, err := d.o.Registry.New(cfg.BackendType, backend.Options{
@@ -168,79 +196,81 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 		FullSyncEvery: d.o.Resync, Metrics: &backend.Metrics{DriftRepairs: d.metrics.driftRepairs, PeersUnroutable: d.metrics.unroutable},
 	})
 	if err != nil {
-		return err
+		return ext, lease, nil, err
 	}
 	attrs, err := be.Prepare(ctx)
 	if err != nil {
-		return fmt.Errorf("preparing the %s backend: %w", cfg.BackendType, err)
+		return ext, lease, nil, fmt.Errorf("preparing the %s backend: %w", cfg.BackendType, err)
 	}
 	var hint subnet.Lease
 	if env, err := subnet.ReadEnv(d.o.SubnetFile); err == nil {
 		hint = subnet.Lease{Subnet: env.Subnet, IPv6Subnet: env.IPv6Subnet}
 	}
-	lease, err := d.o.Subnets.AcquireLease(ctx, cfg, attrs, hint)
+	lease, err = d.o.Subnets.AcquireLease(ctx, cfg, attrs, hint)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil // stopped while waiting for the lease
+			return ext, lease, nil, nil // stopped while waiting for the lease
 		}
-		return fmt.Errorf("acquiring a subnet lease: %w", err)
+		return ext, lease, nil, fmt.Errorf("acquiring a subnet lease: %w", err)
 	}
 	d.log.Info("holding lease", "subnet", lease.Subnet, "ipv6_subnet", lease.IPv6Subnet, "backend", cfg.BackendType)
 	nw, err := be.Attach(ctx, lease)
 	if err != nil {
-		return fmt.Errorf("attaching the %s backend to %s: %w", cfg.BackendType, lease, err)
+		return ext, lease, nil, fmt.Errorf("attaching the %s backend to %s: %w", cfg.BackendType, lease, err)
 	}
+	return ext, lease, nw, nil
+}
+
+// setUpNode enables forwarding, installs the iptables chains and writes
+// subnet.env, returning what keeps the last two in place.
+func (d *Daemon) setUpNode(cfg *subnet.Config, lease subnet.Lease, nw backend.Network) (*network.Chains, *desiredfile.Keeper, error) {
 	if err := network.EnableForwarding(cfg.EnableIPv4, cfg.EnableIPv6); err != nil {
-		return err
+		return nil, nil, err
 	}
 	chains := &network.Chains{Logger: d.log, IPMasq: d.o.IPMasq, Resync: d.o.IPTablesResync}
-	if cfg.EnableIPv4 {
-		chains.Networks = append(chains.Networks, network.NetworkPair{Cluster: cfg.Network, Local: lease.Subnet})
-	}
-	if cfg.EnableIPv6 && lease.IPv6Subnet.IsValid() {
-		chains.Networks = append(chains.Networks, network.NetworkPair{Cluster: cfg.IPv6Network, Local: lease.IPv6Subnet})
-	}
-	if err := chains.Sync(); err != nil {
-		return fmt.Errorf("installing iptables rules: %w", err)
-	}
 	env := subnet.Env{MTU: nw.MTU(), IPMasq: d.o.IPMasq, Backend: cfg.BackendType}
 	if ep, ok := nw.(backend.EnvProvider); ok {
 		env.Extra = ep.Env()
 	}
 	if cfg.EnableIPv4 {
+		chains.Networks = append(chains.Networks, network.NetworkPair{Cluster: cfg.Network, Local: lease.Subnet})
 		env.Network, env.Subnet = cfg.Network, lease.Subnet
 	}
 	if cfg.EnableIPv6 && lease.IPv6Subnet.IsValid() {
+		chains.Networks = append(chains.Networks, network.NetworkPair{Cluster: cfg.IPv6Network, Local: lease.IPv6Subnet})
 		env.IPv6Network, env.IPv6Subnet = cfg.IPv6Network, lease.IPv6Subnet
+	}
+	if err := chains.Sync(); err != nil {
+		return nil, nil, fmt.Errorf("installing iptables rules: %w", err)
 	}
 	// subnet.env is desired state like a route: deleted or altered, it is
 	// written again at once.
 	envFile := &desiredfile.Keeper{Path: d.o.SubnetFile, Logger: d.log, Repaired: func() { d.metrics.driftRepairs.Inc() }}
 	if err := envFile.Set(env.Marshal()); err != nil {
-		return err
+		return nil, nil, err
 	}
-	g.Go(func() error { return envFile.Run(ctx) })
+	return chains, envFile, nil
+}
 
-	g.Go(func() error { return d.o.Subnets.Run(ctx, d.publish) })
-	if r, ok := nw.(backend.Runner); ok {
-		g.Go(func() error { return r.Run(ctx) })
-	}
-	g.Go(func() error { return chains.Run(ctx) })
-	var afterReady []func() error
+// afterReady is what starts once the first reconcile is done: the kernel
+// watch, the external interface watch, the reclaiming of leaked addresses
+// and the CNI conflist (a node takes pods only once it routes).
+func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, nw backend.Network) func() error {
+	var steps []func() error
 	if w, ok := nw.(backend.KernelWatcher); ok {
-		// Watching starts once the first reconcile is done, so that the
-		// watcher does not decode thousands of events about our own
-		// initial programming. WatchKernel pokes as soon as it subscribes,
-		// which makes the next reconcile re-read the kernel: nothing that
-		// changed before the subscription goes unnoticed.
-		afterReady = append(afterReady, func() error { g.Go(func() error { return w.WatchKernel(ctx, d.signal) }); return nil })
+		// Watching starts after the first reconcile, so that the watcher
+		// does not decode thousands of events about our own initial
+		// programming. WatchKernel pokes as soon as it subscribes, which
+		// makes the next reconcile re-read the kernel: nothing that changed
+		// before the subscription goes unnoticed.
+		steps = append(steps, func() error { g.Go(func() error { return w.WatchKernel(ctx, d.signal) }); return nil })
 	}
 	if d.o.Allocations.Dir != "" && d.o.Allocations.Every > 0 {
-		afterReady = append(afterReady, func() error { g.Go(func() error { return d.reclaimLoop(ctx) }); return nil })
+		steps = append(steps, func() error { g.Go(func() error { return d.reclaimLoop(ctx) }); return nil })
 	}
 	if d.o.CNIConflistPath != "" {
 		conflist := &desiredfile.Keeper{Path: d.o.CNIConflistPath, Logger: d.log, Repaired: func() { d.metrics.driftRepairs.Inc() }}
-		afterReady = append(afterReady, func() error {
+		steps = append(steps, func() error {
 			if err := conflist.Set(d.o.CNIConflist); err != nil {
 				return fmt.Errorf("installing the CNI conflist: %w", err)
 			}
@@ -249,21 +279,15 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 			return nil
 		})
 	}
-	d.afterFirstReconcile = func() error {
-		for _, f := range afterReady {
+	steps = append(steps, func() error { g.Go(func() error { return d.watchExternal(ctx) }); return nil })
+	return func() error {
+		for _, f := range steps {
 			if err := f(); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
-	// The kernel flushes routes through a link that goes down without
-	// announcing it, and a re-created link has a new index: watch the
-	// external interface, and read it again before the next reconcile.
-	d.ext = extWatch{name: ext.Link.Name, opts: withFamilies(d.o.Iface, cfg)}
-	d.ext.index.Store(int64(ext.Link.Index))
-	afterReady = append(afterReady, func() error { g.Go(func() error { return d.watchExternal(ctx) }); return nil })
-	return d.reconcileLoop(ctx, cfg, lease, nw)
 }
 
 // publishData publishes the backend's new data in the node's lease, when it

@@ -175,6 +175,13 @@ func Start(t testing.TB, o Options) *APIServer {
 	t.Cleanup(func() { s.stop() })
 
 	s.Admin = s.Config(s.adminToken)
+	s.waitReady(t, logPath)
+	return s
+}
+
+// waitReady waits (90s at most) until the apiserver's /readyz says ok.
+func (s *APIServer) waitReady(t testing.TB, logPath string) {
+	t.Helper()
 	cli, err := corev1client.NewForConfig(s.Admin)
 	if err != nil {
 		t.Fatal(err)
@@ -185,7 +192,7 @@ func Start(t testing.TB, o Options) *APIServer {
 		body, err := cli.RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		cancel()
 		if err == nil && strings.TrimSpace(string(body)) == "ok" {
-			break
+			return
 		}
 		select {
 		case <-s.done:
@@ -197,7 +204,6 @@ func Start(t testing.TB, o Options) *APIServer {
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-	return s
 }
 
 func (s *APIServer) stop() {

@@ -23,6 +23,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/twill-net/twill/internal/cluster"
 	"github.com/twill-net/twill/internal/sysctl"
 	"github.com/twill-net/twill/internal/topology"
 )
@@ -67,7 +68,7 @@ func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, 
 	if err := s.save(); err != nil {
 		return err
 	}
-	if err := poll(ctx, 60*time.Second, "every kubelet to register its Node", func() error {
+	if err := cluster.Poll(ctx, 60*time.Second, "every kubelet to register its Node", func() error {
 		nodes, err := s.kubeNodes(ctx)
 		if err != nil {
 			return err
@@ -97,20 +98,7 @@ func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, 
 // startControlPlane runs kube-apiserver, kube-controller-manager and
 // kube-scheduler in the underlay namespace, each with its own identity.
 func (s *State) startControlPlane(ctx context.Context, p *pki, topo *topology.Topology) error {
-	addr := topo.BridgeAddr
-	apiCrt, apiKey, err := p.issue(certSpec{name: "apiserver", cn: "kube-apiserver", server: true,
-		ips: []netip.Addr{addr, netip.MustParseAddr(KubernetesSvc), netip.MustParseAddr("127.0.0.1")},
-		dns: []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}})
-	if err != nil {
-		return err
-	}
 	saKey, saPub, err := p.serviceAccountKey()
-	if err != nil {
-		return err
-	}
-	// The apiserver's identity towards kubelets (exec, logs): bound to
-	// system:kubelet-api-admin below, not a member of system:masters.
-	kcCrt, kcKey, err := p.issue(certSpec{name: "apiserver-kubelet-client", cn: "kube-apiserver-kubelet-client"})
 	if err != nil {
 		return err
 	}
@@ -122,38 +110,8 @@ func (s *State) startControlPlane(ctx context.Context, p *pki, topo *topology.To
 	if err := os.WriteFile(s.AdminKubeconfig, []byte(kubeconfig(s.APIServer, p.CAFile(), admCrt, admKey)), 0o600); err != nil {
 		return err
 	}
-	bin := func(name string) string { return filepath.Join(s.KubeBinDir, name) }
-	if err := s.spawn("kube-apiserver", topo.Underlay, bin("kube-apiserver"),
-		"--etcd-servers="+s.EtcdURL,
-		"--bind-address="+addr.String(), "--advertise-address="+addr.String(), "--secure-port="+strconv.Itoa(APIServerPort),
-		"--tls-cert-file="+apiCrt, "--tls-private-key-file="+apiKey, "--client-ca-file="+p.CAFile(),
-		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
-		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file="+saPub, "--service-account-signing-key-file="+saKey,
-		"--service-cluster-ip-range="+ServiceCIDR,
-		"--kubelet-client-certificate="+kcCrt, "--kubelet-client-key="+kcKey,
-		"--kubelet-preferred-address-types=InternalIP",
-		"--allow-privileged=true", "--enable-priority-and-fairness=false", "--profiling=false",
-		"--cert-dir="+filepath.Join(s.Dir, "apiserver"), "--v=1"); err != nil {
+	if err := s.startAPIServer(ctx, p, topo, saKey, saPub); err != nil {
 		return err
-	}
-	if err := poll(ctx, 90*time.Second, "kube-apiserver to be ready", func() error {
-		body, err := s.apiGet(ctx, "/readyz")
-		if err == nil && strings.TrimSpace(string(body)) != "ok" {
-			err = fmt.Errorf("/readyz: %s", body)
-		}
-		return s.processError(err, "kube-apiserver")
-	}); err != nil {
-		return err
-	}
-	rbac := `apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: twill-lab-apiserver-kubelet-client}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:kubelet-api-admin}
-subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: kube-apiserver-kubelet-client}]
-`
-	if out, err := s.Kubectl(ctx, strings.NewReader(rbac), "apply", "-f", "-"); err != nil {
-		return fmt.Errorf("binding the apiserver's kubelet client: %w\n%s", err, out)
 	}
 	for _, c := range []struct {
 		name, cn string
@@ -179,11 +137,62 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: kube-apiserve
 			return err
 		}
 		args := append([]string{"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc}, c.args...)
-		if err := s.spawn(c.name, topo.Underlay, bin(c.name), args...); err != nil {
+		if err := s.spawn(c.name, topo.Underlay, filepath.Join(s.KubeBinDir, c.name), args...); err != nil {
 			return err
 		}
 	}
 	return s.save()
+}
+
+// startAPIServer runs kube-apiserver on the underlay bridge's address,
+// waits until it is ready, and lets it reach kubelets (exec, logs).
+func (s *State) startAPIServer(ctx context.Context, p *pki, topo *topology.Topology, saKey, saPub string) error {
+	addr := topo.BridgeAddr
+	apiCrt, apiKey, err := p.issue(certSpec{name: "apiserver", cn: "kube-apiserver", server: true,
+		ips: []netip.Addr{addr, netip.MustParseAddr(KubernetesSvc), netip.MustParseAddr("127.0.0.1")},
+		dns: []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}})
+	if err != nil {
+		return err
+	}
+	// The apiserver's identity towards kubelets: bound to
+	// system:kubelet-api-admin below, not a member of system:masters.
+	kcCrt, kcKey, err := p.issue(certSpec{name: "apiserver-kubelet-client", cn: "kube-apiserver-kubelet-client"})
+	if err != nil {
+		return err
+	}
+	if err := s.spawn("kube-apiserver", topo.Underlay, filepath.Join(s.KubeBinDir, "kube-apiserver"),
+		"--etcd-servers="+s.EtcdURL,
+		"--bind-address="+addr.String(), "--advertise-address="+addr.String(), "--secure-port="+strconv.Itoa(APIServerPort),
+		"--tls-cert-file="+apiCrt, "--tls-private-key-file="+apiKey, "--client-ca-file="+p.CAFile(),
+		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file="+saPub, "--service-account-signing-key-file="+saKey,
+		"--service-cluster-ip-range="+ServiceCIDR,
+		"--kubelet-client-certificate="+kcCrt, "--kubelet-client-key="+kcKey,
+		"--kubelet-preferred-address-types=InternalIP",
+		"--allow-privileged=true", "--enable-priority-and-fairness=false", "--profiling=false",
+		"--cert-dir="+filepath.Join(s.Dir, "apiserver"), "--v=1"); err != nil {
+		return err
+	}
+	if err := cluster.Poll(ctx, 90*time.Second, "kube-apiserver to be ready", func() error {
+		body, err := s.apiGet(ctx, "/readyz")
+		if err == nil && strings.TrimSpace(string(body)) != "ok" {
+			err = fmt.Errorf("/readyz: %s", body)
+		}
+		return s.processError(err, "kube-apiserver")
+	}); err != nil {
+		return err
+	}
+	rbac := `apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: twill-lab-apiserver-kubelet-client}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:kubelet-api-admin}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: kube-apiserver-kubelet-client}]
+`
+	if out, err := s.Kubectl(ctx, strings.NewReader(rbac), "apply", "-f", "-"); err != nil {
+		return fmt.Errorf("binding the apiserver's kubelet client: %w\n%s", err, out)
+	}
+	return nil
 }
 
 // startNode makes node i a Kubernetes node: its own root (mount
@@ -215,7 +224,7 @@ func (s *State) startNode(ctx context.Context, i int, nodeCrt, nodeKey string) e
 	if err != nil {
 		return err
 	}
-	if err := poll(ctx, 30*time.Second, n.Name+"'s root", func() error {
+	if err := cluster.Poll(ctx, 30*time.Second, n.Name+"'s root", func() error {
 		_, err := os.Stat(ready)
 		return s.processError(err, "node-root")
 	}); err != nil {
@@ -234,7 +243,7 @@ func (s *State) startNode(ctx context.Context, i int, nodeCrt, nodeKey string) e
 	if err := s.spawnInNode("containerd", n.NS, root, "/usr/bin/containerd", "--config", filepath.Join(dir, "containerd.toml")); err != nil {
 		return err
 	}
-	if err := poll(ctx, 30*time.Second, n.Name+"'s containerd", func() error {
+	if err := cluster.Poll(ctx, 30*time.Second, n.Name+"'s containerd", func() error {
 		_, err := s.NodeExec(ctx, n.Name, nil, "/usr/bin/ctr", "-a", "/run/containerd/containerd.sock", "version")
 		return s.processError(err, "containerd")
 	}); err != nil {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/twill-net/twill/internal/cluster"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 )
@@ -87,7 +88,7 @@ func (s *State) TwillReady(ctx context.Context) (string, error) {
 
 // waitTwill waits for TwillReady.
 func (s *State) waitTwill(ctx context.Context) error {
-	return poll(ctx, 3*time.Minute, "twill to roll out", func() error {
+	return cluster.Poll(ctx, 3*time.Minute, "twill to roll out", func() error {
 		why, err := s.TwillReady(ctx)
 		if err == nil && why != "" {
 			err = fmt.Errorf("%s", why)
@@ -104,7 +105,7 @@ func (s *State) deployWorkload(ctx context.Context, perNode int) error {
 		return fmt.Errorf("kubectl apply (lab workload): %w\n%s", err, out)
 	}
 	want := perNode*len(s.Nodes) + 1
-	if err := poll(ctx, 3*time.Minute, "the lab's pods to be ready", func() error {
+	if err := cluster.Poll(ctx, 3*time.Minute, "the lab's pods to be ready", func() error {
 		if err := s.refreshPods(ctx); err != nil {
 			return err
 		}
@@ -130,7 +131,7 @@ func (s *State) deployWorkload(ctx context.Context, perNode int) error {
 		from = append(from, Vantage{Name: n.Name, NetNS: "/var/run/netns/" + n.NS})
 	}
 	to := []Target{{Name: "svc/echo", Addr: netip.AddrPortFrom(ip, 80)}}
-	return poll(ctx, time.Minute, "kube-proxy on every node to route Service echo", func() error {
+	return cluster.Poll(ctx, time.Minute, "kube-proxy on every node to route Service echo", func() error {
 		if r := Matrix(ctx, s.BinDir, from, to); r.Failed > 0 {
 			return fmt.Errorf("%d of %d nodes cannot reach %s yet", r.Failed, len(from), to[0].Addr)
 		}

@@ -22,11 +22,12 @@ import (
 	"time"
 
 	"github.com/twill-net/twill/internal/atomicfile"
+	"github.com/twill-net/twill/internal/cluster"
 )
 
 // Ports used inside the lab's namespaces.
 const (
-	EtcdPort    = 2379
+	EtcdPort    = cluster.EtcdPort
 	EchoPort    = 7777
 	HealthzPort = 10267
 )

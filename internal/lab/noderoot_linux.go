@@ -84,38 +84,11 @@ func buildNodeRoot(o NodeRootOptions) error {
 			return err
 		}
 	}
-	// Clone what must stay visible before anything hides it.
-	type kept struct {
-		path string
-		fd   int
-	}
-	var keep []kept
-	for _, p := range o.Keep {
-		if !underAny(p, maskedTrees) {
-			continue
-		}
-		fd, err := unix.OpenTree(unix.AT_FDCWD, p, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
-		if err != nil {
-			return fmt.Errorf("node-root: cloning %s: %w", p, err)
-		}
-		keep = append(keep, kept{p, fd})
-	}
-	// The node's own trees, cloned now: once /run is replaced, the node's
-	// directory (often below /run) no longer resolves.
-	var trees []kept
-	for _, t := range maskedTrees {
-		fd, err := unix.OpenTree(unix.AT_FDCWD, filepath.Join(rootfs, t), unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
-		if err != nil {
-			return fmt.Errorf("node-root: cloning %s: %w", filepath.Join(rootfs, t), err)
-		}
-		trees = append(trees, kept{t, fd})
-	}
-	cgroups, err := unix.OpenTree(unix.AT_FDCWD, "/sys/fs/cgroup", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	c, err := cloneTrees(o, rootfs)
 	if err != nil {
-		return fmt.Errorf("node-root: cloning /sys/fs/cgroup: %w", err)
+		return err
 	}
-	defer unix.Close(cgroups)
-
+	defer unix.Close(c.cgroups)
 	// /etc: the machine's, with the node's changes on top.
 	opts := fmt.Sprintf("lowerdir=/etc,upperdir=%s,workdir=%s", filepath.Join(rootfs, "etc.upper"), filepath.Join(rootfs, "etc.work"))
 	if err := unix.Mount("overlay", "/etc", "overlay", 0, opts); err != nil {
@@ -132,13 +105,62 @@ func buildNodeRoot(o NodeRootOptions) error {
 			return err
 		}
 	}
-	for _, t := range trees {
+	return c.attach()
+}
+
+// clonedTree is a detached copy of a mount tree, to attach at path.
+type clonedTree struct {
+	path string
+	fd   int
+}
+
+// clones are the trees a node root is made of, cloned before anything is
+// hidden: the paths of the machine it must still see (keep), the node's
+// own trees (once /run is replaced, the node's directory, often below
+// /run, no longer resolves), and the cgroup hierarchies.
+type clones struct {
+	keep, trees []clonedTree
+	cgroups     int
+}
+
+func cloneTrees(o NodeRootOptions, rootfs string) (*clones, error) {
+	c := &clones{}
+	for _, p := range o.Keep {
+		if !underAny(p, maskedTrees) {
+			continue
+		}
+		fd, err := unix.OpenTree(unix.AT_FDCWD, p, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+		if err != nil {
+			return nil, fmt.Errorf("node-root: cloning %s: %w", p, err)
+		}
+		c.keep = append(c.keep, clonedTree{p, fd})
+	}
+	for _, t := range maskedTrees {
+		fd, err := unix.OpenTree(unix.AT_FDCWD, filepath.Join(rootfs, t), unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+		if err != nil {
+			return nil, fmt.Errorf("node-root: cloning %s: %w", filepath.Join(rootfs, t), err)
+		}
+		c.trees = append(c.trees, clonedTree{t, fd})
+	}
+	fd, err := unix.OpenTree(unix.AT_FDCWD, "/sys/fs/cgroup", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		return nil, fmt.Errorf("node-root: cloning /sys/fs/cgroup: %w", err)
+	}
+	c.cgroups = fd
+	return c, nil
+}
+
+// attach mounts the node's trees over the machine's, the kept paths again
+// on top, and a sysfs of this network namespace (the machine's lists the
+// machine's interfaces) with the cgroup hierarchies runc and kubelet need.
+func (c *clones) attach() error {
+	for _, t := range c.trees {
 		if err := unix.MoveMount(t.fd, "", unix.AT_FDCWD, t.path, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 			return fmt.Errorf("node-root: mounting the node's %s: %w", t.path, err)
 		}
 		unix.Close(t.fd)
 	}
-	for _, k := range keep {
+	for _, k := range c.keep {
 		if err := os.MkdirAll(k.path, 0o755); err != nil {
 			return fmt.Errorf("node-root: %w", err)
 		}
@@ -147,12 +169,10 @@ func buildNodeRoot(o NodeRootOptions) error {
 		}
 		unix.Close(k.fd)
 	}
-	// A sysfs of this network namespace (the machine's lists the machine's
-	// interfaces), with the cgroup hierarchies runc and kubelet need.
 	if err := unix.Mount("sysfs", "/sys", "sysfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("node-root: sysfs: %w", err)
 	}
-	if err := unix.MoveMount(cgroups, "", unix.AT_FDCWD, "/sys/fs/cgroup", unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+	if err := unix.MoveMount(c.cgroups, "", unix.AT_FDCWD, "/sys/fs/cgroup", unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("node-root: attaching /sys/fs/cgroup: %w", err)
 	}
 	return nil

@@ -15,39 +15,19 @@ import (
 
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/backend/owned"
+	"github.com/twill-net/twill/internal/cluster"
 	"github.com/twill-net/twill/internal/cnidriver"
 	"github.com/twill-net/twill/internal/ociimage"
 	"github.com/twill-net/twill/internal/topology"
 	"github.com/twill-net/twill/subnet"
-	etcdsm "github.com/twill-net/twill/subnet/etcd"
 )
 
 // Up builds the lab and returns once every node is ready and every pod is
 // wired. progress receives one line per step. On failure it removes what
 // it built; if it is killed instead, Down removes it.
 func Up(ctx context.Context, o Options, progress io.Writer) (_ *State, err error) {
-	if err := o.Validate(); err != nil {
-		return nil, err
-	}
-	if existing, _ := namespaces(NetnsPrefix(o.NetnsPrefix, o.Name)); len(existing) > 0 {
-		return nil, fmt.Errorf("lab %q already exists (%d namespaces); twillctl lab down --name %s first", o.Name, len(existing), o.Name)
-	}
-	dir := Dir(o.StateRoot, o.Name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("creating %s: %w", dir, err)
-	}
-	s := &State{Name: o.Name, NetnsPrefix: o.NetnsPrefix, Bare: o.Bare, Dir: dir, Backend: o.Backend, ENIMode: o.ENIMode, Underlay: o.Underlay, Created: time.Now(), BinDir: o.BinDir}
-	if o.Kubernetes {
-		// Read the images' names first: a missing or broken image fails
-		// before anything is built.
-		if s.TwillImage, err = ociimage.Ref(filepath.Join(o.ImageDir, "twill.tar")); err != nil {
-			return nil, err
-		}
-		if s.PauseImage, err = ociimage.Ref(filepath.Join(o.ImageDir, "pause.tar")); err != nil {
-			return nil, err
-		}
-	}
-	if err := s.save(); err != nil {
+	s, err := newState(o)
+	if err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -64,6 +44,68 @@ func Up(ctx context.Context, o Options, progress io.Writer) (_ *State, err error
 	start := time.Now()
 
 	step("underlay (%s) and %d node namespaces", o.Underlay, o.Nodes)
+	topo, conf, err := s.buildTopology(o)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case o.Bare:
+		step("a root of its own for every node (lab exec runs commands there)")
+		err = s.upBare(ctx)
+	default:
+		step("etcd in %s", topo.Underlay)
+		err = s.upEtcd(ctx, topo, conf)
+	}
+	if err == nil && o.Kubernetes {
+		err = s.upKube(ctx, o, topo, step)
+	} else if err == nil && !o.Bare {
+		step("twilld (%s) in every node", o.Backend)
+		err = s.upDaemons(ctx, o)
+	}
+	if err == nil && o.PodsPerNode > 0 && !o.Bare {
+		err = s.upPods(ctx, o, step)
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.Ready = true
+	if err := s.save(); err != nil {
+		return nil, err
+	}
+	step("ready in %s", time.Since(start).Round(100*time.Millisecond))
+	return s, nil
+}
+
+// newState checks o and records a new lab's state; nothing is built yet.
+func newState(o Options) (*State, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if existing, _ := namespaces(NetnsPrefix(o.NetnsPrefix, o.Name)); len(existing) > 0 {
+		return nil, fmt.Errorf("lab %q already exists (%d namespaces); twillctl lab down --name %s first", o.Name, len(existing), o.Name)
+	}
+	dir := Dir(o.StateRoot, o.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("creating %s: %w", dir, err)
+	}
+	s := &State{Name: o.Name, NetnsPrefix: o.NetnsPrefix, Bare: o.Bare, Dir: dir, Backend: o.Backend, ENIMode: o.ENIMode, Underlay: o.Underlay, Created: time.Now(), BinDir: o.BinDir}
+	if o.Kubernetes {
+		// Read the images' names first: a missing or broken image fails
+		// before anything is built.
+		var err error
+		if s.TwillImage, err = ociimage.Ref(filepath.Join(o.ImageDir, "twill.tar")); err != nil {
+			return nil, err
+		}
+		if s.PauseImage, err = ociimage.Ref(filepath.Join(o.ImageDir, "pause.tar")); err != nil {
+			return nil, err
+		}
+	}
+	return s, s.save()
+}
+
+// buildTopology makes the namespaces and returns the net-conf.json the
+// lab's backend runs with.
+func (s *State) buildTopology(o Options) (*topology.Topology, string, error) {
 	topts := topology.Options{Prefix: NetnsPrefix(o.NetnsPrefix, o.Name), Nodes: o.Nodes,
 		Underlay: o.UnderlayCIDR, Routed: o.Underlay == "routed", DefaultRoute: o.Kubernetes || o.Bare}
 	conf := fmt.Sprintf(`{"Network":"10.244.0.0/16","Backend":{"Type":%q}}`, o.Backend)
@@ -71,7 +113,7 @@ func Up(ctx context.Context, o Options, progress io.Writer) (_ *State, err error
 		// A simulated VPC 10.10.0.0/16: primary NICs on 10.10.0.0/24, ENIs
 		// on 10.10.1.0/24, pod prefixes (or secondary IPs) routed by the
 		// fabric, up to 16 secondary IPs per ENI.
-		state := filepath.Join(dir, "vpc.json")
+		state := filepath.Join(s.Dir, "vpc.json")
 		topts.Underlay = netip.MustParsePrefix("10.10.0.0/24")
 		topts.VPC = &topology.VPCOptions{Space: netip.MustParsePrefix("10.10.0.0/16"), ENISubnet: netip.MustParsePrefix("10.10.1.0/24"),
 			MaxIPsPerENI: 16, StateFile: state}
@@ -80,108 +122,80 @@ func Up(ctx context.Context, o Options, progress io.Writer) (_ *State, err error
 	}
 	topo, err := topology.Build(topts)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	for _, n := range topo.Nodes {
 		s.Nodes = append(s.Nodes, Node{Name: n.Name, NS: n.NS, Addr: n.Addr.Addr()})
 	}
-	if err := s.save(); err != nil {
-		return nil, err
-	}
+	return topo, conf, s.save()
+}
 
-	if o.Bare {
-		step("a root of its own for every node (lab exec runs commands there)")
-		cwd, _ := os.Getwd()
-		for _, n := range s.Nodes {
-			dir := filepath.Join(s.Dir, n.Name)
-			ready := filepath.Join(dir, "root.ready")
-			if _, err := s.spawnNodeRoot(n.NS, "--dir", dir, "--ready-file", ready, "--keep", s.Dir, "--keep", s.BinDir, "--keep", cwd); err != nil {
-				return nil, err
-			}
-			if err := poll(ctx, 30*time.Second, n.Name+"'s root", func() error {
-				_, err := os.Stat(ready)
-				return s.processError(err, "node-root")
-			}); err != nil {
-				return nil, err
-			}
-		}
-		s.Ready = true
-		if err := s.save(); err != nil {
-			return nil, err
-		}
-		step("ready in %s", time.Since(start).Round(100*time.Millisecond))
-		return s, nil
-	}
-
-	step("etcd in %s", topo.Underlay)
-	s.EtcdURL = fmt.Sprintf("http://%s:%d", topo.BridgeAddr, EtcdPort)
-	s.EtcdSock = filepath.Join(dir, "etcd.sock")
-	if err := s.spawn("etcd", topo.Underlay, filepath.Join(o.BinDir, "twillctl"), "etcd",
-		"--data-dir", filepath.Join(dir, "etcd"), "--listen-client-urls", s.EtcdURL+",unix://"+s.EtcdSock); err != nil {
-		return nil, err
-	}
-	cli, err := etcdsm.NewClient(etcdsm.ClientOptions{Endpoints: []string{"unix://" + s.EtcdSock}})
-	if err != nil {
-		return nil, err
-	}
-	defer cli.Close()
-	if err := poll(ctx, 30*time.Second, "etcd to answer", func() error {
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		_, err := cli.Put(cctx, etcdsm.DefaultPrefix+"/config", conf)
-		return err
-	}); err != nil {
-		return nil, err
-	}
-
-	if o.Kubernetes {
-		if err := s.upKube(ctx, o, topo, step); err != nil {
-			return nil, err
-		}
-		if o.PodsPerNode > 0 {
-			step("%d pods per node (Deployment echo), a ClusterIP Service, a hostPort pod", o.PodsPerNode)
-			if err := s.deployWorkload(ctx, o.PodsPerNode); err != nil {
-				return nil, err
-			}
-		}
-		s.Ready = true
-		if err := s.save(); err != nil {
-			return nil, err
-		}
-		step("ready in %s", time.Since(start).Round(100*time.Millisecond))
-		return s, nil
-	}
-
-	step("twilld (%s) in every node", o.Backend)
+// upBare gives every node a root of its own, for an install by hand.
+func (s *State) upBare(ctx context.Context) error {
+	cwd, _ := os.Getwd()
 	for _, n := range s.Nodes {
-		nodeDir := filepath.Join(dir, n.Name)
-		if err := os.MkdirAll(nodeDir, 0o755); err != nil {
-			return nil, err
+		dir := filepath.Join(s.Dir, n.Name)
+		ready := filepath.Join(dir, "root.ready")
+		if _, err := s.spawnNodeRoot(n.NS, "--dir", dir, "--ready-file", ready, "--keep", s.Dir, "--keep", s.BinDir, "--keep", cwd); err != nil {
+			return err
 		}
-		if err := s.spawn("twilld", n.NS, filepath.Join(o.BinDir, DaemonBinary(o.Backend)), "--etcd-endpoints", s.EtcdURL, "--iface", "eth0",
-			"--subnet-file", filepath.Join(nodeDir, "subnet.env"), "--state-dir", nodeDir, "--ip-masq",
-			"--healthz-port", fmt.Sprint(HealthzPort)); err != nil {
-			return nil, err
+		if err := cluster.Poll(ctx, 30*time.Second, n.Name+"'s root", func() error {
+			_, err := os.Stat(ready)
+			return s.processError(err, "node-root")
+		}); err != nil {
+			return err
 		}
 	}
-	if err := s.waitReady(ctx); err != nil {
-		return nil, err
-	}
+	return nil
+}
 
-	if o.PodsPerNode > 0 {
-		step("%d pods per node, wired by the twill CNI plugin through libcni", o.PodsPerNode)
-		for i := range s.Nodes {
-			if err := s.addPods(ctx, o, i); err != nil {
-				return nil, err
-			}
+// upEtcd starts the cluster's etcd and stores the network configuration.
+func (s *State) upEtcd(ctx context.Context, topo *topology.Topology, conf string) error {
+	e := cluster.NewEtcd(topo, s.Dir, filepath.Join(s.BinDir, "twillctl"))
+	s.EtcdURL, s.EtcdSock = e.URL, e.Sock
+	defer e.Close()
+	if err := e.Start(ctx, s.spawnArgv); err != nil {
+		return err
+	}
+	return e.PutConfig(ctx, conf)
+}
+
+// upDaemons starts twilld in every node and waits for their first
+// reconcile.
+func (s *State) upDaemons(ctx context.Context, o Options) error {
+	for _, n := range s.Nodes {
+		nodeDir := cluster.NodeDir(s.Dir, n.Name)
+		if err := os.MkdirAll(nodeDir, 0o755); err != nil {
+			return err
+		}
+		argv := append([]string{filepath.Join(o.BinDir, DaemonBinary(o.Backend))},
+			cluster.DaemonArgs(s.EtcdURL, nodeDir, "--ip-masq", "--healthz-port", fmt.Sprint(HealthzPort))...)
+		if err := s.spawnArgv("twilld", n.NS, argv...); err != nil {
+			return err
 		}
 	}
-	s.Ready = true
-	if err := s.save(); err != nil {
-		return nil, err
+	return s.waitReady(ctx)
+}
+
+// upPods wires pods in every node: a Deployment, a Service and a hostPort
+// pod in a Kubernetes lab; pod namespaces through libcni otherwise.
+func (s *State) upPods(ctx context.Context, o Options, step func(string, ...any)) error {
+	if o.Kubernetes {
+		step("%d pods per node (Deployment echo), a ClusterIP Service, a hostPort pod", o.PodsPerNode)
+		return s.deployWorkload(ctx, o.PodsPerNode)
 	}
-	step("ready in %s", time.Since(start).Round(100*time.Millisecond))
-	return s, nil
+	step("%d pods per node, wired by the twill CNI plugin through libcni", o.PodsPerNode)
+	for i := range s.Nodes {
+		if err := s.addPods(ctx, o, i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// spawnArgv is spawn in cluster.Spawn's shape.
+func (s *State) spawnArgv(role, ns string, argv ...string) error {
+	return s.spawn(role, ns, argv[0], argv[1:]...)
 }
 
 // spawn starts a process in a namespace, detached from the caller (its own
@@ -220,7 +234,7 @@ func (s *State) waitReady(ctx context.Context) error {
 	for i := range s.Nodes {
 		n := &s.Nodes[i]
 		path := filepath.Join(s.Dir, n.Name, "subnet.env")
-		if err := poll(ctx, 30*time.Second, n.Name+" to write subnet.env", func() error {
+		if err := cluster.Poll(ctx, 30*time.Second, n.Name+" to write subnet.env", func() error {
 			env, err := subnet.ReadEnv(path)
 			if err != nil {
 				return s.daemonError(n.NS, err)
@@ -245,7 +259,7 @@ func (s *State) waitReady(ctx context.Context) error {
 				want += len(s.Nodes) - 1
 			}
 		}
-		err = poll(ctx, 30*time.Second, n.Name+" to route to every peer", func() error {
+		err = cluster.Poll(ctx, 30*time.Second, n.Name+" to route to every peer", func() error {
 			rs, err := h.Routes(nl.FamilyV4, filter)
 			if err != nil {
 				return err
@@ -322,7 +336,7 @@ func (s *State) addPods(ctx context.Context, o Options, i int) error {
 	}
 	for _, p := range pods {
 		ready := filepath.Join(nodeDir, p.Name+".echo-ready")
-		if err := poll(ctx, 10*time.Second, p.Name+"'s echo server", func() error {
+		if err := cluster.Poll(ctx, 10*time.Second, p.Name+"'s echo server", func() error {
 			_, err := os.Stat(ready)
 			return err
 		}); err != nil {
@@ -336,25 +350,4 @@ func (s *State) addPods(ctx context.Context, o Options, i int) error {
 // CNI runs a libcni request inside a node's namespace through twillctl.
 func CNI(ctx context.Context, binDir, ns string, req cnidriver.Request) (cnidriver.Response, error) {
 	return cnidriver.RunIn(ctx, filepath.Join(binDir, "twillctl"), ns, req)
-}
-
-// poll retries f every 50ms until it succeeds or timeout passes.
-func poll(ctx context.Context, timeout time.Duration, what string, f func() error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("waiting for %s: %w", what, err)
-		}
-		t := time.NewTimer(50 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
-		case <-t.C:
-		}
-	}
 }

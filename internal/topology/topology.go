@@ -93,6 +93,9 @@ func Build(o Options) (_ *Topology, err error) {
 	if o.Underlay.Addr().Is6() || o.Underlay.Bits() > 24 {
 		return nil, fmt.Errorf("topology: underlay %s: want an IPv4 /24 or larger", o.Underlay)
 	}
+	if o.Routed && o.Underlay.Bits() != 24 {
+		return nil, fmt.Errorf("topology: routed underlay %s: want a /24", o.Underlay)
+	}
 	t := &Topology{Underlay: o.Prefix + "-ul"}
 	defer func() {
 		if err != nil {
@@ -108,116 +111,126 @@ func Build(o Options) (_ *Topology, err error) {
 		}
 		return t, nil
 	}
-	last := lastUsable(o.Underlay)
-	t.BridgeAddr = last
-	steps := [][]string{
+	t.BridgeAddr = lastUsable(o.Underlay)
+	for _, s := range [][]string{
 		{"link", "add", "br0", "type", "bridge"},
 		{"link", "set", "br0", "up"},
-		{"addr", "add", netip.PrefixFrom(last, o.Underlay.Bits()).String(), "dev", "br0"},
-	}
-	for _, s := range steps {
+		{"addr", "add", netip.PrefixFrom(t.BridgeAddr, o.Underlay.Bits()).String(), "dev", "br0"},
+	} {
 		if err := IP(t.Underlay, s...); err != nil {
 			return nil, err
 		}
 	}
-	segments := []struct {
-		ns     string
-		prefix netip.Prefix
-		next   netip.Addr
-	}{{t.Underlay, o.Underlay, o.Underlay.Addr()}}
+	segments := []*segment{{ns: t.Underlay, prefix: o.Underlay, next: o.Underlay.Addr()}}
 	if o.Routed {
-		if o.Underlay.Bits() != 24 {
-			return nil, fmt.Errorf("topology: routed underlay %s: want a /24", o.Underlay)
-		}
-		a4 := o.Underlay.Addr().As4()
-		a4[2]++
-		segB := netip.PrefixFrom(netip.AddrFrom4(a4), 24)
-		t.UnderlayB, t.Router = o.Prefix+"-ulb", o.Prefix+"-rt"
-		for _, ns := range []string{t.UnderlayB, t.Router} {
-			if err := t.addNS(ns); err != nil {
-				return nil, err
-			}
-		}
-		for _, st := range [][]string{{"link", "add", "br0", "type", "bridge"}, {"link", "set", "br0", "up"}} {
-			if err := IP(t.UnderlayB, st...); err != nil {
-				return nil, err
-			}
-		}
-		segments = append(segments, struct {
-			ns     string
-			prefix netip.Prefix
-			next   netip.Addr
-		}{t.UnderlayB, segB, segB.Addr()})
-		for i, seg := range segments {
-			port, dev := fmt.Sprintf("rt%d", i), fmt.Sprintf("seg%d", i)
-			rtAddr := netip.PrefixFrom(lastUsable(seg.prefix).Prev(), 24)
-			for _, st := range []struct {
-				ns   string
-				args []string
-			}{
-				{t.Router, []string{"link", "add", dev, "type", "veth", "peer", "name", port, "netns", seg.ns}},
-				{t.Router, []string{"addr", "add", rtAddr.String(), "dev", dev}},
-				{t.Router, []string{"link", "set", dev, "up"}},
-				{seg.ns, []string{"link", "set", port, "master", "br0"}},
-				{seg.ns, []string{"link", "set", port, "up"}},
-			} {
-				if err := IP(st.ns, st.args...); err != nil {
-					return nil, err
-				}
-			}
-		}
-		if err := sysctl.SetIn("/var/run/netns/"+t.Router, "net/ipv4/ip_forward", "1"); err != nil {
+		segB, err := t.buildRouter(o)
+		if err != nil {
 			return nil, err
 		}
-		// The first underlay namespace (where etcd listens) reaches the
-		// second segment through the router.
-		if err := IP(t.Underlay, "route", "add", segB.String(), "via", lastUsable(o.Underlay).Prev().String()); err != nil {
-			return nil, err
-		}
+		segments = append(segments, segB)
 	}
 	for i := 1; i <= o.Nodes; i++ {
-		seg := &segments[(i-1)%len(segments)]
-		seg.next = seg.next.Next()
-		n := Node{Name: fmt.Sprintf("node%d", i), NS: fmt.Sprintf("%s-n%d", o.Prefix, i), Addr: netip.PrefixFrom(seg.next, seg.prefix.Bits())}
-		if err := t.addNS(n.NS); err != nil {
+		if err := t.addNode(o, i, segments[(i-1)%len(segments)]); err != nil {
 			return nil, err
 		}
-		port := fmt.Sprintf("n%d", i)
-		steps := [][]string{
-			{"link", "add", "eth0", "type", "veth", "peer", "name", port, "netns", seg.ns},
-			{"addr", "add", n.Addr.String(), "dev", "eth0"},
-			{"link", "set", "eth0", "up"},
-		}
-		if o.MTU != 0 {
-			steps = append(steps, []string{"link", "set", "eth0", "mtu", fmt.Sprint(o.MTU)})
-		}
-		if o.Routed {
-			steps = append(steps, []string{"route", "add", "default", "via", lastUsable(seg.prefix).Prev().String()})
-		} else if o.DefaultRoute {
-			steps = append(steps, []string{"route", "add", "default", "via", last.String()})
-		}
-		if o.UnderlayV6.IsValid() {
-			a := o.UnderlayV6.Addr().As16()
-			a[15] = byte(i)
-			steps = append(steps, []string{"-6", "addr", "add", netip.PrefixFrom(netip.AddrFrom16(a), o.UnderlayV6.Bits()).String(), "dev", "eth0", "nodad"})
-		}
-		for _, s := range steps {
-			if err := IP(n.NS, s...); err != nil {
-				return nil, err
-			}
-		}
-		uSteps := [][]string{{"link", "set", port, "master", "br0"}, {"link", "set", port, "up"}}
-		if o.MTU != 0 {
-			uSteps = append(uSteps, []string{"link", "set", port, "mtu", fmt.Sprint(o.MTU)})
-		}
-		for _, s := range uSteps {
-			if err := IP(seg.ns, s...); err != nil {
-				return nil, err
-			}
-		}
-		t.Nodes = append(t.Nodes, n)
 	}
 	return t, nil
+}
+
+// segment is one L2 segment of the underlay: a bridge in namespace ns.
+type segment struct {
+	ns     string
+	prefix netip.Prefix
+	next   netip.Addr // the last address given to a node
+}
+
+// buildRouter adds a second segment and a router between the two; the
+// first underlay namespace (where etcd listens) reaches the second
+// segment through it.
+func (t *Topology) buildRouter(o Options) (*segment, error) {
+	a4 := o.Underlay.Addr().As4()
+	a4[2]++
+	segB := netip.PrefixFrom(netip.AddrFrom4(a4), 24)
+	t.UnderlayB, t.Router = o.Prefix+"-ulb", o.Prefix+"-rt"
+	for _, ns := range []string{t.UnderlayB, t.Router} {
+		if err := t.addNS(ns); err != nil {
+			return nil, err
+		}
+	}
+	for _, st := range [][]string{{"link", "add", "br0", "type", "bridge"}, {"link", "set", "br0", "up"}} {
+		if err := IP(t.UnderlayB, st...); err != nil {
+			return nil, err
+		}
+	}
+	segs := []segment{{ns: t.Underlay, prefix: o.Underlay}, {ns: t.UnderlayB, prefix: segB}}
+	for i, seg := range segs {
+		port, dev := fmt.Sprintf("rt%d", i), fmt.Sprintf("seg%d", i)
+		rtAddr := netip.PrefixFrom(lastUsable(seg.prefix).Prev(), 24)
+		for _, st := range []struct {
+			ns   string
+			args []string
+		}{
+			{t.Router, []string{"link", "add", dev, "type", "veth", "peer", "name", port, "netns", seg.ns}},
+			{t.Router, []string{"addr", "add", rtAddr.String(), "dev", dev}},
+			{t.Router, []string{"link", "set", dev, "up"}},
+			{seg.ns, []string{"link", "set", port, "master", "br0"}},
+			{seg.ns, []string{"link", "set", port, "up"}},
+		} {
+			if err := IP(st.ns, st.args...); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := sysctl.SetIn("/var/run/netns/"+t.Router, "net/ipv4/ip_forward", "1"); err != nil {
+		return nil, err
+	}
+	if err := IP(t.Underlay, "route", "add", segB.String(), "via", lastUsable(o.Underlay).Prev().String()); err != nil {
+		return nil, err
+	}
+	return &segment{ns: t.UnderlayB, prefix: segB, next: segB.Addr()}, nil
+}
+
+// addNode adds node i on seg: its namespace, eth0 with the segment's next
+// address, and the port on the segment's bridge.
+func (t *Topology) addNode(o Options, i int, seg *segment) error {
+	seg.next = seg.next.Next()
+	n := Node{Name: fmt.Sprintf("node%d", i), NS: fmt.Sprintf("%s-n%d", o.Prefix, i), Addr: netip.PrefixFrom(seg.next, seg.prefix.Bits())}
+	if err := t.addNS(n.NS); err != nil {
+		return err
+	}
+	port := fmt.Sprintf("n%d", i)
+	steps := [][]string{
+		{"link", "add", "eth0", "type", "veth", "peer", "name", port, "netns", seg.ns},
+		{"addr", "add", n.Addr.String(), "dev", "eth0"},
+		{"link", "set", "eth0", "up"},
+	}
+	uSteps := [][]string{{"link", "set", port, "master", "br0"}, {"link", "set", port, "up"}}
+	if o.MTU != 0 {
+		steps = append(steps, []string{"link", "set", "eth0", "mtu", fmt.Sprint(o.MTU)})
+		uSteps = append(uSteps, []string{"link", "set", port, "mtu", fmt.Sprint(o.MTU)})
+	}
+	if o.Routed {
+		steps = append(steps, []string{"route", "add", "default", "via", lastUsable(seg.prefix).Prev().String()})
+	} else if o.DefaultRoute {
+		steps = append(steps, []string{"route", "add", "default", "via", lastUsable(o.Underlay).String()})
+	}
+	if o.UnderlayV6.IsValid() {
+		a := o.UnderlayV6.Addr().As16()
+		a[15] = byte(i)
+		steps = append(steps, []string{"-6", "addr", "add", netip.PrefixFrom(netip.AddrFrom16(a), o.UnderlayV6.Bits()).String(), "dev", "eth0", "nodad"})
+	}
+	for _, s := range steps {
+		if err := IP(n.NS, s...); err != nil {
+			return err
+		}
+	}
+	for _, s := range uSteps {
+		if err := IP(seg.ns, s...); err != nil {
+			return err
+		}
+	}
+	t.Nodes = append(t.Nodes, n)
+	return nil
 }
 
 func lastUsable(p netip.Prefix) netip.Addr {

@@ -209,12 +209,8 @@ func (a Annotations) Publish(attrs subnet.LeaseAttrs) map[string]string {
 // is the misconfigured one, and a working node keeps its routes. When the
 // oldest cannot be told (same creation second), the whole group is refused.
 func (a Annotations) Snapshot(nodes []*corev1.Node, self string) subnet.Snapshot {
-	type named struct {
-		node  *corev1.Node
-		lease subnet.Lease
-	}
 	var snap subnet.Snapshot
-	var ok []named
+	var ok []namedLease
 	for _, n := range nodes {
 		if n.Name == self {
 			continue
@@ -225,62 +221,16 @@ func (a Annotations) Snapshot(nodes []*corev1.Node, self string) subnet.Snapshot
 			continue
 		}
 		if peer {
-			ok = append(ok, named{n, l})
+			ok = append(ok, namedLease{n, l})
 		}
 	}
-	const tie = -1
-	loser := map[int]int{} // index in ok -> index of the node it yields to, or tie
-	for _, fam := range []func(subnet.Lease) netip.Prefix{
-		func(l subnet.Lease) netip.Prefix { return l.Subnet },
-		func(l subnet.Lease) netip.Prefix { return l.IPv6Subnet },
-	} {
-		idx := make([]int, 0, len(ok))
-		for i := range ok {
-			if fam(ok[i].lease).IsValid() {
-				idx = append(idx, i)
-			}
-		}
-		sort.Slice(idx, func(x, y int) bool {
-			p, q := fam(ok[idx[x]].lease), fam(ok[idx[y]].lease)
-			if c := p.Addr().Compare(q.Addr()); c != 0 {
-				return c < 0
-			}
-			return p.Bits() < q.Bits()
-		})
-		// Prefixes nest or are disjoint: sorted by start, the ones that
-		// overlap form runs under a first, widest prefix.
-		for start := 0; start < len(idx); {
-			end := start + 1
-			top := fam(ok[idx[start]].lease)
-			for end < len(idx) && top.Overlaps(fam(ok[idx[end]].lease)) {
-				end++
-			}
-			if end-start > 1 {
-				win := idx[start]
-				for _, i := range idx[start+1 : end] {
-					if ok[i].node.CreationTimestamp.Before(&ok[win].node.CreationTimestamp) {
-						win = i
-					}
-				}
-				for _, i := range idx[start:end] {
-					switch {
-					case i == win:
-					case ok[i].node.CreationTimestamp.Equal(&ok[win].node.CreationTimestamp):
-						loser[i], loser[win] = tie, tie
-					default:
-						if loser[i] != tie {
-							loser[i] = win
-						}
-					}
-				}
-			}
-			start = end
-		}
-	}
+	loser := map[int]int{}
+	markOverlaps(ok, func(l subnet.Lease) netip.Prefix { return l.Subnet }, loser)
+	markOverlaps(ok, func(l subnet.Lease) netip.Prefix { return l.IPv6Subnet }, loser)
 	for i, n := range ok {
 		if w, lost := loser[i]; lost {
 			err := fmt.Errorf("node %q: pod subnet %s overlaps that of node %q, which is older", n.node.Name, podCIDRString(n.lease), ok[max(w, 0)].node.Name)
-			if w == tie {
+			if w == tieLoser {
 				err = fmt.Errorf("node %q: pod subnet %s overlaps another node's created in the same second; refusing both", n.node.Name, podCIDRString(n.lease))
 			}
 			snap.Refused = append(snap.Refused, subnet.Refusal{Key: "node/" + n.node.Name, Err: err})
@@ -289,6 +239,62 @@ func (a Annotations) Snapshot(nodes []*corev1.Node, self string) subnet.Snapshot
 		snap.Leases = append(snap.Leases, n.lease)
 	}
 	return snap
+}
+
+type namedLease struct {
+	node  *corev1.Node
+	lease subnet.Lease
+}
+
+// tieLoser marks a node that overlaps another created in the same second.
+const tieLoser = -1
+
+// markOverlaps records in loser, for the leases whose prefix of one family
+// (fam) overlaps another's, the index of the oldest node of the group they
+// yield to, or tieLoser.
+func markOverlaps(ok []namedLease, fam func(subnet.Lease) netip.Prefix, loser map[int]int) {
+	idx := make([]int, 0, len(ok))
+	for i := range ok {
+		if fam(ok[i].lease).IsValid() {
+			idx = append(idx, i)
+		}
+	}
+	sort.Slice(idx, func(x, y int) bool {
+		p, q := fam(ok[idx[x]].lease), fam(ok[idx[y]].lease)
+		if c := p.Addr().Compare(q.Addr()); c != 0 {
+			return c < 0
+		}
+		return p.Bits() < q.Bits()
+	})
+	// Prefixes nest or are disjoint: sorted by start, the ones that
+	// overlap form runs under a first, widest prefix.
+	for start := 0; start < len(idx); {
+		end := start + 1
+		top := fam(ok[idx[start]].lease)
+		for end < len(idx) && top.Overlaps(fam(ok[idx[end]].lease)) {
+			end++
+		}
+		if end-start > 1 {
+			win := idx[start]
+			for _, i := range idx[start+1 : end] {
+				if ok[i].node.CreationTimestamp.Before(&ok[win].node.CreationTimestamp) {
+					win = i
+				}
+			}
+			for _, i := range idx[start:end] {
+				switch {
+				case i == win:
+				case ok[i].node.CreationTimestamp.Equal(&ok[win].node.CreationTimestamp):
+					loser[i], loser[win] = tieLoser, tieLoser
+				default:
+					if loser[i] != tieLoser {
+						loser[i] = win
+					}
+				}
+			}
+		}
+		start = end
+	}
 }
 
 func podCIDRString(l subnet.Lease) string {

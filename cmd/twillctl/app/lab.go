@@ -46,14 +46,22 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 		"directory holding one state directory per lab (env TWILL_LAB_STATE_ROOT)")
 	cmd.PersistentFlags().StringVar(&o.NetnsPrefix, "netns-prefix", env("TWILL_LAB_NETNS_PREFIX", lab.DefaultNetnsPrefix),
 		"first part of the lab's namespace names, <prefix>-<name>-n1 (env TWILL_LAB_NETNS_PREFIX)")
-	binDir := func() string {
-		exe, err := os.Executable()
-		if err != nil {
-			return "."
-		}
-		return filepath.Dir(exe)
-	}
+	cmd.AddCommand(labUpCommand(&o), labCheckCommand(&o), labStatusCommand(&o), labExecCommand(&o), labDownCommand(&o),
+		labKubectlCommand(&o), labEchoCommand(), labProbeCommand(), labNodeRootCommand())
+	return cmd
+}
 
+// binDir is the directory of this twillctl, where make build puts twilld
+// and the plugin too.
+func binDir() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return "."
+	}
+	return filepath.Dir(exe)
+}
+
+func labUpCommand(o *labOptions) *cobra.Command {
 	up := &cobra.Command{
 		Use:   "up",
 		Short: "Build a lab and wait until every node is ready",
@@ -93,6 +101,10 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 	up.Flags().StringVar(&o.KubeBinDir, "kube-bin-dir", "", "with --kubernetes: the Kubernetes binaries (default: build/kube/current next to bin/, made by make setup)")
 	up.Flags().StringVar(&o.ImageDir, "image-dir", "", "with --kubernetes: twill.tar and pause.tar (default: build/images next to bin/, made by make image)")
 
+	return up
+}
+
+func labCheckCommand(o *labOptions) *cobra.Command {
 	check := &cobra.Command{
 		Use:   "check",
 		Short: "Connect over TCP from every pod to every pod and print the matrix; exit 1 on any failure",
@@ -113,7 +125,10 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 			return nil
 		},
 	}
+	return check
+}
 
+func labStatusCommand(o *labOptions) *cobra.Command {
 	status := &cobra.Command{
 		Use:   "status",
 		Short: "Show the lab's nodes, leases, pods and daemons",
@@ -126,7 +141,10 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 			return lab.PrintStatus(cmd.Context(), s, cmd.OutOrStdout())
 		},
 	}
+	return status
+}
 
+func labExecCommand(o *labOptions) *cobra.Command {
 	execCmd := &cobra.Command{
 		Use:   "exec NODE|POD -- COMMAND [ARG...]",
 		Short: "Run a command inside a lab node or pod",
@@ -144,7 +162,10 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 			return commandExit(c.Run())
 		},
 	}
+	return execCmd
+}
 
+func labDownCommand(o *labOptions) *cobra.Command {
 	down := &cobra.Command{
 		Use:   "down",
 		Short: "Remove every namespace, process and file of the lab (also after a crashed lab up)",
@@ -157,34 +178,10 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 			return nil
 		},
 	}
+	return down
+}
 
-	var (
-		port      int
-		readyFile string
-	)
-	echo := &cobra.Command{
-		Use:    "echo-server",
-		Short:  "Echo one line per TCP connection (runs inside lab pods)",
-		Hidden: true,
-		Args:   cobra.NoArgs,
-		RunE:   func(cmd *cobra.Command, _ []string) error { return lab.ServeEcho(cmd.Context(), port, readyFile) },
-	}
-	echo.Flags().IntVar(&port, "port", lab.EchoPort, "port")
-	echo.Flags().StringVar(&readyFile, "ready-file", "", "file to create once listening")
-	probe := &cobra.Command{
-		Use:    "probe IP...",
-		Short:  "Connect to each IP's echo server and print the results as JSON",
-		Hidden: true,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			for _, a := range args {
-				if _, err := lab.ProbeTarget(a, port); err != nil {
-					return err
-				}
-			}
-			return json.NewEncoder(cmd.OutOrStdout()).Encode(lab.Probe(args, port, 3*time.Second))
-		},
-	}
-	probe.Flags().IntVar(&port, "port", lab.EchoPort, "port")
+func labKubectlCommand(o *labOptions) *cobra.Command {
 	kubectl := &cobra.Command{
 		Use:                "kubectl [ARG...]",
 		Short:              "Run kubectl as the admin of a Kubernetes lab (lab up --kubernetes)",
@@ -206,6 +203,48 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 			return commandExit(c.Run())
 		},
 	}
+	return kubectl
+}
+
+// The lab's own processes: lab up starts them, users do not.
+
+func labEchoCommand() *cobra.Command {
+	var (
+		port      int
+		readyFile string
+	)
+	echo := &cobra.Command{
+		Use:    "echo-server",
+		Short:  "Echo one line per TCP connection (runs inside lab pods)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE:   func(cmd *cobra.Command, _ []string) error { return lab.ServeEcho(cmd.Context(), port, readyFile) },
+	}
+	echo.Flags().IntVar(&port, "port", lab.EchoPort, "port")
+	echo.Flags().StringVar(&readyFile, "ready-file", "", "file to create once listening")
+	return echo
+}
+
+func labProbeCommand() *cobra.Command {
+	var port int
+	probe := &cobra.Command{
+		Use:    "probe IP...",
+		Short:  "Connect to each IP's echo server and print the results as JSON",
+		Hidden: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			for _, a := range args {
+				if _, err := lab.ProbeTarget(a, port); err != nil {
+					return err
+				}
+			}
+			return json.NewEncoder(cmd.OutOrStdout()).Encode(lab.Probe(args, port, 3*time.Second))
+		},
+	}
+	probe.Flags().IntVar(&port, "port", lab.EchoPort, "port")
+	return probe
+}
+
+func labNodeRootCommand() *cobra.Command {
 	var root lab.NodeRootOptions
 	nodeRoot := &cobra.Command{
 		Use:    "node-root",
@@ -217,8 +256,7 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 	nodeRoot.Flags().StringVar(&root.Dir, "dir", "", "the node's directory")
 	nodeRoot.Flags().StringVar(&root.ReadyFile, "ready-file", "", "created once the mounts are in place")
 	nodeRoot.Flags().StringSliceVar(&root.Keep, "keep", nil, "a path of the machine the node must still see")
-	cmd.AddCommand(up, check, status, execCmd, down, echo, probe, kubectl, nodeRoot)
-	return cmd
+	return nodeRoot
 }
 
 // prefixFlag is a netip.Prefix flag.

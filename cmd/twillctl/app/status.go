@@ -55,97 +55,127 @@ without changing anything, and lists what is missing, extra or wrong. It exits
 	return cmd
 }
 
-func runStatus(ctx context.Context, w io.Writer, reg *backend.Registry, o statusOptions) error {
-	env, err := subnet.ReadEnv(o.subnetFile)
-	if err != nil {
-		return err
-	}
-	cli, err := o.etcd.Client()
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	if err := etcdsm.Reach(ctx, cli, 5*time.Second); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	m := etcdsm.New(etcdsm.Options{Client: cli, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Prefix: o.etcd.Prefix})
-	cfg, err := m.NetworkConfig(ctx)
-	if err != nil {
-		return err
-	}
-	snap, err := m.Leases(ctx)
-	if err != nil {
-		return err
-	}
-	local := subnet.Lease{Subnet: env.Subnet, IPv6Subnet: env.IPv6Subnet}
-	found := false
-	for _, l := range snap.Leases {
-		if l.Subnet == local.Subnet && l.IPv6Subnet == local.IPv6Subnet {
-			local, found = l, true
-		}
-	}
-	peers, refused := subnet.Peers(cfg, local, snap, nil)
+// nodeView is what status reads: this node's lease and peers from etcd,
+// and the backend attached to the kernel as twilld would be.
+type nodeView struct {
+	env     subnet.Env
+	cfg     *subnet.Config
+	found   bool // the lease is in etcd
+	peers   []subnet.Lease
+	refused map[string]string
+	ext     backend.ExternalInterface
+	nw      backend.Network
+}
 
+func runStatus(ctx context.Context, w io.Writer, reg *backend.Registry, o statusOptions) error {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
 	h, err := nl.Open("")
 	if err != nil {
 		return err
 	}
 	defer h.Close()
-	ext, err := network.ChooseExternal(h, network.IfaceOptions{Ifaces: o.iface, IPv4: cfg.EnableIPv4, IPv6: cfg.EnableIPv6})
+	v, err := readNodeView(ctx, reg, o, h)
 	if err != nil {
 		return err
 	}
-	be, err := reg.New(cfg.BackendType, backend.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Netlink: h, ExtIface: ext, Config: cfg, StateDir: o.stateDir})
-	if err != nil {
-		return err
-	}
-	nw, err := be.Attach(ctx, local)
-	if err != nil {
-		return err
-	}
+	return v.print(ctx, w)
+}
 
+func readNodeView(ctx context.Context, reg *backend.Registry, o statusOptions, h *nl.Handle) (*nodeView, error) {
+	v := &nodeView{}
+	var err error
+	if v.env, err = subnet.ReadEnv(o.subnetFile); err != nil {
+		return nil, err
+	}
+	cli, err := o.etcd.Client()
+	if err != nil {
+		return nil, err
+	}
+	defer cli.Close()
+	if err := etcdsm.Reach(ctx, cli, 5*time.Second); err != nil {
+		return nil, err
+	}
+	m := etcdsm.New(etcdsm.Options{Client: cli, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Prefix: o.etcd.Prefix})
+	if v.cfg, err = m.NetworkConfig(ctx); err != nil {
+		return nil, err
+	}
+	snap, err := m.Leases(ctx)
+	if err != nil {
+		return nil, err
+	}
+	local := subnet.Lease{Subnet: v.env.Subnet, IPv6Subnet: v.env.IPv6Subnet}
+	for _, l := range snap.Leases {
+		if l.Subnet == local.Subnet && l.IPv6Subnet == local.IPv6Subnet {
+			local, v.found = l, true
+		}
+	}
+	v.peers, v.refused = subnet.Peers(v.cfg, local, snap, nil)
+	if v.ext, err = network.ChooseExternal(h, network.IfaceOptions{Ifaces: o.iface, IPv4: v.cfg.EnableIPv4, IPv6: v.cfg.EnableIPv6}); err != nil {
+		return nil, err
+	}
+	be, err := reg.New(v.cfg.BackendType, backend.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Netlink: h, ExtIface: v.ext, Config: v.cfg, StateDir: o.stateDir})
+	if err != nil {
+		return nil, err
+	}
+	if v.nw, err = be.Attach(ctx, local); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// print writes the lease, the peers not programmed, and the drift; it
+// fails when a peer is refused or the kernel drifted.
+func (v *nodeView) print(ctx context.Context, w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	leaseState := "held in etcd"
-	if !found {
+	if !v.found {
 		leaseState = "NOT FOUND in etcd"
 	}
-	fmt.Fprintf(tw, "lease\t%s (%s)\tbackend %s\tpublic IP %s\tMTU %d\n", env.Subnet, leaseState, cfg.BackendType, ext.PublicIP, env.MTU)
-	dr, ok := nw.(backend.DriftReporter)
+	fmt.Fprintf(tw, "lease\t%s (%s)\tbackend %s\tpublic IP %s\tMTU %d\n", v.env.Subnet, leaseState, v.cfg.BackendType, v.ext.PublicIP, v.env.MTU)
+	dr, ok := v.nw.(backend.DriftReporter)
 	var d backend.Drift
 	if ok {
-		if d, err = dr.Drift(ctx, peers); err != nil {
+		var err error
+		if d, err = dr.Drift(ctx, v.peers); err != nil {
 			return err
 		}
 	}
 	// Leases the daemon refuses (malformed, rogue) and peers the backend
 	// refuses (host-gw: not on-link) alike are peers not programmed.
-	notProgrammed := make([]string, 0, len(refused)+len(d.Refused))
-	for k, why := range refused {
+	notProgrammed := make([]string, 0, len(v.refused)+len(d.Refused))
+	for k, why := range v.refused {
 		notProgrammed = append(notProgrammed, k+": "+why)
 	}
 	sort.Strings(notProgrammed)
 	notProgrammed = append(notProgrammed, d.Refused...)
-	fmt.Fprintf(tw, "peers\t%d valid, %d refused\n", len(peers)-len(d.Refused), len(notProgrammed))
+	fmt.Fprintf(tw, "peers\t%d valid, %d refused\n", len(v.peers)-len(d.Refused), len(notProgrammed))
 	for _, r := range notProgrammed {
 		fmt.Fprintf(tw, "  refused\t%s\n", r)
 	}
-	if !ok {
-		fmt.Fprintf(tw, "kernel\tthe %s backend cannot report drift\n", cfg.BackendType)
+	switch {
+	case !ok:
+		fmt.Fprintf(tw, "kernel\tthe %s backend cannot report drift\n", v.cfg.BackendType)
 		return tw.Flush()
-	}
-	if d.Clean() {
-		fmt.Fprintf(tw, "kernel\tin sync (%d objects checked)\n", d.Objects)
+	case !d.Clean():
+		printDrift(tw, d)
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		if len(notProgrammed) > 0 {
-			return fmt.Errorf("%d peers are not programmed (refused above)", len(notProgrammed))
-		}
-		return nil
+		return errDrift
 	}
+	fmt.Fprintf(tw, "kernel\tin sync (%d objects checked)\n", d.Objects)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(notProgrammed) > 0 {
+		return fmt.Errorf("%d peers are not programmed (refused above)", len(notProgrammed))
+	}
+	return nil
+}
+
+func printDrift(tw io.Writer, d backend.Drift) {
 	fmt.Fprintf(tw, "kernel\tDRIFT: %d missing, %d extra, %d wrong (of %d objects)\n", len(d.Missing), len(d.Extra), len(d.Wrong), d.Objects)
 	for _, s := range d.Missing {
 		fmt.Fprintf(tw, "  missing\t%s\n", s)
@@ -156,10 +186,6 @@ func runStatus(ctx context.Context, w io.Writer, reg *backend.Registry, o status
 	for _, s := range d.Wrong {
 		fmt.Fprintf(tw, "  wrong\t%s\n", s)
 	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	return errDrift
 }
 
 var errDrift = errors.New("the kernel differs from what twill should have (twilld repairs it within moments if it is running)")
