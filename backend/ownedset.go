@@ -169,14 +169,15 @@ func (s *ownedSet[K, V]) upsert(v V, gen uint64) K {
 func (s *ownedSet[K, V]) diff(keys []K, dropped map[K]bool, gen uint64) (*change[K, V], error) {
 	c := &change[K, V]{s: s, dropped: dropped, gen: gen}
 	s.mu.Lock()
-	stale := s.known == nil || (s.fullSyncEvery > 0 && s.now().Sub(s.lastDump) >= s.fullSyncEvery)
+	known := s.known
+	stale := known == nil || (s.fullSyncEvery > 0 && s.now().Sub(s.lastDump) >= s.fullSyncEvery)
 	s.mu.Unlock()
 	if stale {
 		have, err := s.kind.list()
 		if err != nil {
 			return nil, err
 		}
-		known := make(map[K]V, len(have))
+		known = make(map[K]V, len(have))
 		for _, v := range have {
 			known[s.kind.key(v)] = v
 		}
@@ -186,12 +187,16 @@ func (s *ownedSet[K, V]) diff(keys []K, dropped map[K]bool, gen uint64) (*change
 		c.dumped = true
 		keys = nil // the record was just rebuilt: compare everything
 	}
+	// Compare with the record taken above: a kernel event may drop s.known
+	// meanwhile (observe), which only means the next sync reads the kernel
+	// again, not that the kernel is empty. record() changes this map under
+	// the lock, so it is read under the lock too.
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	present := 0            // desired keys the kernel has
 	one := func(k K) bool { // reports whether the kernel has k exactly as desired
 		e, want := s.desired[k]
-		have, ok := s.known[k]
+		have, ok := known[k]
 		if want && ok {
 			present++
 		}
@@ -223,8 +228,8 @@ func (s *ownedSet[K, V]) diff(keys []K, dropped map[K]bool, gen uint64) (*change
 	}
 	// When every kernel object has a desired key, nothing is stale: skip
 	// the scan (the common case).
-	if present < len(s.known) {
-		for k, have := range s.known {
+	if present < len(known) {
+		for k, have := range known {
 			if _, ok := s.desired[k]; !ok {
 				c.delete = append(c.delete, have)
 			}

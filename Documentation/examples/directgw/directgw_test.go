@@ -1,0 +1,64 @@
+package directgw
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/internal/kernelfake"
+	"github.com/twill-net/twill/subnet"
+)
+
+// TestReconcile runs the backend on a model of the kernel's state
+// (internal/kernelfake), without root, and checks the routes it holds
+// afterwards: a backend's unit test as writing-a-backend.md describes it.
+func TestReconcile(t *testing.T) {
+	k := &kernelfake.Kernel{}
+	eth := k.AddLink("eth0", 1500, true, netip.MustParsePrefix("192.168.1.1/24"))
+	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"directgw","Table":50}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(backend.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Netlink: k, Config: cfg,
+		ExtIface: backend.ExternalInterface{Link: eth, PublicIP: netip.MustParseAddr("192.168.1.1"), OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	attrs, err := b.Prepare(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nw, err := b.Attach(context.Background(), subnet.Lease{Subnet: netip.MustParsePrefix("10.244.1.0/24"), Attrs: attrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer := func(sub, pub string) subnet.Lease {
+		return subnet.Lease{Subnet: netip.MustParsePrefix(sub), Attrs: subnet.LeaseAttrs{PublicIP: netip.MustParseAddr(pub), BackendType: Type}}
+	}
+	table := func() []string {
+		rs, _ := k.Routes(nl.FamilyAll, nl.RouteFilter{Table: 50})
+		var out []string
+		for _, r := range rs {
+			out = append(out, r.String())
+		}
+		return out
+	}
+	peers := []subnet.Lease{peer("10.244.2.0/24", "192.168.1.2"), peer("10.244.3.0/24", "10.9.9.9")}
+	if err := nw.Reconcile(context.Background(), peers); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := table(), []string{"10.244.2.0/24 via 192.168.1.2 dev#1 table 50"}; !slices.Equal(got, want) {
+		t.Fatalf("table 50: %q, want %q (the peer off the segment is not routed)", got, want)
+	}
+	if err := nw.Reconcile(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := table(); len(got) != 0 {
+		t.Fatalf("after the peer left, table 50 still has %q", got)
+	}
+}
