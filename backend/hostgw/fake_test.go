@@ -10,6 +10,7 @@ import (
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/internal/backendtest"
 	"github.com/twill-net/twill/internal/kernelfake"
 	"github.com/twill-net/twill/subnet"
 )
@@ -34,25 +35,11 @@ func fakeNode(t *testing.T) (*kernelfake.Kernel, *Network, *strings.Builder) {
 	t.Helper()
 	k := &kernelfake.Kernel{}
 	eth := k.AddLink("eth0", 1500, true, netip.MustParsePrefix("192.168.1.1/24"))
-	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"}}`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	opts := backendtest.Options(t, `{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"}}`, k, backend.ExternalInterface{Link: eth,
+		Addr: netip.MustParseAddr("192.168.1.1"), PublicIP: netip.MustParseAddr("192.168.1.1"), OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}})
 	var log strings.Builder
-	b, err := New(backend.Options{Logger: slog.New(slog.NewTextHandler(&log, nil)), Netlink: k, Config: cfg,
-		ExtIface: backend.ExternalInterface{Link: eth, Addr: netip.MustParseAddr("192.168.1.1"), PublicIP: netip.MustParseAddr("192.168.1.1"),
-			OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	attrs, err := b.Prepare(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	nw, err := b.Attach(context.Background(), subnet.Lease{Subnet: netip.MustParsePrefix("10.244.1.0/24"), Attrs: attrs})
-	if err != nil {
-		t.Fatal(err)
-	}
+	opts.Logger = slog.New(slog.NewTextHandler(&log, nil))
+	_, _, nw := backendtest.Attach(t, New, opts, "10.244.1.0/24")
 	return k, nw.(*Network), &log
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/internal/backendtest"
 	"github.com/twill-net/twill/internal/kernelfake"
 	"github.com/twill-net/twill/subnet"
 )
@@ -48,24 +49,10 @@ func newFNode(t testing.TB, backendJSON string) *fnode {
 // start builds the backend as a (re)starting twilld does.
 func (f *fnode) start(t testing.TB) {
 	t.Helper()
-	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16","Backend":` + f.conf + `}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := New(backend.Options{Logger: slog.New(slog.NewTextHandler(&f.log, nil)), Netlink: f.k, Config: cfg, StateDir: f.state,
-		ExtIface: backend.ExternalInterface{Link: f.eth, Addr: netip.MustParseAddr("192.168.1.1"), PublicIP: netip.MustParseAddr("192.168.1.1"),
-			OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	attrs, err := b.Prepare(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	nw, err := b.Attach(context.Background(), subnet.Lease{Subnet: netip.MustParsePrefix("10.244.1.0/24"), Attrs: attrs})
-	if err != nil {
-		t.Fatal(err)
-	}
+	opts := backendtest.Options(t, `{"Network":"10.244.0.0/16","Backend":`+f.conf+`}`, f.k, backend.ExternalInterface{Link: f.eth,
+		Addr: netip.MustParseAddr("192.168.1.1"), PublicIP: netip.MustParseAddr("192.168.1.1"), OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}})
+	opts.Logger, opts.StateDir = slog.New(slog.NewTextHandler(&f.log, nil)), f.state
+	b, _, nw := backendtest.Attach(t, New, opts, "10.244.1.0/24")
 	f.b, f.nw = b.(*Backend), nw.(*Network)
 }
 

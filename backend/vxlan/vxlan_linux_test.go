@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/internal/backendtest"
 	"github.com/twill-net/twill/internal/netnstest"
 	"github.com/twill-net/twill/subnet"
 )
@@ -44,28 +44,16 @@ func newVNodeB(t testing.TB) *vnode {
 }
 
 // start builds the backend as a (re)starting daemon would.
-func (v *vnode) start(t testing.TB) subnet.LeaseAttrs {
+func (v *vnode) start(t testing.TB) {
 	link, err := v.h.LinkByName("eth0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, _ := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16"}`))
-	b, err := New(backend.Options{Logger: slog.New(slog.NewTextHandler(debugOut(), &slog.HandlerOptions{Level: slog.LevelDebug})), Netlink: v.h, Config: cfg, StateDir: v.state,
-		ExtIface: backend.ExternalInterface{Link: link, Addr: netip.MustParseAddr("192.168.1.1"), PublicIP: netip.MustParseAddr("192.168.1.1"),
-			OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	attrs, err := b.Prepare(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	nw, err := b.Attach(context.Background(), subnet.Lease{Subnet: netip.MustParsePrefix("10.244.1.0/24"), Attrs: attrs})
-	if err != nil {
-		t.Fatal(err)
-	}
+	opts := backendtest.Options(t, `{"Network":"10.244.0.0/16"}`, v.h, backend.ExternalInterface{Link: link,
+		Addr: netip.MustParseAddr("192.168.1.1"), PublicIP: netip.MustParseAddr("192.168.1.1"), OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}})
+	opts.StateDir = v.state
+	b, _, nw := backendtest.Attach(t, New, opts, "10.244.1.0/24")
 	v.b, v.nw = b.(*Backend), nw.(*Network)
-	return attrs
 }
 
 func (v *vnode) show(t *testing.T, args ...string) string {

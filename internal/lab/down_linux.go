@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -28,7 +29,21 @@ func namespaces(prefix string) ([]string, error) {
 	return names, nil
 }
 
-func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
+// alive reports whether a process runs: it exists and is not a zombie (a
+// process that exited but that nobody reaped, which is every orphan of
+// the lab's where PID 1 does not reap).
+func alive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(stat, ')')
+	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
+}
 
 // pidsIn lists the processes whose network namespace is the named one:
 // processes living in a lab's namespace are the lab's.
@@ -64,41 +79,24 @@ func Down(stateRoot, name, netnsPrefix string) error {
 	if err != nil {
 		return err
 	}
-	var pids []int
-	for _, ns := range nss {
-		pids = append(pids, pidsIn(ns)...)
-	}
-	// A Kubernetes lab's containers live in pod namespaces that have no
-	// name; they are found through the cgroups the lab made for them.
 	cgroups := cgroupRoots(NetnsPrefix(netnsPrefix, name))
-	for _, pid := range cgroupPIDs(cgroups) {
-		if !contains(pids, pid) {
-			pids = append(pids, pid)
-		}
-	}
-	// A recorded process whose namespace mount is already gone (a node
-	// deleted by hand, an interrupted down) lives on in an unnamed
-	// namespace the scan above cannot see. Every process the lab starts
-	// has a path inside the lab's state directory on its command line,
-	// which tells it from an unrelated process that reused the PID.
-	if s, err := Load(stateRoot, name); err == nil {
-		for _, p := range s.Processes {
-			if !contains(pids, p.PID) && cmdlineMentions(p.PID, s.Dir) {
-				pids = append(pids, p.PID)
+	dir := Dir(stateRoot, name)
+	// A process started just before lab up was killed may be on its way
+	// into a namespace when the first scan runs: scan again after each
+	// round of stopping, until a scan finds nothing new (bounded).
+	stopped := map[int]bool{}
+	for round := 0; round < 4; round++ {
+		var pids []int
+		for _, pid := range labPIDs(stateRoot, name, dir, nss, cgroups) {
+			if !stopped[pid] {
+				pids = append(pids, pid)
+				stopped[pid] = true
 			}
 		}
-	}
-	for _, pid := range pids {
-		_ = syscall.Kill(pid, syscall.SIGTERM)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for _, pid := range pids {
-		for alive(pid) && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
+		if len(pids) == 0 {
+			break
 		}
-		if alive(pid) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
+		stop(pids)
 	}
 	var errs []error
 	if err := removeCgroups(cgroups); err != nil {
@@ -114,6 +112,84 @@ func Down(stateRoot, name, netnsPrefix string) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// labPIDs lists the lab's processes: those in its namespaces, in its
+// cgroups, and those it started that carry its mark.
+func labPIDs(stateRoot, name, dir string, nss, cgroups []string) []int {
+	var pids []int
+	add := func(pid int) {
+		if !contains(pids, pid) {
+			pids = append(pids, pid)
+		}
+	}
+	for _, ns := range nss {
+		for _, pid := range pidsIn(ns) {
+			add(pid)
+		}
+	}
+	// A Kubernetes lab's containers live in pod namespaces that have no
+	// name; they are found through the cgroups the lab made for them.
+	for _, pid := range cgroupPIDs(cgroups) {
+		add(pid)
+	}
+	// A recorded process whose namespace mount is already gone (a node
+	// deleted by hand, an interrupted down) lives on in an unnamed
+	// namespace the scans above cannot see; so does one started just
+	// before lab up was killed, not yet recorded. Every process the lab
+	// starts carries the lab's mark in its environment, which tells it
+	// from an unrelated process (one that reused a recorded PID, or a
+	// user's tail of a lab log).
+	for _, pid := range markedPIDs(dir) {
+		add(pid)
+	}
+	if s, err := Load(stateRoot, name); err == nil {
+		for _, p := range s.Processes {
+			if cmdlineMentions(p.PID, s.Dir) {
+				add(p.PID)
+			}
+		}
+	}
+	return pids
+}
+
+// stop stops processes by PID: SIGTERM, then SIGKILL after 5s.
+func stop(pids []int) {
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for _, pid := range pids {
+		for alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if alive(pid) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// labMark is the environment variable every process a lab starts carries:
+// the lab's state directory.
+const labMark = "TWILL_LAB_DIR"
+
+// markedPIDs lists the live processes marked as started by the lab whose
+// state directory is dir.
+func markedPIDs(dir string) []int {
+	mark := []byte(labMark + "=" + dir + "\x00")
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscan(e.Name(), &pid); err != nil || pid == os.Getpid() {
+			continue
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err == nil && bytes.Contains(env, mark) && alive(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // cmdlineMentions reports whether a live process's command line contains s.

@@ -218,16 +218,8 @@ func (s *State) startNode(ctx context.Context, i int, nodeCrt, nodeKey string) e
 	if err := makeCgroupRoot(n.NS); err != nil {
 		return err
 	}
-	ready := filepath.Join(dir, "root.ready")
-	root, err := s.spawnNodeRoot(n.NS, "--dir", dir, "--ready-file", ready,
-		"--keep", s.Dir, "--keep", s.KubeBinDir, "--keep", s.ImageDir, "--keep", s.BinDir)
+	root, err := s.startNodeRoot(ctx, n, dir, s.Dir, s.KubeBinDir, s.ImageDir, s.BinDir)
 	if err != nil {
-		return err
-	}
-	if err := cluster.Poll(ctx, 30*time.Second, n.Name+"'s root", func() error {
-		_, err := os.Stat(ready)
-		return s.processError(err, "node-root")
-	}); err != nil {
 		return err
 	}
 	for name, content := range map[string]string{
@@ -264,14 +256,27 @@ func (s *State) startNode(ctx context.Context, i int, nodeCrt, nodeKey string) e
 		"--config="+filepath.Join(dir, "kube-proxy.yaml"), "--v=1")
 }
 
-// spawnNodeRoot starts `twillctl lab node-root` in a new mount namespace
-// and in node namespace nsName, and returns its PID.
-func (s *State) spawnNodeRoot(nsName string, args ...string) (int, error) {
-	argv := append([]string{"nsenter", "--net=/var/run/netns/" + nsName, filepath.Join(s.BinDir, "twillctl"), "lab", "node-root"}, args...)
+// startNodeRoot starts `twillctl lab node-root` for node n in a new mount
+// namespace and in the node's network namespace, its files under dir and
+// the machine's paths keep still visible, waits until its mounts are in
+// place, and returns its PID.
+func (s *State) startNodeRoot(ctx context.Context, n Node, dir string, keep ...string) (int, error) {
+	ready := filepath.Join(dir, "root.ready")
+	argv := []string{"nsenter", "--net=/var/run/netns/" + n.NS, filepath.Join(s.BinDir, "twillctl"), "lab", "node-root", "--dir", dir, "--ready-file", ready}
+	for _, k := range keep {
+		argv = append(argv, "--keep", k)
+	}
 	// CLONE_NEWNS: the child gets its own mount namespace, and Go makes
 	// its root mount private before exec, so nothing mounted in it
 	// propagates back to the machine.
-	return s.start("node-root", nsName, argv, &syscall.SysProcAttr{Setsid: true, Unshareflags: syscall.CLONE_NEWNS})
+	pid, err := s.start("node-root", n.NS, argv, &syscall.SysProcAttr{Setsid: true, Unshareflags: syscall.CLONE_NEWNS})
+	if err != nil {
+		return 0, err
+	}
+	return pid, cluster.Poll(ctx, 30*time.Second, n.Name+"'s root", func() error {
+		_, err := os.Stat(ready)
+		return s.processError(err, "node-root")
+	})
 }
 
 // spawnInNode starts a node process in the node's network namespace and

@@ -26,6 +26,9 @@ import (
 // wired. progress receives one line per step. On failure it removes what
 // it built; if it is killed instead, Down removes it.
 func Up(ctx context.Context, o Options, progress io.Writer) (_ *State, err error) {
+	if err := o.Validate(); err != nil { // fills in the defaults too
+		return nil, err
+	}
 	s, err := newState(o)
 	if err != nil {
 		return nil, err
@@ -76,11 +79,9 @@ func Up(ctx context.Context, o Options, progress io.Writer) (_ *State, err error
 	return s, nil
 }
 
-// newState checks o and records a new lab's state; nothing is built yet.
+// newState records a new lab's state (o is validated); nothing is built
+// yet.
 func newState(o Options) (*State, error) {
-	if err := o.Validate(); err != nil {
-		return nil, err
-	}
 	if existing, _ := namespaces(NetnsPrefix(o.NetnsPrefix, o.Name)); len(existing) > 0 {
 		return nil, fmt.Errorf("lab %q already exists (%d namespaces); twillctl lab down --name %s first", o.Name, len(existing), o.Name)
 	}
@@ -134,15 +135,7 @@ func (s *State) buildTopology(o Options) (*topology.Topology, string, error) {
 func (s *State) upBare(ctx context.Context) error {
 	cwd, _ := os.Getwd()
 	for _, n := range s.Nodes {
-		dir := filepath.Join(s.Dir, n.Name)
-		ready := filepath.Join(dir, "root.ready")
-		if _, err := s.spawnNodeRoot(n.NS, "--dir", dir, "--ready-file", ready, "--keep", s.Dir, "--keep", s.BinDir, "--keep", cwd); err != nil {
-			return err
-		}
-		if err := cluster.Poll(ctx, 30*time.Second, n.Name+"'s root", func() error {
-			_, err := os.Stat(ready)
-			return s.processError(err, "node-root")
-		}); err != nil {
+		if _, err := s.startNodeRoot(ctx, n, filepath.Join(s.Dir, n.Name), s.Dir, s.BinDir, cwd); err != nil {
 			return err
 		}
 	}
@@ -218,6 +211,7 @@ func (s *State) start(role, ns string, argv []string, attr *syscall.SysProcAttr)
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = attr
+	cmd.Env = append(os.Environ(), labMark+"="+s.Dir) // lab down finds it by this, recorded or not
 	if err := cmd.Start(); err != nil {
 		return 0, fmt.Errorf("starting %s in %s: %w", role, ns, err)
 	}

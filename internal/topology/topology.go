@@ -90,7 +90,7 @@ func Build(o Options) (_ *Topology, err error) {
 	if o.Nodes < 1 || o.Nodes > 200 {
 		return nil, fmt.Errorf("topology: %d nodes: want 1..200", o.Nodes)
 	}
-	if o.Underlay.Addr().Is6() || o.Underlay.Bits() > 24 {
+	if !o.Underlay.IsValid() || o.Underlay.Addr().Is6() || o.Underlay.Bits() > 24 {
 		return nil, fmt.Errorf("topology: underlay %s: want an IPv4 /24 or larger", o.Underlay)
 	}
 	if o.Routed && o.Underlay.Bits() != 24 {

@@ -2,14 +2,13 @@ package directgw
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"net/netip"
 	"slices"
 	"testing"
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/internal/backendtest"
 	"github.com/twill-net/twill/internal/kernelfake"
 	"github.com/twill-net/twill/subnet"
 )
@@ -20,23 +19,9 @@ import (
 func TestReconcile(t *testing.T) {
 	k := &kernelfake.Kernel{}
 	eth := k.AddLink("eth0", 1500, true, netip.MustParsePrefix("192.168.1.1/24"))
-	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"directgw","Table":50}}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := New(backend.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Netlink: k, Config: cfg,
-		ExtIface: backend.ExternalInterface{Link: eth, PublicIP: netip.MustParseAddr("192.168.1.1"), OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	attrs, err := b.Prepare(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	nw, err := b.Attach(context.Background(), subnet.Lease{Subnet: netip.MustParsePrefix("10.244.1.0/24"), Attrs: attrs})
-	if err != nil {
-		t.Fatal(err)
-	}
+	opts := backendtest.Options(t, `{"Network":"10.244.0.0/16","Backend":{"Type":"directgw","Table":50}}`, k,
+		backend.ExternalInterface{Link: eth, PublicIP: netip.MustParseAddr("192.168.1.1"), OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}})
+	_, _, nw := backendtest.Attach(t, New, opts, "10.244.1.0/24")
 	peer := func(sub, pub string) subnet.Lease {
 		return subnet.Lease{Subnet: netip.MustParsePrefix(sub), Attrs: subnet.LeaseAttrs{PublicIP: netip.MustParseAddr(pub), BackendType: Type}}
 	}
