@@ -14,6 +14,7 @@ import (
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/internal/backendtest"
 	"github.com/twill-net/twill/internal/netnstest"
 	"github.com/twill-net/twill/subnet"
 )
@@ -193,8 +194,10 @@ func benchNetwork(b *testing.B, n int) (*Network, []subnet.Lease) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ext := backend.ExternalInterface{Link: link, OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.0.0/16")}}
-	nw := &Network{ext: ext, log: slog.New(slog.NewTextHandler(io.Discard, nil)), routes: &backend.RouteSync{NL: h}}
+	ext := backend.ExternalInterface{Link: link, Addr: netip.MustParseAddr("192.168.0.1"), PublicIP: netip.MustParseAddr("192.168.0.1"),
+		OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.0.0/16")}}
+	_, _, bnw := backendtest.Attach(b, New, backendtest.Options(b, `{"Network":"100.64.0.0/10","Backend":{"Type":"host-gw"}}`, h, ext), "100.64.0.0/24")
+	nw := bnw.(*Network)
 	peers := make([]subnet.Lease, n)
 	for i := range peers {
 		dst := netip.PrefixFrom(subnet.NthSubnet(netip.MustParseAddr("100.64.0.0"), uint64(i+1), 24), 24)
