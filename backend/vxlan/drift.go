@@ -27,7 +27,7 @@ func (n *Network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift,
 	var d backend.Drift
 	cfg, ext := n.b.cfg, n.b.opts.ExtIface
 	peers, sc := screenMACs(n.local, have.HardwareAddr, slices.Clone(peers), func(p subnet.Lease) bool { return isDirect(cfg, ext, p) },
-		func(raw []byte) (net.HardwareAddr, error) { return ParseData(cfg.VNI, raw) })
+		func(raw []byte) (net.HardwareAddr, error) { return ParseData(cfg.VNI, raw) }, nil)
 	d.Refused = append(d.Refused, sc.refused...)
 	if !ok || have.VNI != n.b.dev.VNI || have.Port != n.b.dev.Port || have.Learning || have.MTU != n.b.dev.MTU {
 		d.Wrong = append(d.Wrong, fmt.Sprintf("device %s (want VNI %d, port %d, MTU %d, learning off)", n.b.dev.Name, n.b.dev.VNI, n.b.dev.Port, n.b.dev.MTU))

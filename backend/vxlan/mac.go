@@ -120,8 +120,11 @@ type macScreen struct {
 // is not its alone: shared with another peer, or with this node. mac parses
 // a peer's BackendData (cached by the caller).
 func screenMACs(local subnet.Lease, own net.HardwareAddr, peers []subnet.Lease, direct func(subnet.Lease) bool,
-	mac func(raw []byte) (net.HardwareAddr, error)) ([]subnet.Lease, macScreen) {
+	mac func(raw []byte) (net.HardwareAddr, error), seen map[[6]byte]struct{}) ([]subnet.Lease, macScreen) {
 	var sc macScreen
+	if allDistinct(own, peers, direct, mac, seen) {
+		return peers, sc // the common case, without allocating
+	}
 	holders := make(map[[6]byte][]int, len(peers))
 	for i, p := range peers {
 		if direct(p) {
@@ -172,6 +175,34 @@ func screenMACs(local subnet.Lease, own net.HardwareAddr, peers []subnet.Lease, 
 	return kept, sc
 }
 
+// allDistinct reports whether every overlay peer's MAC is its alone and
+// none is own. seen is scratch space, reused between calls (nil: made
+// here).
+func allDistinct(own net.HardwareAddr, peers []subnet.Lease, direct func(subnet.Lease) bool,
+	mac func(raw []byte) (net.HardwareAddr, error), seen map[[6]byte]struct{}) bool {
+	if seen == nil {
+		seen = make(map[[6]byte]struct{}, len(peers))
+	}
+	clear(seen)
+	if len(own) == 6 {
+		seen[[6]byte(own)] = struct{}{}
+	}
+	for _, p := range peers {
+		if direct(p) {
+			continue
+		}
+		m, err := mac(p.Attrs.BackendData)
+		if err != nil || len(m) != 6 {
+			continue
+		}
+		if _, dup := seen[[6]byte(m)]; dup {
+			return false
+		}
+		seen[[6]byte(m)] = struct{}{}
+	}
+	return true
+}
+
 // randomMAC is a new locally administered MAC that none of taken uses.
 func randomMAC(taken func(net.HardwareAddr) bool) net.HardwareAddr {
 	for {
@@ -189,7 +220,10 @@ func randomMAC(taken func(net.HardwareAddr) bool) net.HardwareAddr {
 func (n *Network) screen(peers []subnet.Lease) ([]subnet.Lease, bool) {
 	cfg, ext := n.b.cfg, n.b.opts.ExtIface
 	own := n.b.dev.HardwareAddr
-	peers, sc := screenMACs(n.local, own, peers, func(p subnet.Lease) bool { return isDirect(cfg, ext, p) }, n.macOf)
+	if n.macSeen == nil {
+		n.macSeen = map[[6]byte]struct{}{}
+	}
+	peers, sc := screenMACs(n.local, own, peers, func(p subnet.Lease) bool { return isDirect(cfg, ext, p) }, n.macOf, n.macSeen)
 	n.macRefused.Report(sc.refused)
 	if sc.takeNew == "" {
 		return peers, false

@@ -23,7 +23,7 @@ func TestScreenMACs(t *testing.T) {
 			lease("10.244.3.0/24", "10.0.0.3", "0a:00:00:00:00:aa"),
 			lease("10.244.4.0/24", "10.0.0.4", "0a:00:00:00:00:04"),
 		}
-		kept, sc := screenMACs(local, own, peers, never, mac)
+		kept, sc := screenMACs(local, own, peers, never, mac, nil)
 		if len(kept) != 1 || kept[0].Subnet.String() != "10.244.4.0/24" {
 			t.Fatalf("kept %v", kept)
 		}
@@ -33,21 +33,21 @@ func TestScreenMACs(t *testing.T) {
 	})
 	t.Run("a higher peer with this node's MAC is refused; this node keeps it", func(t *testing.T) {
 		peers := []subnet.Lease{lease("10.244.9.0/24", "10.0.0.9", own.String())}
-		kept, sc := screenMACs(local, own, peers, never, mac)
+		kept, sc := screenMACs(local, own, peers, never, mac, nil)
 		if len(kept) != 0 || sc.takeNew != "" || !strings.Contains(sc.refused[0], "is this node's too") {
 			t.Fatalf("kept %v screen %+v", kept, sc)
 		}
 	})
 	t.Run("a lower peer with this node's MAC keeps it; this node takes another", func(t *testing.T) {
 		peers := []subnet.Lease{lease("10.244.1.0/24", "10.0.0.1", own.String())}
-		kept, sc := screenMACs(local, own, peers, never, mac)
+		kept, sc := screenMACs(local, own, peers, never, mac, nil)
 		if len(kept) != 1 || sc.takeNew != "10.244.1.0/24" || len(sc.refused) != 0 {
 			t.Fatalf("kept %v screen %+v", kept, sc)
 		}
 	})
 	t.Run("direct peers have no VTEP", func(t *testing.T) {
 		peers := []subnet.Lease{lease("10.244.1.0/24", "10.0.0.1", own.String()), lease("10.244.2.0/24", "10.0.0.2", own.String())}
-		kept, sc := screenMACs(local, own, peers, func(subnet.Lease) bool { return true }, mac)
+		kept, sc := screenMACs(local, own, peers, func(subnet.Lease) bool { return true }, mac, nil)
 		if len(kept) != 2 || sc.takeNew != "" || len(sc.refused) != 0 {
 			t.Fatalf("kept %v screen %+v", kept, sc)
 		}

@@ -33,6 +33,7 @@ type Network struct {
 	refused    *backend.RefusedPeers // peers with unusable backend data
 	macRefused *backend.RefusedPeers // peers whose VTEP MAC is shared
 	pending    json.RawMessage       // BackendData to publish (a new VTEP MAC)
+	macSeen    map[[6]byte]struct{}  // screen's scratch space
 }
 
 var (
