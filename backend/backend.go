@@ -10,6 +10,7 @@ package backend
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -58,6 +59,22 @@ type EnvProvider interface {
 type Runner interface {
 	Run(ctx context.Context) error
 }
+
+// Updater is implemented by a Network that can apply a change of the peer
+// set without being handed the whole of it, so that a lease event costs
+// what changed rather than the size of the cluster. upserted are peers
+// added or changed (as they are now), removed are peers gone or no longer
+// valid (as they were last handed over). Between Updates the daemon still
+// calls Reconcile with every peer: at start, every --resync, after a
+// failure, and when the kernel drifted. Update returns an error wrapping
+// ErrFullReconcile when the change touches state that spans peers (vxlan:
+// a MAC two peers publish); the daemon then reconciles in full at once.
+type Updater interface {
+	Update(ctx context.Context, upserted, removed []subnet.Lease) error
+}
+
+// ErrFullReconcile asks the daemon for a full Reconcile.
+var ErrFullReconcile = errors.New("this change needs a full reconcile")
 
 // KernelWatcher is implemented by a Network that can notice changes made
 // behind its back (a route deleted by hand, a device removed). WatchKernel

@@ -2,6 +2,7 @@ package backend
 
 import (
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -133,6 +134,12 @@ func (s *ownedSet[K, V]) planUpdate(upsert []V, remove []K) (*change[K, V], erro
 	}
 	for _, v := range upsert {
 		keys = append(keys, s.upsert(v, gen))
+	}
+	if len(keys) > 1 {
+		// A key both removed and upserted (a subnet that changed hands) is
+		// compared once.
+		seen := make(map[K]bool, len(keys))
+		keys = slices.DeleteFunc(keys, func(k K) bool { dup := seen[k]; seen[k] = true; return dup })
 	}
 	return s.diff(keys, dropped, gen)
 }

@@ -186,6 +186,12 @@ func truncate(s string) string {
 	return s
 }
 
+// Same reports whether two leases call for the same kernel state: the same
+// subnets and attributes (their expiry aside).
+func (l Lease) Same(o Lease) bool {
+	return l.Subnet == o.Subnet && l.IPv6Subnet == o.IPv6Subnet && l.Attrs.Equal(o.Attrs)
+}
+
 // Equal reports whether two attribute sets publish the same thing.
 func (a LeaseAttrs) Equal(b LeaseAttrs) bool {
 	return a.PublicIP == b.PublicIP && a.PublicIPv6 == b.PublicIPv6 && a.BackendType == b.BackendType &&

@@ -64,11 +64,12 @@ func (b *Backend) Prepare(context.Context) (subnet.LeaseAttrs, error) {
 // Attach returns the Network that programs peer routes.
 func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Network, error) {
 	return &Network{
-		ext:     b.opts.ExtIface,
-		log:     b.log,
-		metrics: b.opts.Metrics,
-		routes:  &backend.RouteSync{NL: b.opts.Netlink, FullSyncEvery: b.opts.FullSyncEvery},
-		refused: &backend.RefusedPeers{Log: b.log, Message: "refusing peers whose public IP is not on-link: host-gw needs all nodes on one L2 segment; use vxlan (or DirectRouting) across routers"},
+		ext:         b.opts.ExtIface,
+		log:         b.log,
+		metrics:     b.opts.Metrics,
+		routes:      &backend.RouteSync{NL: b.opts.Netlink, FullSyncEvery: b.opts.FullSyncEvery},
+		unreachable: map[string]string{},
+		refused:     &backend.RefusedPeers{Log: b.log, Message: "refusing peers whose public IP is not on-link: host-gw needs all nodes on one L2 segment; use vxlan (or DirectRouting) across routers"},
 	}, nil
 }
 
@@ -79,9 +80,13 @@ type Network struct {
 	metrics *backend.Metrics
 	routes  *backend.RouteSync
 	refused *backend.RefusedPeers
+	// unreachable holds the peers refused for not being on-link, by lease
+	// key (Reconcile's goroutine only).
+	unreachable map[string]string
 }
 
 var (
+	_ backend.Updater         = (*Network)(nil)
 	_ backend.KernelWatcher   = (*Network)(nil)
 	_ backend.DriftReporter   = (*Network)(nil)
 	_ backend.ExternalChanger = (*Network)(nil)
@@ -112,36 +117,50 @@ func (n *Network) MTU() int { return n.ext.Link.MTU }
 // call for, and returns the keys of peers that cannot be reached directly.
 func DesiredRoutes(ext backend.ExternalInterface, peers []subnet.Lease, emit func(nl.Route)) (unreachable []string) {
 	for _, p := range peers {
-		ok := true
-		if p.Subnet.IsValid() {
-			// The daemon refuses such leases already; never route to an
-			// address that is no node's, even if it looks on-link.
-			if subnet.CheckPublicIP(p.Attrs.PublicIP) == nil && ext.Reachable(p.Attrs.PublicIP) {
-				emit(nl.Route{Dst: p.Subnet, Gw: p.Attrs.PublicIP, LinkIndex: ext.Link.Index})
-			} else {
-				ok = false
-			}
-		}
-		if p.IPv6Subnet.IsValid() && p.Attrs.PublicIPv6.IsValid() {
-			if subnet.CheckPublicIP(p.Attrs.PublicIPv6) == nil && ext.Reachable(p.Attrs.PublicIPv6) {
-				emit(nl.Route{Dst: p.IPv6Subnet, Gw: p.Attrs.PublicIPv6, LinkIndex: ext.Link.Index})
-			} else {
-				ok = false
-			}
-		}
-		if !ok {
-			unreachable = append(unreachable, p.String()+" via "+p.Attrs.PublicIP.String())
+		if !peerRoutes(ext, p, emit) {
+			unreachable = append(unreachable, unreachableName(p))
 		}
 	}
 	slices.Sort(unreachable)
 	return unreachable
 }
 
+// peerRoutes emits one peer's routes and reports whether the peer can be
+// reached directly in every family it has.
+func peerRoutes(ext backend.ExternalInterface, p subnet.Lease, emit func(nl.Route)) bool {
+	ok := true
+	if p.Subnet.IsValid() {
+		// The daemon refuses such leases already; never route to an
+		// address that is no node's, even if it looks on-link.
+		if subnet.CheckPublicIP(p.Attrs.PublicIP) == nil && ext.Reachable(p.Attrs.PublicIP) {
+			emit(nl.Route{Dst: p.Subnet, Gw: p.Attrs.PublicIP, LinkIndex: ext.Link.Index})
+		} else {
+			ok = false
+		}
+	}
+	if p.IPv6Subnet.IsValid() && p.Attrs.PublicIPv6.IsValid() {
+		if subnet.CheckPublicIP(p.Attrs.PublicIPv6) == nil && ext.Reachable(p.Attrs.PublicIPv6) {
+			emit(nl.Route{Dst: p.IPv6Subnet, Gw: p.Attrs.PublicIPv6, LinkIndex: ext.Link.Index})
+		} else {
+			ok = false
+		}
+	}
+	return ok
+}
+
+func unreachableName(p subnet.Lease) string { return p.String() + " via " + p.Attrs.PublicIP.String() }
+
 // Reconcile makes the main table's twill routes match peers.
 func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
-	var unreachable []string
-	st, err := n.routes.Sync(func(emit func(nl.Route)) { unreachable = DesiredRoutes(n.ext, peers, emit) })
-	n.reportUnreachable(unreachable)
+	clear(n.unreachable)
+	st, err := n.routes.Sync(func(emit func(nl.Route)) {
+		for _, p := range peers {
+			if !peerRoutes(n.ext, p, emit) {
+				n.unreachable[p.Key()] = unreachableName(p)
+			}
+		}
+	})
+	n.reportUnreachable()
 	n.metrics.AddDriftRepairs(st.Repaired)
 	if st.Repaired > 0 {
 		n.log.Info("repaired routes that had drifted", "count", st.Repaired)
@@ -153,9 +172,57 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 	return nil
 }
 
+// Update programs what changed: the routes of upserted peers, and no route
+// of removed ones (a peer's route per family is keyed by its subnet, so a
+// family a peer no longer has is removed too).
+func (n *Network) Update(ctx context.Context, upserted, removed []subnet.Lease) error {
+	var (
+		routes []nl.Route
+		gone   []nl.Key
+	)
+	for _, p := range removed {
+		gone = append(gone, routeKeys(p)...)
+		delete(n.unreachable, p.Key())
+	}
+	for _, p := range upserted {
+		before := len(routes)
+		if peerRoutes(n.ext, p, func(r nl.Route) { routes = append(routes, r) }) {
+			delete(n.unreachable, p.Key())
+		} else {
+			n.unreachable[p.Key()] = unreachableName(p)
+		}
+		for _, k := range routeKeys(p) {
+			if !slices.ContainsFunc(routes[before:], func(r nl.Route) bool { return r.Key() == k }) {
+				gone = append(gone, k) // a family it no longer reaches
+			}
+		}
+	}
+	_, err := n.routes.Update(routes, gone)
+	n.reportUnreachable()
+	if err != nil {
+		return fmt.Errorf("host-gw: %w", err)
+	}
+	return nil
+}
+
+// routeKeys are the keys of the routes a peer may have.
+func routeKeys(p subnet.Lease) []nl.Key {
+	var keys []nl.Key
+	for _, dst := range []netip.Prefix{p.Subnet, p.IPv6Subnet} {
+		if dst.IsValid() {
+			keys = append(keys, nl.Route{Dst: dst}.Key())
+		}
+	}
+	return keys
+}
+
 // reportUnreachable counts the refused peers and logs them once per change
 // of the set.
-func (n *Network) reportUnreachable(keys []string) {
+func (n *Network) reportUnreachable() {
+	keys := make([]string, 0, len(n.unreachable))
+	for _, name := range n.unreachable {
+		keys = append(keys, name)
+	}
 	n.metrics.SetPeersUnroutable(len(keys))
 	n.refused.Report(keys, "iface", n.ext.Link.Name, "on_link", prefixes(n.ext.OnLink))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -332,19 +333,27 @@ func peerVariant(i int, v byte) (subnet.Lease, bool) {
 // checkIncrementalIsFull drives one long-lived node through a sequence of
 // lease events and, after each, compares its kernel with that of a fresh
 // node given the same peers in one full reconcile.
-func checkIncrementalIsFull(t testing.TB, conf string, events []byte) {
+//
+// With viaUpdate, each step hands the long-lived node only what changed
+// (Update, the daemon's path for a lease event), falling back to a full
+// Reconcile when Update asks for one, as the daemon does.
+func checkIncrementalIsFull(t testing.TB, conf string, events []byte, viaUpdate bool) {
 	inc := newFNode(t, conf)
 	peers := map[int]subnet.Lease{}
 	for step := 0; step+1 < len(events); step += 2 {
 		i, v := int(events[step]%12), events[step+1]
+		var upserted, removed []subnet.Lease
 		switch {
 		case v == 255:
 			inc.nw.invalidate() // a periodic resync
 		default:
+			old, had := peers[i]
 			if l, ok := peerVariant(i, v); ok {
 				peers[i] = l
-			} else {
+				upserted = append(upserted, l)
+			} else if had {
 				delete(peers, i)
+				removed = append(removed, old)
 			}
 		}
 		list := make([]subnet.Lease, 0, len(peers))
@@ -353,8 +362,15 @@ func checkIncrementalIsFull(t testing.TB, conf string, events []byte) {
 		}
 		// The daemon's peer order is not stable; shuffle to say so.
 		rand.Shuffle(len(list), func(a, b int) { list[a], list[b] = list[b], list[a] })
-		if err := inc.nw.Reconcile(context.Background(), list); err != nil {
-			t.Fatalf("step %d: incremental reconcile: %v", step/2, err)
+		err := backend.ErrFullReconcile
+		if viaUpdate && step > 0 {
+			err = inc.nw.Update(context.Background(), upserted, removed)
+		}
+		if errors.Is(err, backend.ErrFullReconcile) {
+			err = inc.nw.Reconcile(context.Background(), list)
+		}
+		if err != nil {
+			t.Fatalf("step %d: incremental path: %v", step/2, err)
 		}
 		full := newFNode(t, conf)
 		if err := full.nw.Reconcile(context.Background(), list); err != nil {
@@ -380,7 +396,8 @@ func TestIncrementalReconcileIsFull(t *testing.T) {
 			for i := range events {
 				events[i] = byte(r.Uint32())
 			}
-			t.Run(fmt.Sprintf("%s/seed%d", conf, seed), func(t *testing.T) { checkIncrementalIsFull(t, conf, events) })
+			t.Run(fmt.Sprintf("%s/seed%d", conf, seed), func(t *testing.T) { checkIncrementalIsFull(t, conf, events, false) })
+			t.Run(fmt.Sprintf("%s/seed%d/update", conf, seed), func(t *testing.T) { checkIncrementalIsFull(t, conf, events, true) })
 		}
 	}
 }
@@ -412,6 +429,7 @@ func FuzzIncrementalReconcileIsFull(f *testing.F) {
 	binary.LittleEndian.PutUint64(seed, 0x0102030405060708)
 	f.Add(true, seed)
 	f.Fuzz(func(t *testing.T, direct bool, events []byte) {
+		viaUpdate := len(events) > 0 && events[0]%2 == 1
 		if len(events) > 200 {
 			events = events[:200]
 		}
@@ -419,6 +437,6 @@ func FuzzIncrementalReconcileIsFull(f *testing.F) {
 		if direct {
 			conf = `{"Type":"vxlan","DirectRouting":true}`
 		}
-		checkIncrementalIsFull(t, conf, events)
+		checkIncrementalIsFull(t, conf, events, viaUpdate)
 	})
 }

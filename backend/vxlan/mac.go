@@ -225,6 +225,7 @@ func (n *Network) screen(peers []subnet.Lease) ([]subnet.Lease, bool) {
 	}
 	peers, sc := screenMACs(n.local, own, peers, func(p subnet.Lease) bool { return isDirect(cfg, ext, p) }, n.macOf, n.macSeen)
 	n.macRefused.Report(sc.refused)
+	n.macShared = len(sc.refused) > 0
 	if sc.takeNew == "" {
 		return peers, false
 	}

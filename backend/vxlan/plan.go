@@ -32,7 +32,7 @@ func (n *Network) planAll(dev int, peers []subnet.Lease) (changes, error) {
 			continue
 		}
 		rec := n.compute(dev, p)
-		recs[(nl.Route{Dst: p.Subnet}).Key()] = rec
+		recs[recKey(p)] = rec
 		switch o := rec.objects; {
 		case rec.err != nil:
 			refused = append(refused, rec.name+": "+rec.err.Error())
@@ -56,6 +56,10 @@ func (n *Network) planAll(dev int, peers []subnet.Lease) (changes, error) {
 		return ch, err
 	}
 	n.recs = recs
+	n.macs = make(map[[6]byte]int, len(recs))
+	for _, rec := range recs {
+		n.countMAC(rec, 1)
+	}
 	return ch, nil
 }
 
@@ -71,65 +75,105 @@ func emitAll[V any](vs []V) func(emit func(V)) {
 // map lookup per peer) and plans only their objects. The sets keep the
 // whole desired state, so the result is planAll's.
 func (n *Network) planChanges(dev int, peers []subnet.Lease) (changes, error) {
-	var (
-		routeUp          []nl.Route
-		routeRm          []nl.Key
-		neighUp, neighRm []nl.Neigh
-		fdbUp, fdbRm     []nl.Neigh
-		refusedChanged   bool
-	)
+	var d delta
 	for _, p := range peers {
 		if !p.Subnet.IsValid() {
 			continue
 		}
-		k := (nl.Route{Dst: p.Subnet}).Key()
-		old := n.recs[k]
+		old := n.recs[recKey(p)]
 		if old != nil && old.pub == p.Attrs.PublicIP && old.raw == string(p.Attrs.BackendData) {
 			old.gen = n.gen
 			continue
 		}
-		rec := n.compute(dev, p)
-		o := rec.objects
-		if old != nil {
-			// What the peer had and no longer has goes; what it keeps is
-			// replaced by the upserts below.
-			was := old.objects
-			if was.Overlay && (!o.Overlay || !slices.Equal(was.FDB.HardwareAddr, o.FDB.HardwareAddr)) {
-				fdbRm = append(fdbRm, was.FDB)
-			}
-			if was.Overlay && !o.Overlay {
-				neighRm = append(neighRm, was.Neigh)
-			}
-			if was.OK && !o.OK {
-				routeRm = append(routeRm, was.Route.Key())
-			}
-			refusedChanged = refusedChanged || (old.err != nil) != (rec.err != nil)
-		} else {
-			refusedChanged = refusedChanged || rec.err != nil
-		}
-		if o.OK {
-			routeUp = append(routeUp, o.Route)
-		}
-		if o.Overlay {
-			neighUp, fdbUp = append(neighUp, o.Neigh), append(fdbUp, o.FDB)
-		}
-		n.recs[k] = rec
+		n.planPeer(dev, p, &d)
 	}
 	for k, rec := range n.recs {
-		if rec.gen == n.gen {
-			continue
+		if rec.gen != n.gen {
+			n.planGone(k, rec, &d)
 		}
-		if rec.objects.OK {
-			routeRm = append(routeRm, rec.objects.Route.Key())
-		}
-		if rec.objects.Overlay {
-			neighRm, fdbRm = append(neighRm, rec.objects.Neigh), append(fdbRm, rec.objects.FDB)
-		}
-		refusedChanged = refusedChanged || rec.err != nil
-		delete(n.recs, k)
 	}
+	return n.prepare(&d)
+}
+
+// planDelta plans the objects of the peers Update was handed.
+func (n *Network) planDelta(dev int, upserted, removed []subnet.Lease) (changes, error) {
+	var d delta
+	for _, p := range removed {
+		if rec := n.recs[recKey(p)]; rec != nil {
+			n.planGone(recKey(p), rec, &d)
+		}
+	}
+	for _, p := range upserted {
+		if p.Subnet.IsValid() {
+			n.planPeer(dev, p, &d)
+		}
+	}
+	return n.prepare(&d)
+}
+
+func recKey(p subnet.Lease) nl.Key { return (nl.Route{Dst: p.Subnet}).Key() }
+
+// delta gathers the sets' changes for some peers.
+type delta struct {
+	routeUp          []nl.Route
+	routeRm          []nl.Key
+	neighUp, neighRm []nl.Neigh
+	fdbUp, fdbRm     []nl.Neigh
+	refusedChanged   bool
+}
+
+// planPeer computes a new or changed peer's objects, and plans the
+// upserts and what the peer had and no longer has.
+func (n *Network) planPeer(dev int, p subnet.Lease, d *delta) {
+	k := recKey(p)
+	old := n.recs[k]
+	rec := n.compute(dev, p)
+	o := rec.objects
+	if old != nil {
+		// What the peer had and no longer has goes; what it keeps is
+		// replaced by the upserts below.
+		was := old.objects
+		if was.Overlay && (!o.Overlay || !slices.Equal(was.FDB.HardwareAddr, o.FDB.HardwareAddr)) {
+			d.fdbRm = append(d.fdbRm, was.FDB)
+		}
+		if was.Overlay && !o.Overlay {
+			d.neighRm = append(d.neighRm, was.Neigh)
+		}
+		if was.OK && !o.OK {
+			d.routeRm = append(d.routeRm, was.Route.Key())
+		}
+		d.refusedChanged = d.refusedChanged || (old.err != nil) != (rec.err != nil)
+		n.countMAC(old, -1)
+	} else {
+		d.refusedChanged = d.refusedChanged || rec.err != nil
+	}
+	if o.OK {
+		d.routeUp = append(d.routeUp, o.Route)
+	}
+	if o.Overlay {
+		d.neighUp, d.fdbUp = append(d.neighUp, o.Neigh), append(d.fdbUp, o.FDB)
+	}
+	n.recs[k] = rec
+	n.countMAC(rec, 1)
+}
+
+// planGone plans the removal of a peer's objects.
+func (n *Network) planGone(k nl.Key, rec *peerRec, d *delta) {
+	if rec.objects.OK {
+		d.routeRm = append(d.routeRm, rec.objects.Route.Key())
+	}
+	if rec.objects.Overlay {
+		d.neighRm, d.fdbRm = append(d.neighRm, rec.objects.Neigh), append(d.fdbRm, rec.objects.FDB)
+	}
+	d.refusedChanged = d.refusedChanged || rec.err != nil
+	n.countMAC(rec, -1)
+	delete(n.recs, k)
+}
+
+// prepare plans the sets' changes, and the refused list when it changed.
+func (n *Network) prepare(d *delta) (changes, error) {
 	var ch changes
-	if refusedChanged {
+	if d.refusedChanged {
 		for _, rec := range n.recs {
 			if rec.err != nil {
 				ch.refused = append(ch.refused, rec.name+": "+rec.err.Error())
@@ -139,14 +183,25 @@ func (n *Network) planChanges(dev int, peers []subnet.Lease) (changes, error) {
 		ch.refusedOK = true
 	}
 	var err error
-	if ch.fdb, err = n.fdb.PrepareUpdate(fdbUp, fdbRm); err != nil {
+	if ch.fdb, err = n.fdb.PrepareUpdate(d.fdbUp, d.fdbRm); err != nil {
 		return ch, err
 	}
-	if ch.neigh, err = n.neighs.PrepareUpdate(neighUp, neighRm); err != nil {
+	if ch.neigh, err = n.neighs.PrepareUpdate(d.neighUp, d.neighRm); err != nil {
 		return ch, err
 	}
-	if ch.routes, err = n.routes.PrepareUpdate(routeUp, routeRm); err != nil {
+	if ch.routes, err = n.routes.PrepareUpdate(d.routeUp, d.routeRm); err != nil {
 		return ch, err
 	}
 	return ch, nil
+}
+
+// countMAC adds sign to the count of peers programmed with rec's VTEP MAC.
+func (n *Network) countMAC(rec *peerRec, sign int) {
+	if !rec.objects.Overlay {
+		return
+	}
+	m := [6]byte(rec.objects.FDB.HardwareAddr)
+	if n.macs[m] += sign; n.macs[m] <= 0 {
+		delete(n.macs, m)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
@@ -34,9 +35,12 @@ type Network struct {
 	macRefused *backend.RefusedPeers // peers whose VTEP MAC is shared
 	pending    json.RawMessage       // BackendData to publish (a new VTEP MAC)
 	macSeen    map[[6]byte]struct{}  // screen's scratch space
+	macs       map[[6]byte]int       // how many programmed peers have each VTEP MAC
+	macShared  bool                  // some peer is refused for a MAC it shares
 }
 
 var (
+	_ backend.Updater         = (*Network)(nil)
 	_ backend.KernelWatcher   = (*Network)(nil)
 	_ backend.DriftReporter   = (*Network)(nil)
 	_ backend.ExternalChanger = (*Network)(nil)
@@ -126,6 +130,61 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 		return fmt.Errorf("vxlan: %w", err)
 	}
 	return nil
+}
+
+// Update programs what changed since the last Reconcile or Update: the
+// objects of the upserted and removed peers only. What spans peers is left
+// to a full Reconcile (ErrFullReconcile): a VTEP MAC another peer or this
+// node has, any change while a peer is refused for its MAC, and a device
+// the records no longer describe.
+func (n *Network) Update(ctx context.Context, upserted, removed []subnet.Lease) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if n.recs == nil || n.macShared || n.macClash(upserted) {
+		return backend.ErrFullReconcile
+	}
+	n.gen++
+	ch, err := n.planDelta(n.devIdx, upserted, removed)
+	if err != nil {
+		n.recs = nil
+		return fmt.Errorf("vxlan: %w", err)
+	}
+	if ch.refusedOK {
+		n.refused.Report(ch.refused)
+	}
+	if err := n.apply(ch, len(upserted)+len(removed)); err != nil {
+		n.recs = nil
+		return fmt.Errorf("vxlan: %w", err)
+	}
+	return nil
+}
+
+// macClash reports whether an upserted overlay peer's MAC is this node's
+// or another programmed peer's.
+func (n *Network) macClash(upserted []subnet.Lease) bool {
+	cfg, ext := n.b.cfg, n.b.opts.ExtIface
+	own := n.b.dev.HardwareAddr
+	for _, p := range upserted {
+		if !p.Subnet.IsValid() || isDirect(cfg, ext, p) {
+			continue
+		}
+		m, err := n.macOf(p.Attrs.BackendData)
+		if err != nil || len(m) != 6 {
+			continue // refused for its data, alone
+		}
+		if slices.Equal(m, own) {
+			return true
+		}
+		held := n.macs[[6]byte(m)]
+		if old := n.recs[recKey(p)]; old != nil && old.objects.Overlay && slices.Equal(old.objects.FDB.HardwareAddr, m) {
+			held--
+		}
+		if held > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // apply carries out the plans in the safe order: neighbours and FDB

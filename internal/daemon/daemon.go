@@ -16,8 +16,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sort"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,9 +37,10 @@ type SubnetManager interface {
 	// AcquireLease obtains this node's lease; hint is the lease recorded in
 	// an earlier subnet.env, if any.
 	AcquireLease(ctx context.Context, cfg *subnet.Config, attrs subnet.LeaseAttrs, hint subnet.Lease) (subnet.Lease, error)
-	// Run publishes lease snapshots (the local lease included) and keeps
-	// the local lease alive until ctx is done.
-	Run(ctx context.Context, publish func(subnet.Snapshot)) error
+	// Run publishes the leases (the local one included), the whole set
+	// first and then what changes, and keeps the local lease alive until
+	// ctx is done.
+	Run(ctx context.Context, publish func(subnet.Change)) error
 }
 
 // Monitor is implemented by subnet managers that follow their connection
@@ -106,16 +105,12 @@ type Daemon struct {
 	ext   extWatch
 	// afterFirstReconcile is set before the loop starts and called by it.
 	afterFirstReconcile func() error
-	// peerBuf is reused by every reconcile (owned by the loop goroutine).
-	peerBuf []subnet.Lease
+	peers               *peerSet
+	// fullDue asks the loop for a full reconcile (the kernel drifted).
+	fullDue atomic.Bool
 	// pendingData is backend data not yet published (loop goroutine).
 	pendingData json.RawMessage
 	heartbeat   atomic.Int64 // unix nanos of the reconcile loop's last turn
-
-	mu       sync.Mutex
-	snap     subnet.Snapshot   // guarded by mu
-	haveSnap bool              // guarded by mu
-	refused  map[string]string // guarded by mu; key -> reason already logged
 }
 
 // New returns a daemon; Run starts it.
@@ -126,7 +121,7 @@ func New(o Options) *Daemon {
 	if o.IPTablesResync <= 0 {
 		o.IPTablesResync = 5 * time.Second
 	}
-	return &Daemon{o: o, log: o.Logger, metrics: newMetrics(), poke: make(chan struct{}, 1), refused: map[string]string{}}
+	return &Daemon{o: o, log: o.Logger, metrics: newMetrics(), poke: make(chan struct{}, 1), peers: newPeerSet(o.Logger)}
 }
 
 // Ready reports whether the daemon holds its lease, has its rules in place,
@@ -263,7 +258,7 @@ func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, nw backend.N
 		// programming. WatchKernel pokes as soon as it subscribes, which
 		// makes the next reconcile re-read the kernel: nothing that changed
 		// before the subscription goes unnoticed.
-		steps = append(steps, func() error { g.Go(func() error { return w.WatchKernel(ctx, d.signal) }); return nil })
+		steps = append(steps, func() error { g.Go(func() error { return w.WatchKernel(ctx, d.requestFull) }); return nil })
 	}
 	if d.o.Allocations.Dir != "" && d.o.Allocations.Every > 0 {
 		steps = append(steps, func() error { g.Go(func() error { return d.reclaimLoop(ctx) }); return nil })
@@ -352,11 +347,10 @@ func (d *Daemon) networkConfig(ctx context.Context) (*subnet.Config, error) {
 	}
 }
 
-// publish stores the latest snapshot and pokes the loop; it never blocks.
-func (d *Daemon) publish(s subnet.Snapshot) {
-	d.mu.Lock()
-	d.snap, d.haveSnap = s, true
-	d.mu.Unlock()
+// publish folds a change of the leases in and pokes the loop; it never
+// blocks.
+func (d *Daemon) publish(c subnet.Change) {
+	d.peers.apply(c)
 	d.signal()
 }
 
@@ -365,6 +359,13 @@ func (d *Daemon) signal() {
 	case d.poke <- struct{}{}:
 	default:
 	}
+}
+
+// requestFull asks for a full reconcile: the kernel changed behind the
+// backend's back.
+func (d *Daemon) requestFull() {
+	d.fullDue.Store(true)
+	d.signal()
 }
 
 func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local subnet.Lease, nw backend.Network) error {
@@ -382,28 +383,29 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 			return nil
 		case <-d.poke:
 		case <-tick.C:
+			d.fullDue.Store(true)
 		case <-retryC:
+			d.fullDue.Store(true)
 		}
-		d.mu.Lock()
-		snap, have := d.snap, d.haveSnap
-		d.mu.Unlock()
+		have, changedAll := d.peers.ready()
 		if !have {
 			continue // never reconcile before the first listing: it would delete every route
 		}
 		if d.ext.dirty.Swap(false) {
 			d.refreshExternal(nw)
+			d.fullDue.Store(true)
 		}
 		start := time.Now()
-		peers := d.peers(cfg, local, snap)
-		filtered := time.Since(start)
-		err := nw.Reconcile(ctx, peers)
+		full, err := d.reconcileOnce(ctx, cfg, local, nw, changedAll)
 		if perr := d.publishData(ctx, nw); perr != nil {
 			err = errors.Join(err, perr)
 		}
 		took := time.Since(start)
+		peers, refused := d.peers.count()
 		d.metrics.reconcileDuration.Observe(took.Seconds())
-		d.log.Debug("reconciled", "peers", len(peers), "filter", filtered, "took", took)
-		d.metrics.leases.Set(float64(len(peers)))
+		d.metrics.leases.Set(float64(peers))
+		d.metrics.refused.Set(float64(refused))
+		d.log.Debug("reconciled", "full", full, "peers", peers, "took", took)
 		if err != nil {
 			d.metrics.reconcileErrors.Inc()
 			retryDelay = min(max(retryDelay*2, 200*time.Millisecond), 30*time.Second)
@@ -417,61 +419,52 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 		}
 		retryDelay, retryC = 0, nil
 		if !d.ready.Load() {
-			if d.afterFirstReconcile != nil {
-				if err := d.afterFirstReconcile(); err != nil {
-					return err
-				}
+			if err := d.becomeReady(ctx); err != nil {
+				return err
 			}
-			if r, ok := d.o.Subnets.(ReadyNotifier); ok {
-				if err := r.Ready(ctx); err != nil {
-					return err
-				}
-			}
-			d.ready.Store(true)
-			d.log.Info("ready", "peers", len(peers), "took_reconcile", time.Since(start).Round(time.Millisecond))
+			d.log.Info("ready", "peers", peers, "took_reconcile", took.Round(time.Millisecond))
 		}
 	}
 }
 
-// peers turns a snapshot into the valid peer set, refusing (once logged per
-// key and reason) leases that must not be programmed.
-func (d *Daemon) peers(cfg *subnet.Config, local subnet.Lease, snap subnet.Snapshot) []subnet.Lease {
-	peers, refused := subnet.Peers(cfg, local, snap, d.peerBuf)
-	d.peerBuf = peers
-	d.metrics.refused.Set(float64(len(refused)))
-	d.mu.Lock()
-	old := d.refused
-	d.refused = refused
-	d.mu.Unlock()
-	if len(old) == 0 && len(refused) == 0 {
-		return peers
-	}
-	var fresh []string
-	for k, why := range refused {
-		if old[k] != why {
-			fresh = append(fresh, k)
+// reconcileOnce hands the backend what changed since the last time when
+// it can take that (backend.Updater), and every peer otherwise: at the
+// first turn, after a full set arrived, on a resync, a retry or drift. It
+// reports whether it was a full reconcile.
+func (d *Daemon) reconcileOnce(ctx context.Context, cfg *subnet.Config, local subnet.Lease, nw backend.Network, changedAll bool) (bool, error) {
+	up, canUpdate := nw.(backend.Updater)
+	if canUpdate && d.ready.Load() && !changedAll && !d.fullDue.Load() {
+		upserted, removed := d.peers.delta(cfg, local)
+		if len(upserted)+len(removed) == 0 {
+			return false, nil
 		}
-	}
-	sort.Strings(fresh)
-	for _, k := range fresh {
-		// One line per newly refused lease: a refusal is an anomaly the
-		// operator must see, and it is not repeated at every resync.
-		d.log.Warn("refusing lease; no route will be programmed from it", "lease", k, "reason", refused[k])
-	}
-	for k := range old {
-		if _, still := refused[k]; still {
-			continue
-		}
-		// Only a lease that is now a peer was mended; one that went away
-		// was not.
-		for _, p := range peers {
-			if p.String() == k {
-				d.log.Info("lease no longer refused", "lease", k)
-				break
+		err := up.Update(ctx, upserted, removed)
+		if !errors.Is(err, backend.ErrFullReconcile) {
+			if err != nil {
+				d.fullDue.Store(true) // the retry starts from the whole state
 			}
+			return false, err
 		}
 	}
-	return peers
+	d.fullDue.Store(false)
+	return true, nw.Reconcile(ctx, d.peers.all(cfg, local))
+}
+
+// becomeReady runs what waits for the first reconcile and tells the subnet
+// manager the node is ready.
+func (d *Daemon) becomeReady(ctx context.Context) error {
+	if d.afterFirstReconcile != nil {
+		if err := d.afterFirstReconcile(); err != nil {
+			return err
+		}
+	}
+	if r, ok := d.o.Subnets.(ReadyNotifier); ok {
+		if err := r.Ready(ctx); err != nil {
+			return err
+		}
+	}
+	d.ready.Store(true)
+	return nil
 }
 
 func (d *Daemon) serveHealth(ctx context.Context, ln net.Listener) error {

@@ -89,8 +89,12 @@ func (s *static) AcquireLease(_ context.Context, _ *subnet.Config, a subnet.Leas
 	return subnet.Lease{Subnet: netip.MustParsePrefix("10.244.1.0/24"), Attrs: a}, nil
 }
 
-func (s *static) Run(ctx context.Context, publish func(subnet.Snapshot)) error {
-	publish(subnet.Snapshot{Leases: s.leases})
+func (s *static) Run(ctx context.Context, publish func(subnet.Change)) error {
+	c := subnet.Change{Full: true}
+	for _, l := range s.leases {
+		c.Set = append(c.Set, subnet.Entry{Key: l.Key(), Lease: l})
+	}
+	publish(c)
 	<-ctx.Done()
 	return nil
 }

@@ -419,12 +419,12 @@ func subnetCount(minA, maxA netip.Addr, bits int) uint64 {
 	return c.SubnetCount()
 }
 
-// Run watches every lease and calls publish with a full snapshot after the
-// first listing and after every batch of changes; it also renews this
-// node's lease. It blocks until ctx is done, and returns ErrLeaseRevoked if
+// Run watches every lease and calls publish with the full set after the
+// first listing (and any relisting), and with what changed after every
+// batch of watch events; it also renews this node's lease. It blocks until ctx is done, and returns ErrLeaseRevoked if
 // this node's lease key is deleted (flannel does the same: a node whose
 // lease an operator removed must not go on using the subnet).
-func (m *Manager) Run(ctx context.Context, publish func(subnet.Snapshot)) error {
+func (m *Manager) Run(ctx context.Context, publish func(subnet.Change)) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return m.watch(ctx, publish) })
 	g.Go(func() error { return m.renew(ctx) })
@@ -451,16 +451,15 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-func (m *Manager) watch(ctx context.Context, publish func(subnet.Snapshot)) error {
+func (m *Manager) watch(ctx context.Context, publish func(subnet.Change)) error {
 	var (
-		entries map[string]entry
-		rev     int64
-		bo      backoff
+		listed bool
+		rev    int64
+		bo     backoff
 	)
 	for ctx.Err() == nil {
-		if entries == nil {
-			var err error
-			entries, rev, err = m.list(ctx)
+		if !listed {
+			entries, r, err := m.list(ctx)
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil
@@ -469,11 +468,14 @@ func (m *Manager) watch(ctx context.Context, publish func(subnet.Snapshot)) erro
 				sleep(ctx, bo.next())
 				continue
 			}
-			publish(snapshot(entries))
+			// The daemon keeps the set; the manager keeps only the
+			// revision it follows.
+			listed, rev = true, r
+			publish(full(entries))
 		}
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		wch := m.cli.Watch(wctx, m.SubnetsPrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithProgressNotify())
-		relist, err := m.consume(wch, entries, &rev, publish, &bo)
+		relist, err := m.consume(wch, &rev, publish, &bo)
 		cancel()
 		if err != nil {
 			return err
@@ -483,7 +485,7 @@ func (m *Manager) watch(ctx context.Context, publish func(subnet.Snapshot)) erro
 		}
 		if relist {
 			m.log.Info("watch revision compacted; listing leases again", "revision", rev)
-			entries = nil
+			listed = false
 			continue
 		}
 		sleep(ctx, bo.next())
@@ -493,7 +495,7 @@ func (m *Manager) watch(ctx context.Context, publish func(subnet.Snapshot)) erro
 
 // consume applies watch responses until the channel ends. It reports
 // whether a fresh listing is needed (compaction).
-func (m *Manager) consume(wch clientv3.WatchChan, entries map[string]entry, rev *int64, publish func(subnet.Snapshot), bo *backoff) (bool, error) {
+func (m *Manager) consume(wch clientv3.WatchChan, rev *int64, publish func(subnet.Change), bo *backoff) (bool, error) {
 	for resp := range wch {
 		if resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted) {
 			return true, nil
@@ -510,37 +512,56 @@ func (m *Manager) consume(wch clientv3.WatchChan, entries map[string]entry, rev 
 		m.mu.Lock()
 		ownKey := m.own.key
 		m.mu.Unlock()
+		// Each key's state after the batch, whatever happened to it within.
+		batch := make(map[string]*entry, len(resp.Events))
+		touched := make([]string, 0, len(resp.Events))
 		for _, ev := range resp.Events {
 			key := string(ev.Kv.Key)
+			if _, seen := batch[key]; !seen {
+				touched = append(touched, key)
+			}
 			switch ev.Type {
 			case clientv3.EventTypeDelete:
-				delete(entries, key)
+				batch[key] = nil
 				if key == ownKey {
 					return false, fmt.Errorf("%w (%s)", ErrLeaseRevoked, key)
 				}
 			default:
 				e := m.parse(key, ev.Kv.Value, ev.Kv.Lease)
 				e.kvRev = ev.Kv.ModRevision
-				entries[key] = e
+				batch[key] = &e
 			}
 			*rev = ev.Kv.ModRevision
 		}
-		publish(snapshot(entries))
+		publish(changeOf(batch, touched))
 	}
 	return false, nil
 }
 
-func snapshot(entries map[string]entry) subnet.Snapshot {
-	s := subnet.Snapshot{Leases: make([]subnet.Lease, 0, len(entries))}
-	for key, e := range entries {
-		if e.err != nil {
-			s.Refused = append(s.Refused, subnet.Refusal{Key: key, Err: e.err})
-			continue
+// changeOf is the Change a batch of events makes: touched in order, each
+// key's last state (nil: deleted).
+func changeOf(batch map[string]*entry, touched []string) subnet.Change {
+	var c subnet.Change
+	for _, key := range touched {
+		if e := batch[key]; e != nil {
+			c.Set = append(c.Set, subnet.Entry{Key: key, Lease: e.lease, Err: e.err})
+		} else {
+			c.Deleted = append(c.Deleted, key)
 		}
-		s.Leases = append(s.Leases, e.lease)
 	}
-	return s
+	return c
 }
+
+// full is the whole set, as a Change.
+func full(entries map[string]entry) subnet.Change {
+	c := subnet.Change{Full: true, Set: make([]subnet.Entry, 0, len(entries))}
+	for key, e := range entries {
+		c.Set = append(c.Set, subnet.Entry{Key: key, Lease: e.lease, Err: e.err})
+	}
+	return c
+}
+
+func snapshot(entries map[string]entry) subnet.Snapshot { return subnet.SnapshotOf(full(entries).Set) }
 
 // renew keeps this node's etcd lease alive, renewing it RenewMargin before
 // it would expire. If etcd lost the lease (expired while unreachable), the

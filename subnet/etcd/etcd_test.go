@@ -199,15 +199,20 @@ func TestNetworkConfigErrors(t *testing.T) {
 
 // snapshots collects what Run publishes.
 type snapshots struct {
-	mu   sync.Mutex
-	last subnet.Snapshot
-	n    int
-	gate chan struct{} // if set, the first publish waits on it
+	mu      sync.Mutex
+	entries map[string]subnet.Entry
+	last    subnet.Snapshot
+	n       int
+	gate    chan struct{} // if set, the first publish waits on it
 }
 
-func (s *snapshots) publish(snap subnet.Snapshot) {
+func (s *snapshots) publish(c subnet.Change) {
 	s.mu.Lock()
-	s.last, s.n = snap, s.n+1
+	if s.entries == nil {
+		s.entries = map[string]subnet.Entry{}
+	}
+	subnet.Fold(s.entries, c)
+	s.last, s.n = subnet.SnapshotOf(subnet.Entries(s.entries)), s.n+1
 	gate, first := s.gate, s.n == 1
 	s.mu.Unlock()
 	if gate != nil && first {
@@ -321,7 +326,7 @@ func TestRenewBeforeExpiry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = m.Run(ctx, func(subnet.Snapshot) {}) }()
+	go func() { _ = m.Run(ctx, func(subnet.Change) {}) }()
 	// Without renewal the key would be gone after 6s; check at 9s.
 	time.Sleep(9 * time.Second)
 	resp, err := c.Get(ctx, m.SubnetsPrefix()+l.Key())

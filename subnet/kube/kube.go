@@ -58,6 +58,7 @@ type Manager struct {
 	startOnce sync.Once
 	informer  cache.SharedIndexInformer
 	changed   chan struct{}
+	dirty     map[string]struct{} // guarded by mu; nodes changed since the last publish
 
 	mu        sync.Mutex
 	published map[string]string // guarded by mu; own annotations as last patched
@@ -114,12 +115,37 @@ func (m *Manager) start(ctx context.Context) {
 		m.informer = cache.NewSharedIndexInformer(lw, &corev1.Node{}, m.o.Resync, cache.Indexers{})
 		_ = m.informer.SetTransform(m.ann.strip)
 		_, _ = m.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { m.poke() },
-			UpdateFunc: func(any, any) { m.poke() },
-			DeleteFunc: func(any) { m.poke() },
+			AddFunc:    m.touched,
+			UpdateFunc: func(_, obj any) { m.touched(obj) },
+			DeleteFunc: m.touched,
 		})
 		go m.informer.RunWithContext(ctx)
 	})
+}
+
+// touched records that a node changed (or went) and pokes.
+func (m *Manager) touched(obj any) {
+	if name, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+		m.mu.Lock()
+		if m.dirty == nil {
+			m.dirty = map[string]struct{}{}
+		}
+		m.dirty[name] = struct{}{}
+		m.mu.Unlock()
+	}
+	m.poke()
+}
+
+// takeDirty returns the nodes changed since the last call.
+func (m *Manager) takeDirty() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	names := make([]string, 0, len(m.dirty))
+	for n := range m.dirty {
+		names = append(names, n)
+	}
+	clear(m.dirty)
+	return names
 }
 
 // poke marks the node set changed; pokes coalesce.
@@ -130,12 +156,25 @@ func (m *Manager) poke() {
 	}
 }
 
-func (m *Manager) self() (*corev1.Node, bool) {
-	obj, ok, err := m.informer.GetStore().GetByKey(m.o.NodeName)
+func (m *Manager) self() (*corev1.Node, bool) { return m.node(m.o.NodeName) }
+
+// node is a Node from the informer's cache.
+func (m *Manager) node(name string) (*corev1.Node, bool) {
+	obj, ok, err := m.informer.GetStore().GetByKey(name)
 	if err != nil || !ok {
 		return nil, false
 	}
 	return obj.(*corev1.Node), true
+}
+
+// nodes is every Node in the informer's cache.
+func (m *Manager) nodes() []*corev1.Node {
+	objs := m.informer.GetStore().List()
+	nodes := make([]*corev1.Node, 0, len(objs))
+	for _, o := range objs {
+		nodes = append(nodes, o.(*corev1.Node))
+	}
+	return nodes
 }
 
 // AcquireLease waits until the informer has listed the nodes and the local
@@ -281,10 +320,11 @@ func (m *Manager) setCondition(ctx context.Context) error {
 // podCIDR changes: the lease is gone, and the daemon must start over.
 var ErrNodeGone = errors.New("the local node's lease is gone")
 
-// Run hands the backend a snapshot of every node after each change
-// (coalesced) and at every informer resync, and keeps the local node's
-// annotations and NetworkUnavailable condition as twill set them.
-func (m *Manager) Run(ctx context.Context, publish func(subnet.Snapshot)) error {
+// Run hands the backend every node's entry at first, then what changed
+// (coalesced; the informer's resync replays every node), and keeps the
+// local node's annotations and NetworkUnavailable condition as twill set
+// them.
+func (m *Manager) Run(ctx context.Context, publish func(subnet.Change)) error {
 	m.start(ctx)
 	if !cache.WaitForCacheSync(ctx.Done(), m.informer.HasSynced) {
 		return nil
@@ -295,20 +335,20 @@ func (m *Manager) Run(ctx context.Context, publish func(subnet.Snapshot)) error 
 		timer      = time.NewTimer(time.Hour)
 	)
 	defer timer.Stop()
-	m.poke()
+	set := newNodeSet(m.ann, m.o.NodeName)
+	m.takeDirty()
+	publish(set.full(m.nodes()))
+	m.poke() // check and repair the local Node at once
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-m.changed:
+			if c := set.update(m.takeDirty(), m.node, m.nodes); c.Full || len(c.Set)+len(c.Deleted) > 0 {
+				publish(c)
+			}
 		case <-timer.C:
 		}
-		objs := m.informer.GetStore().List()
-		nodes := make([]*corev1.Node, 0, len(objs))
-		for _, o := range objs {
-			nodes = append(nodes, o.(*corev1.Node))
-		}
-		publish(m.ann.Snapshot(nodes, m.o.NodeName))
 
 		if err := m.checkSelf(); err != nil {
 			return err

@@ -209,7 +209,17 @@ func (a Annotations) Publish(attrs subnet.LeaseAttrs) map[string]string {
 // is the misconfigured one, and a working node keeps its routes. When the
 // oldest cannot be told (same creation second), the whole group is refused.
 func (a Annotations) Snapshot(nodes []*corev1.Node, self string) subnet.Snapshot {
-	var snap subnet.Snapshot
+	entries, _ := a.Entries(nodes, self)
+	return subnet.SnapshotOf(entries)
+}
+
+// EntryKey is a Node's key in the entries: "node/<name>".
+func EntryKey(name string) string { return "node/" + name }
+
+// Entries is Snapshot as keyed entries (see subnet.Change), with the names
+// of the nodes whose pod subnet overlaps another's: a change to one of
+// them, or a new overlap, can change other entries too.
+func (a Annotations) Entries(nodes []*corev1.Node, self string) (entries []subnet.Entry, overlapping map[string]bool) {
 	var ok []namedLease
 	for _, n := range nodes {
 		if n.Name == self {
@@ -217,7 +227,7 @@ func (a Annotations) Snapshot(nodes []*corev1.Node, self string) subnet.Snapshot
 		}
 		l, peer, err := a.NodeLease(n)
 		if err != nil {
-			snap.Refused = append(snap.Refused, subnet.Refusal{Key: "node/" + n.Name, Err: err})
+			entries = append(entries, subnet.Entry{Key: EntryKey(n.Name), Err: err})
 			continue
 		}
 		if peer {
@@ -225,20 +235,24 @@ func (a Annotations) Snapshot(nodes []*corev1.Node, self string) subnet.Snapshot
 		}
 	}
 	loser := map[int]int{}
-	markOverlaps(ok, func(l subnet.Lease) netip.Prefix { return l.Subnet }, loser)
-	markOverlaps(ok, func(l subnet.Lease) netip.Prefix { return l.IPv6Subnet }, loser)
-	for i, n := range ok {
-		if w, lost := loser[i]; lost {
-			err := fmt.Errorf("node %q: pod subnet %s overlaps that of node %q, which is older", n.node.Name, podCIDRString(n.lease), ok[max(w, 0)].node.Name)
-			if w == tieLoser {
-				err = fmt.Errorf("node %q: pod subnet %s overlaps another node's created in the same second; refusing both", n.node.Name, podCIDRString(n.lease))
-			}
-			snap.Refused = append(snap.Refused, subnet.Refusal{Key: "node/" + n.node.Name, Err: err})
-			continue
-		}
-		snap.Leases = append(snap.Leases, n.lease)
+	groups := map[int]bool{} // indexes in ok of every node in an overlapping group
+	markOverlaps(ok, func(l subnet.Lease) netip.Prefix { return l.Subnet }, loser, groups)
+	markOverlaps(ok, func(l subnet.Lease) netip.Prefix { return l.IPv6Subnet }, loser, groups)
+	overlapping = map[string]bool{}
+	for i := range groups {
+		overlapping[ok[i].node.Name] = true
 	}
-	return snap
+	for i, n := range ok {
+		e := subnet.Entry{Key: EntryKey(n.node.Name), Lease: n.lease}
+		if w, lost := loser[i]; lost {
+			e.Err = fmt.Errorf("node %q: pod subnet %s overlaps that of node %q, which is older", n.node.Name, podCIDRString(n.lease), ok[max(w, 0)].node.Name)
+			if w == tieLoser {
+				e.Err = fmt.Errorf("node %q: pod subnet %s overlaps another node's created in the same second; refusing both", n.node.Name, podCIDRString(n.lease))
+			}
+		}
+		entries = append(entries, e)
+	}
+	return entries, overlapping
 }
 
 type namedLease struct {
@@ -252,7 +266,7 @@ const tieLoser = -1
 // markOverlaps records in loser, for the leases whose prefix of one family
 // (fam) overlaps another's, the index of the oldest node of the group they
 // yield to, or tieLoser.
-func markOverlaps(ok []namedLease, fam func(subnet.Lease) netip.Prefix, loser map[int]int) {
+func markOverlaps(ok []namedLease, fam func(subnet.Lease) netip.Prefix, loser map[int]int, groups map[int]bool) {
 	idx := make([]int, 0, len(ok))
 	for i := range ok {
 		if fam(ok[i].lease).IsValid() {
@@ -275,6 +289,9 @@ func markOverlaps(ok []namedLease, fam func(subnet.Lease) netip.Prefix, loser ma
 			end++
 		}
 		if end-start > 1 {
+			for _, i := range idx[start:end] {
+				groups[i] = true
+			}
 			win := idx[start]
 			for _, i := range idx[start+1 : end] {
 				if ok[i].node.CreationTimestamp.Before(&ok[win].node.CreationTimestamp) {
