@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -119,6 +120,9 @@ type Drift struct {
 	// "<lease>: <why>" (host-gw: public IP not on-link; vxlan: unusable
 	// backend data, a VTEP MAC not theirs alone).
 	Refused []string
+	// Shadowed lists the destinations a route of anyone else's holds too:
+	// it takes precedence over twill's, which twill leaves alone.
+	Shadowed []string
 }
 
 // Clean reports whether nothing differs.
@@ -130,17 +134,30 @@ func RouteDrift(h RouteTable, table int, desired []nl.Route) (Drift, error) {
 	if table == 0 {
 		table = owned.MainTable
 	}
-	have, err := h.Routes(nl.FamilyAll, nl.RouteFilter{Table: table, Protocol: owned.RouteProtocol})
+	all, err := h.Routes(nl.FamilyAll, nl.RouteFilter{Table: table})
 	if err != nil {
 		return Drift{}, err
 	}
-	want := make(map[nl.Key]nl.Route, len(desired))
-	for _, r := range desired {
-		r.Protocol, r.Table = owned.RouteProtocol, table
-		want[r.Key()] = r
+	var have []nl.Route
+	foreign := map[netip.Prefix]bool{}
+	for _, r := range all {
+		if r.Protocol == owned.RouteProtocol {
+			have = append(have, r)
+		} else {
+			foreign[r.Dst] = true
+		}
 	}
-	p := DiffRoutes(want, RouteMap(have))
+	want := make(map[nl.Key]nl.Route, len(desired))
 	d := Drift{Objects: len(desired)}
+	for _, r := range desired {
+		r = Owned(r, table)
+		want[r.Key()] = r
+		if foreign[r.Dst] {
+			d.Shadowed = append(d.Shadowed, r.Dst.String()+": a route twill does not own holds it too, and takes precedence")
+		}
+	}
+	slices.Sort(d.Shadowed)
+	p := DiffRoutes(want, RouteMap(have))
 	names := map[int]string{}
 	if lh, ok := h.(interface{ Links() ([]nl.Link, error) }); ok {
 		if links, err := lh.Links(); err == nil {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -23,14 +25,20 @@ type RouteSync struct {
 	NL            RouteTable
 	Table         int // 0 means main
 	FullSyncEvery time.Duration
+	// Log, when set, gets one warning per change of the destinations
+	// routes of anyone else's hold too (see Shadowed).
+	Log *slog.Logger
 
-	once sync.Once
-	set  ownedSet[nl.Key, nl.Route]
+	once     sync.Once
+	set      ownedSet[nl.Key, nl.Route]
+	foreign  *foreignRoutes
+	shadowed *RefusedPeers
 }
 
 func (s *RouteSync) engine() *ownedSet[nl.Key, nl.Route] {
 	s.once.Do(func() {
-		s.set.kind = routeKind{nl: s.NL, table: tableOrMain(s.Table)}
+		s.foreign = &foreignRoutes{dsts: map[netip.Prefix]int{}}
+		s.set.kind = routeKind{nl: s.NL, table: tableOrMain(s.Table), foreign: s.foreign}
 		s.set.fullSyncEvery = s.FullSyncEvery
 	})
 	return &s.set
@@ -54,9 +62,10 @@ func (s *RouteSync) Sync(desired func(emit func(nl.Route))) (SyncStats, error) {
 }
 
 // Update changes part of the desired set: upsert adds or changes routes,
-// remove drops them by key; the rest stays desired. While the record of
-// the kernel is trusted only the changed keys are compared with it.
-func (s *RouteSync) Update(upsert []nl.Route, remove []nl.Key) (SyncStats, error) {
+// remove drops them by destination; the rest stays desired. While the
+// record of the kernel is trusted only the changed keys are compared with
+// it.
+func (s *RouteSync) Update(upsert []nl.Route, remove []netip.Prefix) (SyncStats, error) {
 	c, err := s.PrepareUpdate(upsert, remove)
 	if err != nil {
 		return SyncStats{}, err
@@ -73,15 +82,32 @@ func (s *RouteSync) Prepare(desired func(emit func(nl.Route))) (*RouteChange, er
 	if err != nil {
 		return nil, fmt.Errorf("reading owned routes of table %d: %w", tableOrMain(s.Table), err)
 	}
+	s.reportShadowed()
 	return &RouteChange{c}, nil
 }
 
+// reportShadowed logs the shadowed destinations when they changed.
+func (s *RouteSync) reportShadowed() {
+	if s.Log == nil {
+		return
+	}
+	if s.shadowed == nil {
+		s.shadowed = &RefusedPeers{Log: s.Log, Message: "routes twill does not own hold destinations of twill's routes too, and take precedence; twill leaves them alone"}
+	}
+	s.shadowed.Report(s.Shadowed(), "table", tableOrMain(s.Table))
+}
+
 // PrepareUpdate is Update's first half.
-func (s *RouteSync) PrepareUpdate(upsert []nl.Route, remove []nl.Key) (*RouteChange, error) {
-	c, err := s.engine().planUpdate(upsert, remove)
+func (s *RouteSync) PrepareUpdate(upsert []nl.Route, remove []netip.Prefix) (*RouteChange, error) {
+	keys := make([]nl.Key, len(remove))
+	for i, dst := range remove {
+		keys[i] = Owned(nl.Route{Dst: dst}, s.Table).Key()
+	}
+	c, err := s.engine().planUpdate(upsert, keys)
 	if err != nil {
 		return nil, fmt.Errorf("reading owned routes of table %d: %w", tableOrMain(s.Table), err)
 	}
+	s.reportShadowed()
 	return &RouteChange{c}, nil
 }
 
@@ -100,14 +126,39 @@ func (c *RouteChange) Apply() (SyncStats, error) { return c.c.both() }
 // Observe checks a kernel route event against the record and reports
 // whether it contradicts it, in which case the next Sync reads the kernel.
 func (s *RouteSync) Observe(ev nl.RouteEvent) bool {
-	if ev.Route.Protocol != owned.RouteProtocol || ev.Route.Key().Table != uint32(tableOrMain(s.Table)) {
+	if ev.Route.Key().Table != uint32(tableOrMain(s.Table)) {
 		return false
 	}
-	return s.engine().observe(ev.Route, ev.Deleted)
+	e := s.engine()
+	if ev.Route.Protocol != owned.RouteProtocol {
+		// twill's route stands beside someone else's, so one going needs
+		// nothing, unless it had twill's metric: then twill's add failed
+		// (EEXIST) and can now succeed.
+		s.foreign.observe(ev)
+		return ev.Deleted && ev.Route.Priority == owned.RouteMetric(ev.Route.Dst)
+	}
+	return e.observe(ev.Route, ev.Deleted)
 }
 
 // Invalidate forces the next Sync to read the kernel.
 func (s *RouteSync) Invalidate() { s.engine().Invalidate() }
+
+// Shadowed lists the desired destinations a route of anyone else's holds
+// too, sorted: its route takes precedence over twill's (twill leaves it
+// alone). Call it from the goroutine that syncs.
+func (s *RouteSync) Shadowed() []string {
+	e := s.engine()
+	dsts := s.foreign.among(func(dst netip.Prefix) bool {
+		_, ok := e.desired[Owned(nl.Route{Dst: dst}, s.Table).Key()]
+		return ok
+	})
+	out := make([]string, len(dsts))
+	for i, d := range dsts {
+		out[i] = d.String()
+	}
+	slices.Sort(out)
+	return out
+}
 
 // Watch follows the kernel's route events until ctx ends, and pokes when
 // one contradicts the record (a route of twill's changed behind its back).
@@ -130,19 +181,85 @@ func (s *RouteSync) Watch(ctx context.Context, log *slog.Logger, poke func()) er
 
 // routeKind is the engine's view of routes.
 type routeKind struct {
-	nl    RouteTable
-	table int
+	nl      RouteTable
+	table   int
+	foreign *foreignRoutes
+}
+
+// foreignRoutes counts the routes of anyone else's in the table by
+// destination, as the last dump and the events since show them. twill's
+// route to such a destination stands beside the other one, with its own
+// metric; the other keeps winning as long as its metric is lower (the
+// kernel's default, 0, is). RouteSync.Shadowed names them.
+type foreignRoutes struct {
+	mu   sync.Mutex
+	dsts map[netip.Prefix]int
+}
+
+func (f *foreignRoutes) set(rs []nl.Route) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	clear(f.dsts)
+	for _, r := range rs {
+		f.dsts[r.Dst]++
+	}
+}
+
+// among lists the destinations of want that a foreign route holds.
+func (f *foreignRoutes) among(want func(netip.Prefix) bool) []netip.Prefix {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []netip.Prefix
+	for dst := range f.dsts {
+		if want(dst) {
+			out = append(out, dst)
+		}
+	}
+	return out
+}
+
+// observe follows an event about a foreign route.
+func (f *foreignRoutes) observe(ev nl.RouteEvent) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if ev.Deleted {
+		if f.dsts[ev.Route.Dst]--; f.dsts[ev.Route.Dst] <= 0 {
+			delete(f.dsts, ev.Route.Dst)
+		}
+	} else {
+		f.dsts[ev.Route.Dst]++
+	}
 }
 
 func (k routeKind) key(r nl.Route) nl.Key           { return r.Key() }
 func (k routeKind) same(a, b nl.Route) bool         { return a.Equal(b) }
 func (k routeKind) inPlace(nl.Route, nl.Route) bool { return true }
-func (k routeKind) normalize(r nl.Route) nl.Route {
-	r.Protocol, r.Table = owned.RouteProtocol, k.table
+func (k routeKind) normalize(r nl.Route) nl.Route   { return Owned(r, k.table) }
+
+// Owned is r as twill programs it in table: its protocol, the table, and
+// its metric (owned.RouteMetric).
+func Owned(r nl.Route, table int) nl.Route {
+	r.Protocol, r.Table, r.Priority = owned.RouteProtocol, tableOrMain(table), owned.RouteMetric(r.Dst)
 	return r
 }
+
+// list reads the table: twill's routes, and the destinations of everyone
+// else's.
 func (k routeKind) list() ([]nl.Route, error) {
-	return k.nl.Routes(nl.FamilyAll, nl.RouteFilter{Table: k.table, Protocol: owned.RouteProtocol})
+	all, err := k.nl.Routes(nl.FamilyAll, nl.RouteFilter{Table: k.table})
+	if err != nil {
+		return nil, err
+	}
+	var mine, others []nl.Route
+	for _, r := range all {
+		if r.Protocol == owned.RouteProtocol {
+			mine = append(mine, r)
+		} else {
+			others = append(others, r)
+		}
+	}
+	k.foreign.set(others)
+	return mine, nil
 }
 
 func (k routeKind) apply(op nl.Op, rs []nl.Route) []error {
@@ -153,7 +270,7 @@ func (k routeKind) apply(op nl.Op, rs []nl.Route) []error {
 	errs := k.nl.RouteBatch(ops)
 	for i, err := range errs {
 		if op == nl.OpAdd && errors.Is(err, unix.EEXIST) {
-			errs[i] = fmt.Errorf("%w (a route twill does not own holds this destination; leaving it alone)", err)
+			errs[i] = fmt.Errorf("%w (a route twill does not own holds this destination with twill's metric; leaving it alone)", err)
 		}
 	}
 	return errs

@@ -3,6 +3,7 @@ package backend
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
@@ -66,11 +67,13 @@ func TestRouteSyncConvergesAndLeavesForeignRoutes(t *testing.T) {
 	k := &kernelfake.Kernel{}
 	eth := k.AddLink("eth0", 1500, true, pfx("192.168.1.10/24"))
 	// Before twilld: a route of someone else's, a twill route from a
-	// previous run that no lease backs now, and one with a stale gateway.
+	// previous run that no lease backs now, one with a stale gateway, and
+	// one from a twill that programmed no metric.
 	for _, r := range []nl.Route{
 		{Dst: pfx("10.0.0.0/8"), Gw: ip("192.168.1.1"), LinkIndex: eth.Index, Protocol: 4},
-		{Dst: pfx("10.244.9.0/24"), Gw: ip("192.168.1.9"), LinkIndex: eth.Index, Protocol: owned.RouteProtocol},
-		{Dst: pfx("10.244.2.0/24"), Gw: ip("192.168.1.99"), LinkIndex: eth.Index, Protocol: owned.RouteProtocol},
+		Owned(nl.Route{Dst: pfx("10.244.9.0/24"), Gw: ip("192.168.1.9"), LinkIndex: eth.Index}, 0),
+		Owned(nl.Route{Dst: pfx("10.244.2.0/24"), Gw: ip("192.168.1.99"), LinkIndex: eth.Index}, 0),
+		{Dst: pfx("10.244.3.0/24"), Gw: ip("192.168.1.13"), LinkIndex: eth.Index, Protocol: owned.RouteProtocol},
 	} {
 		if errs := k.RouteBatch([]nl.RouteOp{{Op: nl.OpAdd, Route: r}}); errs[0] != nil {
 			t.Fatal(errs[0])
@@ -80,6 +83,7 @@ func TestRouteSyncConvergesAndLeavesForeignRoutes(t *testing.T) {
 	st, err := s.Sync(emitRoutes(
 		nl.Route{Dst: pfx("10.244.1.0/24"), Gw: ip("192.168.1.11"), LinkIndex: eth.Index},
 		nl.Route{Dst: pfx("10.244.2.0/24"), Gw: ip("192.168.1.12"), LinkIndex: eth.Index},
+		nl.Route{Dst: pfx("10.244.3.0/24"), Gw: ip("192.168.1.13"), LinkIndex: eth.Index},
 	))
 	if err != nil {
 		t.Fatal(err)
@@ -88,18 +92,25 @@ func TestRouteSyncConvergesAndLeavesForeignRoutes(t *testing.T) {
 		"10.0.0.0/8 via 192.168.1.1 dev#1",
 		"10.244.1.0/24 via 192.168.1.11 dev#1 proto twill",
 		"10.244.2.0/24 via 192.168.1.12 dev#1 proto twill",
+		"10.244.3.0/24 via 192.168.1.13 dev#1 proto twill",
 	})
-	if st.Added != 1 || st.Replaced != 1 || st.Deleted != 1 || !st.Dumped {
-		t.Errorf("stats %+v, want 1 added, 1 replaced, 1 deleted, after a dump", st)
+	if rs, _ := k.Routes(nl.FamilyAll, nl.RouteFilter{Protocol: owned.RouteProtocol}); !slices.ContainsFunc(rs, func(r nl.Route) bool {
+		return r.Dst == pfx("10.244.3.0/24") && r.Priority == owned.RouteMetric(r.Dst)
+	}) {
+		t.Errorf("the route without a metric was not replaced by one with twill's: %v", rs)
 	}
-	if st.Repaired != 1 {
-		t.Errorf("Repaired = %d, want 1 (the route no lease backs)", st.Repaired)
+	if st.Added != 2 || st.Replaced != 1 || st.Deleted != 2 || !st.Dumped {
+		t.Errorf("stats %+v, want 2 added, 1 replaced, 2 deleted, after a dump", st)
+	}
+	if st.Repaired != 2 {
+		t.Errorf("Repaired = %d, want 2 (the route no lease backs, the one without a metric)", st.Repaired)
 	}
 
 	// Nothing to do: nothing changes, nothing is read back.
 	st, err = s.Sync(emitRoutes(
 		nl.Route{Dst: pfx("10.244.1.0/24"), Gw: ip("192.168.1.11"), LinkIndex: eth.Index},
 		nl.Route{Dst: pfx("10.244.2.0/24"), Gw: ip("192.168.1.12"), LinkIndex: eth.Index},
+		nl.Route{Dst: pfx("10.244.3.0/24"), Gw: ip("192.168.1.13"), LinkIndex: eth.Index},
 	))
 	if err != nil || st != (SyncStats{}) {
 		t.Fatalf("second sync: %+v, %v; want no change and no dump", st, err)
@@ -127,17 +138,23 @@ func TestRouteSyncRepairsWhatItIsToldOf(t *testing.T) {
 	}
 	// Someone deletes the route. The record still has it, so a sync
 	// alone, which reads nothing, cannot know...
-	gone := r
-	gone.Protocol = owned.RouteProtocol
+	gone := Owned(r, 0)
 	if err := k.RouteDel(gone); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := s.Sync(emitRoutes(r)); st.Added != 0 {
 		t.Fatalf("a sync with a trusted record re-added a route: %+v", st)
 	}
-	// ...until the kernel's event says so.
-	if s.Observe(nl.RouteEvent{Route: nl.Route{Dst: pfx("10.99.0.0/16"), LinkIndex: eth.Index}, Deleted: true}) {
-		t.Error("an event about a route that is not twill's contradicted the record")
+	// ...until the kernel's event says so. A route of someone else's
+	// coming or going changes nothing of twill's (its route stands beside
+	// it), unless it held twill's own metric, which kept twill's out.
+	other := nl.Route{Dst: pfx("10.99.0.0/16"), LinkIndex: eth.Index}
+	if s.Observe(nl.RouteEvent{Route: other}) || s.Observe(nl.RouteEvent{Route: other, Deleted: true}) {
+		t.Error("a route of someone else's coming or going contradicted the record")
+	}
+	other.Priority = owned.RouteMetric(other.Dst)
+	if !s.Observe(nl.RouteEvent{Route: other, Deleted: true}) {
+		t.Error("a route of someone else's with twill's metric going did not ask for a sync")
 	}
 	if !s.Observe(nl.RouteEvent{Route: gone, Deleted: true}) {
 		t.Fatal("the deletion of an owned route did not contradict the record")
@@ -166,9 +183,7 @@ func TestRouteSyncFullSyncEveryReadsTheKernel(t *testing.T) {
 	if _, err := s.Sync(emitRoutes(r)); err != nil {
 		t.Fatal(err)
 	}
-	owned := r
-	owned.Protocol = 167
-	_ = k.RouteDel(owned) // a deletion whose event was lost
+	_ = k.RouteDel(Owned(r, 0)) // a deletion whose event was lost
 	now = now.Add(59 * time.Second)
 	if st, _ := s.Sync(emitRoutes(r)); st.Dumped {
 		t.Fatal("read the kernel before FullSyncEvery passed")
@@ -218,17 +233,40 @@ func TestRouteSyncFailureIsRetriedFromTheKernel(t *testing.T) {
 	})
 }
 
-func TestRouteSyncDoesNotTakeAForeignRoute(t *testing.T) {
+// TestRouteSyncLeavesAForeignRouteFirst: a route of someone else's to a
+// destination twill wants stays as it is and keeps precedence (a lower
+// metric); twill's stands beside it, and is named as shadowed.
+func TestRouteSyncLeavesAForeignRouteFirst(t *testing.T) {
 	k := &kernelfake.Kernel{}
 	eth := k.AddLink("eth0", 1500, true)
 	foreign := nl.Route{Dst: pfx("10.244.1.0/24"), Gw: ip("192.168.1.1"), LinkIndex: eth.Index, Protocol: 4}
 	k.RouteBatch([]nl.RouteOp{{Op: nl.OpAdd, Route: foreign}})
-	s := &RouteSync{NL: k}
-	_, err := s.Sync(emitRoutes(nl.Route{Dst: pfx("10.244.1.0/24"), Gw: ip("192.168.1.11"), LinkIndex: eth.Index}))
-	if err == nil || !strings.Contains(err.Error(), "a route twill does not own holds this destination") {
-		t.Fatalf("err = %v, want it to say the destination is someone else's", err)
+	var log strings.Builder
+	s := &RouteSync{NL: k, Log: slog.New(slog.NewTextHandler(&log, nil))}
+	for range 2 {
+		if _, err := s.Sync(emitRoutes(nl.Route{Dst: pfx("10.244.1.0/24"), Gw: ip("192.168.1.11"), LinkIndex: eth.Index})); err != nil {
+			t.Fatal(err)
+		}
 	}
-	want(t, "main table", routes(t, k, 0), []string{"10.244.1.0/24 via 192.168.1.1 dev#1"})
+	rs, _ := k.Routes(nl.FamilyAll, nl.RouteFilter{})
+	if !slices.ContainsFunc(rs, func(r nl.Route) bool { return r.Equal(foreign) }) {
+		t.Fatalf("the foreign route changed: %v", rs)
+	}
+	for _, r := range rs {
+		if r.Protocol == owned.RouteProtocol && r.Priority <= foreign.Priority {
+			t.Fatalf("twill's route %v does not yield to the foreign one (metric %d)", r, r.Priority)
+		}
+	}
+	if got := s.Shadowed(); !slices.Equal(got, []string{"10.244.1.0/24"}) {
+		t.Errorf("Shadowed() = %q", got)
+	}
+	if n := strings.Count(log.String(), "routes twill does not own hold destinations"); n != 1 {
+		t.Errorf("the shadowed destination was logged %d times, want once:\n%s", n, log.String())
+	}
+	d, err := RouteDrift(k, 0, []nl.Route{{Dst: pfx("10.244.1.0/24"), Gw: ip("192.168.1.11"), LinkIndex: eth.Index}})
+	if err != nil || !d.Clean() || len(d.Shadowed) != 1 {
+		t.Errorf("drift %+v (%v): want clean, with the destination shadowed", d, err)
+	}
 }
 
 // TestRouteSyncUpdateIsSync: a sequence of updates leaves the kernel as a
@@ -245,10 +283,10 @@ func TestRouteSyncUpdateIsSync(t *testing.T) {
 	for step := 0; step < 200; step++ {
 		i, gw := step*7%23, step*13%31+1
 		var up []nl.Route
-		var rm []nl.Key
+		var rm []netip.Prefix
 		if step%3 == 2 {
 			r := route(i, gw)
-			rm = append(rm, r.Key())
+			rm = append(rm, r.Dst)
 			delete(desired, r.Dst)
 		} else {
 			r := route(i, gw)
@@ -412,9 +450,7 @@ func TestOwnedSetEventsDuringSync(t *testing.T) {
 	go func() {
 		defer close(done)
 		for i := 0; i < 2000; i++ {
-			r := rs[i%len(rs)]
-			r.Protocol = owned.RouteProtocol
-			s.Observe(nl.RouteEvent{Route: r, Deleted: i%5 == 0})
+			s.Observe(nl.RouteEvent{Route: Owned(rs[i%len(rs)], 0), Deleted: i%5 == 0})
 		}
 	}()
 	for i := 0; i < 100; i++ {

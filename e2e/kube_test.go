@@ -366,7 +366,7 @@ func TestKubeVXLAN(t *testing.T) {
 		for i := range k.topo.Nodes {
 			table := k.routes(i)
 			for j := range k.topo.Nodes {
-				if i != j && !strings.Contains(table, fmt.Sprintf("%s via %s dev twill.1 proto 167 onlink", podCIDR(j), podCIDR(j).Addr())) {
+				if i != j && !strings.Contains(table, fmt.Sprintf("%s via %s dev twill.1 proto 167", podCIDR(j), podCIDR(j).Addr())) {
 					return false
 				}
 			}

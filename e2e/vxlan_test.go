@@ -63,7 +63,7 @@ func TestEtcdVXLANRouted(t *testing.T) {
 	overlayReady := func() bool {
 		for i := range 4 {
 			for j := range 4 {
-				if i != j && !strings.Contains(c.routes(i), fmt.Sprintf("%s via %s dev twill.1 proto 167 onlink", envs[j].Subnet, envs[j].Subnet.Addr())) {
+				if i != j && !strings.Contains(c.routes(i), fmt.Sprintf("%s via %s dev twill.1 proto 167", envs[j].Subnet, envs[j].Subnet.Addr())) {
 					return false
 				}
 			}

@@ -67,7 +67,7 @@ func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Network
 		ext:         b.opts.ExtIface,
 		log:         b.log,
 		metrics:     b.opts.Metrics,
-		routes:      &backend.RouteSync{NL: b.opts.Netlink, FullSyncEvery: b.opts.FullSyncEvery},
+		routes:      &backend.RouteSync{NL: b.opts.Netlink, FullSyncEvery: b.opts.FullSyncEvery, Log: b.log},
 		unreachable: map[string]string{},
 		refused:     &backend.RefusedPeers{Log: b.log, Message: "refusing peers whose public IP is not on-link: host-gw needs all nodes on one L2 segment; use vxlan (or DirectRouting) across routers"},
 	}, nil
@@ -178,10 +178,10 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 func (n *Network) Update(ctx context.Context, upserted, removed []subnet.Lease) error {
 	var (
 		routes []nl.Route
-		gone   []nl.Key
+		gone   []netip.Prefix
 	)
 	for _, p := range removed {
-		gone = append(gone, routeKeys(p)...)
+		gone = append(gone, routeDsts(p)...)
 		delete(n.unreachable, p.Key())
 	}
 	for _, p := range upserted {
@@ -191,9 +191,9 @@ func (n *Network) Update(ctx context.Context, upserted, removed []subnet.Lease) 
 		} else {
 			n.unreachable[p.Key()] = unreachableName(p)
 		}
-		for _, k := range routeKeys(p) {
-			if !slices.ContainsFunc(routes[before:], func(r nl.Route) bool { return r.Key() == k }) {
-				gone = append(gone, k) // a family it no longer reaches
+		for _, dst := range routeDsts(p) {
+			if !slices.ContainsFunc(routes[before:], func(r nl.Route) bool { return r.Dst == dst }) {
+				gone = append(gone, dst) // a family it no longer reaches
 			}
 		}
 	}
@@ -205,15 +205,15 @@ func (n *Network) Update(ctx context.Context, upserted, removed []subnet.Lease) 
 	return nil
 }
 
-// routeKeys are the keys of the routes a peer may have.
-func routeKeys(p subnet.Lease) []nl.Key {
-	var keys []nl.Key
+// routeDsts are the destinations of the routes a peer may have.
+func routeDsts(p subnet.Lease) []netip.Prefix {
+	var dsts []netip.Prefix
 	for _, dst := range []netip.Prefix{p.Subnet, p.IPv6Subnet} {
 		if dst.IsValid() {
-			keys = append(keys, nl.Route{Dst: dst}.Key())
+			dsts = append(dsts, dst)
 		}
 	}
-	return keys
+	return dsts
 }
 
 // reportUnreachable counts the refused peers and logs them once per change

@@ -111,13 +111,20 @@ func TestPrivilegedReconcile(t *testing.T) {
 		}
 		requireRoutes(t, ns, []string{"10.244.3.0/24", "10.244.99.0/24"}, []string{"10.244.2.0/24"})
 	})
-	t.Run("foreign route holding a peer destination is left alone", func(t *testing.T) {
+	t.Run("foreign route holding a peer destination is left alone, and keeps precedence", func(t *testing.T) {
 		netnstest.IP(t, ns, "route", "add", "10.244.5.0/24", "via", "192.168.77.55", "proto", "static")
-		err := nw.Reconcile(ctx, append(peers[1:], peer("10.244.5.0/24", "192.168.77.5")))
-		if err == nil || !strings.Contains(err.Error(), "10.244.5.0/24") {
-			t.Fatalf("error %v: want a conflict naming 10.244.5.0/24", err)
+		nw.routes.Invalidate() // what the route watcher does when the route appears
+		withPeer := append(peers[1:], peer("10.244.5.0/24", "192.168.77.5"))
+		if err := nw.Reconcile(ctx, withPeer); err != nil {
+			t.Fatal(err)
 		}
 		requireRoutes(t, ns, []string{"10.244.5.0/24 via 192.168.77.55 dev eth0 proto static", "10.244.3.0/24 via 192.168.77.3"}, nil)
+		if got := netnstest.IP(t, ns, "route", "get", "10.244.5.1"); !strings.Contains(got, "via 192.168.77.55") {
+			t.Fatalf("traffic to the destination does not take the foreign route: %s", got)
+		}
+		if d, err := nw.Drift(ctx, withPeer); err != nil || len(d.Shadowed) != 1 || !strings.Contains(d.Shadowed[0], "10.244.5.0/24") {
+			t.Fatalf("drift %+v (%v): want 10.244.5.0/24 shadowed", d, err)
+		}
 	})
 }
 

@@ -267,6 +267,9 @@ func appendRouteMsg(buf []byte, op RouteOp, seq uint32) []byte {
 		buf = appendAttr(buf, unix.RTA_OIF, binary.NativeEndian.AppendUint32(nil, uint32(r.LinkIndex)))
 	}
 	buf = appendAttr(buf, unix.RTA_TABLE, binary.NativeEndian.AppendUint32(nil, uint32(table)))
+	if r.Priority != 0 {
+		buf = appendAttr(buf, unix.RTA_PRIORITY, binary.NativeEndian.AppendUint32(nil, uint32(r.Priority)))
+	}
 	binary.NativeEndian.PutUint32(buf[start:], uint32(len(buf)-start))
 	return buf
 }

@@ -23,6 +23,7 @@ type Route struct {
 	OnLink    bool
 	Scope     Scope
 	Src       netip.Addr
+	Priority  int // the metric (RTA_PRIORITY); part of the route's identity
 }
 
 // Scope is a route scope (RT_SCOPE_*).
@@ -36,18 +37,19 @@ const (
 )
 
 // Key identifies a route in a table the way the kernel does for replace:
-// destination and table. It is plain bytes, so maps of thousands of routes
-// hash and compare it quickly.
+// destination, metric and table. It is plain bytes, so maps of thousands
+// of routes hash and compare it quickly.
 type Key struct {
-	Addr  [16]byte
-	Bits  uint8
-	V4    bool
-	Table uint32
+	Addr     [16]byte
+	Bits     uint8
+	V4       bool
+	Table    uint32
+	Priority uint32
 }
 
 // Key returns the identity of r.
 func (r Route) Key() Key {
-	return Key{Addr: r.Dst.Addr().As16(), Bits: uint8(r.Dst.Bits()), V4: r.Dst.Addr().Is4(), Table: uint32(r.table())}
+	return Key{Addr: r.Dst.Addr().As16(), Bits: uint8(r.Dst.Bits()), V4: r.Dst.Addr().Is4(), Table: uint32(r.table()), Priority: uint32(r.Priority)}
 }
 
 func (r Route) table() int {
@@ -61,7 +63,7 @@ func (r Route) table() int {
 func (r Route) Equal(o Route) bool {
 	return r.Dst == o.Dst && r.Gw == o.Gw && r.LinkIndex == o.LinkIndex &&
 		r.table() == o.table() && r.Protocol == o.Protocol && r.OnLink == o.OnLink &&
-		r.Scope == o.Scope && r.Src == o.Src
+		r.Scope == o.Scope && r.Src == o.Src && r.Priority == o.Priority
 }
 
 func (r Route) String() string {

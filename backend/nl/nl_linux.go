@@ -122,6 +122,7 @@ func fromNetlinkRoute(r netlink.Route) Route {
 		Protocol:  int(r.Protocol),
 		OnLink:    r.Flags&unix.RTNH_F_ONLINK != 0,
 		Scope:     Scope(r.Scope),
+		Priority:  r.Priority,
 	}
 	if r.Dst != nil {
 		out.Dst = prefixFromIPNet(r.Dst)
@@ -149,6 +150,7 @@ func toNetlinkRoute(r Route) *netlink.Route {
 		Protocol:  netlink.RouteProtocol(r.Protocol),
 		Scope:     netlink.Scope(r.Scope),
 		Type:      unix.RTN_UNICAST,
+		Priority:  r.Priority,
 	}
 	if r.Gw.IsValid() {
 		nr.Gw = r.Gw.AsSlice()

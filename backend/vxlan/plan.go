@@ -1,6 +1,7 @@
 package vxlan
 
 import (
+	"net/netip"
 	"slices"
 
 	"github.com/twill-net/twill/backend"
@@ -116,7 +117,7 @@ func recKey(p subnet.Lease) nl.Key { return (nl.Route{Dst: p.Subnet}).Key() }
 // delta gathers the sets' changes for some peers.
 type delta struct {
 	routeUp          []nl.Route
-	routeRm          []nl.Key
+	routeRm          []netip.Prefix
 	neighUp, neighRm []nl.Neigh
 	fdbUp, fdbRm     []nl.Neigh
 	refusedChanged   bool
@@ -140,7 +141,7 @@ func (n *Network) planPeer(dev int, p subnet.Lease, d *delta) {
 			d.neighRm = append(d.neighRm, was.Neigh)
 		}
 		if was.OK && !o.OK {
-			d.routeRm = append(d.routeRm, was.Route.Key())
+			d.routeRm = append(d.routeRm, was.Route.Dst)
 		}
 		d.refusedChanged = d.refusedChanged || (old.err != nil) != (rec.err != nil)
 		n.countMAC(old, -1)
@@ -160,7 +161,7 @@ func (n *Network) planPeer(dev int, p subnet.Lease, d *delta) {
 // planGone plans the removal of a peer's objects.
 func (n *Network) planGone(k nl.Key, rec *peerRec, d *delta) {
 	if rec.objects.OK {
-		d.routeRm = append(d.routeRm, rec.objects.Route.Key())
+		d.routeRm = append(d.routeRm, rec.objects.Route.Dst)
 	}
 	if rec.objects.Overlay {
 		d.neighRm, d.fdbRm = append(d.neighRm, rec.objects.Neigh), append(d.fdbRm, rec.objects.FDB)

@@ -150,7 +150,7 @@ func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Network
 		b:          b,
 		local:      lease,
 		vtepIP:     netip.PrefixFrom(lease.Subnet.Addr(), 32),
-		routes:     &backend.RouteSync{NL: b.k, FullSyncEvery: b.opts.FullSyncEvery},
+		routes:     &backend.RouteSync{NL: b.k, FullSyncEvery: b.opts.FullSyncEvery, Log: b.log},
 		neighs:     &backend.NeighSync{NL: b.k, FullSyncEvery: b.opts.FullSyncEvery},
 		fdb:        &backend.NeighSync{NL: b.k, FDB: true, FullSyncEvery: b.opts.FullSyncEvery},
 		metrics:    b.opts.Metrics,

@@ -90,7 +90,7 @@ func TestPrivilegedDeviceAndPeers(t *testing.T) {
 	requireAll(t, "fdb", v.show(t, "bridge", "fdb", "show", "dev", "twill.1"),
 		"0a:00:00:00:00:02 dst 10.0.0.2 self permanent", "0a:00:00:00:00:03 dst 10.0.0.3 self permanent")
 	requireAll(t, "routes", v.show(t, "ip", "route"),
-		"10.244.2.0/24 via 10.244.2.0 dev twill.1 proto 167 onlink", "10.244.3.0/24 via 10.244.3.0 dev twill.1 proto 167 onlink")
+		"10.244.2.0/24 via 10.244.2.0 dev twill.1 proto 167", "10.244.3.0/24 via 10.244.3.0 dev twill.1 proto 167")
 
 	t.Run("peer changes VTEP MAC and public IP", func(t *testing.T) {
 		peers[0] = lease("10.244.2.0/24", "10.0.0.22", "0a:00:00:00:00:22")
@@ -139,7 +139,7 @@ func TestPrivilegedDeviceAndPeers(t *testing.T) {
 		requireAll(t, "twill.1", v.show(t, "ip", "-d", "link", "show", "twill.1"), mac, "vxlan id 1")
 		requireAll(t, "fdb", v.show(t, "bridge", "fdb", "show", "dev", "twill.1"), "0a:00:00:00:00:03 dst 10.0.0.3 self permanent")
 		requireAll(t, "neighbours", v.show(t, "ip", "neigh", "show", "dev", "twill.1"), "10.244.3.0 lladdr 0a:00:00:00:00:03 PERMANENT")
-		requireAll(t, "routes", v.show(t, "ip", "route"), "10.244.3.0/24 via 10.244.3.0 dev twill.1 proto 167 onlink")
+		requireAll(t, "routes", v.show(t, "ip", "route"), "10.244.3.0/24 via 10.244.3.0 dev twill.1 proto 167")
 	})
 	t.Run("altered device is re-created", func(t *testing.T) {
 		netnstest.IP(t, v.ns, "link", "set", "twill.1", "mtu", "1300")

@@ -154,6 +154,9 @@ func (v *nodeView) print(ctx context.Context, w io.Writer) error {
 	for _, r := range notProgrammed {
 		fmt.Fprintf(tw, "  refused\t%s\n", r)
 	}
+	for _, sh := range d.Shadowed {
+		fmt.Fprintf(tw, "  shadowed\t%s\n", sh)
+	}
 	switch {
 	case !ok:
 		fmt.Fprintf(tw, "kernel\tthe %s backend cannot report drift\n", v.cfg.BackendType)
@@ -171,6 +174,9 @@ func (v *nodeView) print(ctx context.Context, w io.Writer) error {
 	}
 	if len(notProgrammed) > 0 {
 		return fmt.Errorf("%d peers are not programmed (refused above)", len(notProgrammed))
+	}
+	if len(d.Shadowed) > 0 {
+		return fmt.Errorf("%d of twill's routes are shadowed by routes it does not own (above)", len(d.Shadowed))
 	}
 	return nil
 }
