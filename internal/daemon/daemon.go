@@ -111,6 +111,7 @@ type Daemon struct {
 	// pendingData is backend data not yet published (loop goroutine).
 	pendingData json.RawMessage
 	heartbeat   atomic.Int64 // unix nanos of the reconcile loop's last turn
+	started     time.Time    // when Run began, for the start-up timings in the log
 }
 
 // New returns a daemon; Run starts it.
@@ -131,6 +132,7 @@ func (d *Daemon) Ready() bool { return d.ready.Load() }
 // Run blocks until ctx is done or the daemon fails. Stopping leaves the
 // data plane as it is, so pods keep talking across a restart.
 func (d *Daemon) Run(ctx context.Context) error {
+	d.started = time.Now()
 	g, ctx := errgroup.WithContext(ctx)
 	d.heartbeat.Store(time.Now().UnixNano())
 	if d.o.HealthAddr != "" {
@@ -157,22 +159,31 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 	if err != nil || nw == nil {
 		return err
 	}
-	chains, envFile, err := d.setUpNode(cfg, lease, nw)
-	if err != nil {
-		return err
-	}
-	g.Go(func() error { return envFile.Run(ctx) })
+	d.log.Debug("lease held, backend attached", "since_start", time.Since(d.started))
+	// The node's setup (iptables rules, then subnet.env) runs beside the
+	// first reconcile, which does not need it (tens of milliseconds of
+	// iptables execs); the node is ready once both are done.
+	setUp := make(chan error, 1)
+	g.Go(func() error {
+		chains, envFile, err := d.setUpNode(cfg, lease, nw)
+		setUp <- err
+		if err != nil {
+			return err
+		}
+		d.log.Debug("forwarding, iptables rules and subnet.env in place", "since_start", time.Since(d.started))
+		g.Go(func() error { return envFile.Run(ctx) })
+		return chains.Run(ctx)
+	})
 	g.Go(func() error { return d.o.Subnets.Run(ctx, d.publish) })
 	if r, ok := nw.(backend.Runner); ok {
 		g.Go(func() error { return r.Run(ctx) })
 	}
-	g.Go(func() error { return chains.Run(ctx) })
 	// The kernel flushes routes through a link that goes down without
 	// announcing it, and a re-created link has a new index: watch the
 	// external interface, and read it again before the next reconcile.
 	d.ext = extWatch{name: ext.Link.Name, opts: withFamilies(d.o.Iface, cfg)}
 	d.ext.index.Store(int64(ext.Link.Index))
-	d.afterFirstReconcile = d.afterReady(ctx, g, nw)
+	d.afterFirstReconcile = d.afterReady(ctx, g, nw, setUp)
 	return d.reconcileLoop(ctx, cfg, lease, nw)
 }
 
@@ -217,7 +228,8 @@ func (d *Daemon) attach(ctx context.Context, cfg *subnet.Config) (backend.Extern
 }
 
 // setUpNode enables forwarding, installs the iptables chains and writes
-// subnet.env, returning what keeps the last two in place.
+// subnet.env (pods are wired only once masquerading is in place),
+// returning what keeps the last two in place.
 func (d *Daemon) setUpNode(cfg *subnet.Config, lease subnet.Lease, nw backend.Network) (*network.Chains, *desiredfile.Keeper, error) {
 	if err := network.EnableForwarding(cfg.EnableIPv4, cfg.EnableIPv6); err != nil {
 		return nil, nil, err
@@ -247,11 +259,19 @@ func (d *Daemon) setUpNode(cfg *subnet.Config, lease subnet.Lease, nw backend.Ne
 	return chains, envFile, nil
 }
 
-// afterReady is what starts once the first reconcile is done: the kernel
-// watch, the external interface watch, the reclaiming of leaked addresses
-// and the CNI conflist (a node takes pods only once it routes).
-func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, nw backend.Network) func() error {
-	var steps []func() error
+// afterReady is what runs once the first reconcile is done: it waits for
+// the node's setup, then starts the kernel watch, the external interface
+// watch, the reclaiming of leaked addresses and the CNI conflist (a node
+// takes pods only once it routes).
+func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, nw backend.Network, setUp <-chan error) func() error {
+	steps := []func() error{func() error {
+		select {
+		case err := <-setUp:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}}
 	if w, ok := nw.(backend.KernelWatcher); ok {
 		// Watching starts after the first reconcile, so that the watcher
 		// does not decode thousands of events about our own initial
@@ -422,7 +442,7 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 			if err := d.becomeReady(ctx); err != nil {
 				return err
 			}
-			d.log.Info("ready", "peers", peers, "took_reconcile", took.Round(time.Millisecond))
+			d.log.Info("ready", "peers", peers, "took_reconcile", took.Round(time.Millisecond), "since_start", time.Since(d.started).Round(time.Millisecond))
 		}
 	}
 }

@@ -179,9 +179,16 @@ func TestPrivilegedDaemonSelectsRegisteredBackend(t *testing.T) {
 	if strings.Join(rec.Peers, ",") != "10.244.2.0/24" {
 		t.Errorf("backend got peers %v; want only the valid peer (own lease and the one outside Network dropped)", rec.Peers)
 	}
-	env, err := subnet.ReadEnv(envFile)
-	if err != nil {
-		t.Fatal(err)
+	// subnet.env is written beside the first reconcile, once the iptables
+	// rules are in place.
+	var env subnet.Env
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if env, err = subnet.ReadEnv(envFile); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
 	}
 	if env.Backend != "recorder" || env.MTU != 1234 || env.Subnet.String() != "10.244.1.0/24" {
 		t.Errorf("subnet.env %+v", env)
