@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coreos/go-iptables/iptables"
@@ -22,7 +24,15 @@ type Chains struct {
 	// node's subnet in it.
 	Networks []NetworkPair
 	IPMasq   bool
-	Resync   time.Duration
+	// Resync is the period of the check while no Watch reports changes.
+	Resync time.Duration
+	// Watch, when set, follows the rules' changes (nl.WatchNftables, for
+	// iptables-nft): it calls subscribed once it sees every change, then
+	// changed after each, until ctx ends.
+	Watch func(ctx context.Context, subscribed, changed func()) error
+	// WatchedResync is the period of the check while Watch works (5 min
+	// when zero): a safety net, the changes themselves trigger checks.
+	WatchedResync time.Duration
 	// Open gives the iptables of one family (OpenIPTables when nil; a
 	// model of the tables in unit tests).
 	Open func(v6 bool) (IPTables, error)
@@ -145,25 +155,78 @@ func (c *Chains) syncChain(ipt IPTables, v6 bool, j Jump, rules []Rule) error {
 	return nil
 }
 
-// Run syncs now and then every Resync until ctx is done. Failures are
-// logged and retried at the next tick; they do not stop the daemon.
+// Run syncs every Resync until ctx is done, and, while Watch reports
+// changes, at once after each change and otherwise only every
+// WatchedResync. Failures are logged and retried at the next tick; they do
+// not stop the daemon.
 func (c *Chains) Run(ctx context.Context) error {
-	resync := c.Resync
+	resync, watched := c.Resync, c.WatchedResync
 	if resync <= 0 {
 		resync = 5 * time.Second
 	}
-	t := time.NewTicker(resync)
+	if watched <= 0 {
+		watched = 5 * time.Minute
+	}
+	changed := make(chan struct{}, 1)
+	var watching atomic.Bool
+	if c.Watch != nil {
+		go c.watch(ctx, &watching, changed)
+	}
+	t := time.NewTimer(resync)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-changed:
 		case <-t.C:
-			if err := c.Sync(); err != nil {
-				c.Logger.Warn("iptables resync failed", "err", err)
-			}
+		}
+		if err := c.Sync(); err != nil {
+			c.Logger.Warn("iptables resync failed", "err", err)
+		}
+		if watching.Load() {
+			t.Reset(watched)
+		} else {
+			t.Reset(resync)
 		}
 	}
+}
+
+// watch runs Watch until ctx is done, poking changed after each change and
+// once per (re)subscription (changes before it went unseen), and says
+// whether it is watching. A broken watch is retried every 5 s; meanwhile
+// Run polls.
+func (c *Chains) watch(ctx context.Context, watching *atomic.Bool, changed chan<- struct{}) {
+	poke := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	for ctx.Err() == nil {
+		err := c.Watch(ctx, func() { watching.Store(true); poke() }, poke)
+		watching.Store(false)
+		if ctx.Err() != nil {
+			return
+		}
+		c.Logger.Warn("watching iptables for changes failed; checking every resync period instead", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
+// UsesNFTables reports whether the iptables binary of the family writes
+// nftables (iptables-nft), whose changes nl.WatchNftables reports; the
+// legacy one sends no notifications.
+func UsesNFTables(v6 bool) bool {
+	bin := "iptables"
+	if v6 {
+		bin = "ip6tables"
+	}
+	out, err := exec.Command(bin, "--version").Output()
+	return err == nil && strings.Contains(string(out), "nf_tables")
 }
 
 // CleanupChains removes twill's jumps and chains for both families. Chains

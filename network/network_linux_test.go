@@ -1,12 +1,14 @@
 package network
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"net/netip"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
@@ -122,4 +124,56 @@ func TestPrivilegedChooseExternal(t *testing.T) {
 			}
 		})
 	}
+}
+
+// With iptables-nft, a rule deleted behind twill's back is restored at once
+// (the nftables change announces it), not at the next poll: the poll here
+// is an hour away.
+func TestPrivilegedChainsRepairOnChange(t *testing.T) {
+	if !UsesNFTables(false) {
+		t.Fatal("this machine's iptables is not iptables-nft; the change watch needs it")
+	}
+	name := netnstest.New(t, "iptw")
+	target, err := ns.GetNS("/var/run/netns/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	c := &Chains{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), IPMasq: true, Resync: time.Hour, WatchedResync: time.Hour,
+		Networks: []NetworkPair{{Cluster: netip.MustParsePrefix("10.244.0.0/16"), Local: netip.MustParsePrefix("10.244.3.0/24")}},
+		// The socket is opened inside the test's namespace; Run's own
+		// goroutine (locked in it by ns.Do) runs the iptables execs.
+		Watch: func(ctx context.Context, subscribed, changed func()) error {
+			var err error
+			_ = target.Do(func(ns.NetNS) error { err = nl.WatchNftables(ctx, subscribed, changed); return nil })
+			return err
+		},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- target.Do(func(ns.NetNS) error { return c.Run(ctx) }) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	const fwd = "-A TWILL-FWD -s 10.244.0.0/16"
+	waitSave := func(what string, ok func(string) bool) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			s := iptablesSave(t, name)
+			if ok(s) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s within 20 s (the poll is an hour away):\n%s", what, s)
+			}
+		}
+	}
+	waitSave("the rules were not written once the watch began", func(s string) bool { return strings.Contains(s, fwd) })
+	if out, err := exec.Command("ip", "netns", "exec", name, "iptables", "-t", "filter", "-F", "TWILL-FWD").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	waitSave("the flushed chain was not restored", func(s string) bool { return strings.Contains(s, fwd) })
 }

@@ -235,6 +235,12 @@ func (d *Daemon) setUpNode(cfg *subnet.Config, lease subnet.Lease, nw backend.Ne
 		return nil, nil, err
 	}
 	chains := &network.Chains{Logger: d.log, IPMasq: d.o.IPMasq, Resync: d.o.IPTablesResync}
+	if (!cfg.EnableIPv4 || network.UsesNFTables(false)) && (!cfg.EnableIPv6 || network.UsesNFTables(true)) {
+		// iptables-nft: its changes are announced, so the rules are
+		// checked when they change rather than polled (each check execs
+		// iptables a few times).
+		chains.Watch = nl.WatchNftables
+	}
 	env := subnet.Env{MTU: nw.MTU(), IPMasq: d.o.IPMasq, Backend: cfg.BackendType}
 	if ep, ok := nw.(backend.EnvProvider); ok {
 		env.Extra = ep.Env()

@@ -136,7 +136,7 @@ for example TWILLD_ETCD_ENDPOINTS.`,
 	f.StringVar(&o.stateDir, "state-dir", "/var/lib/twill", "directory for state kept across restarts")
 	f.StringVar(&o.healthzIP, "healthz-ip", "0.0.0.0", "address for /healthz, /readyz and /metrics")
 	f.IntVar(&o.healthzPort, "healthz-port", 0, "port for /healthz, /readyz and /metrics (0 disables)")
-	f.DurationVar(&o.iptablesResync, "iptables-resync", 5*time.Second, "period of the iptables rules check")
+	f.DurationVar(&o.iptablesResync, "iptables-resync", 5*time.Second, "period of the iptables rules check with iptables-legacy (iptables-nft announces changes, which trigger the check)")
 	f.DurationVar(&o.resync, "resync", 30*time.Second, "period of the full reconcile that repairs drift")
 	cmd.PersistentFlags().StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 
