@@ -31,8 +31,9 @@ type ownedSet[K comparable, V any] struct {
 	now           func() time.Time
 
 	mu       sync.Mutex
-	known    map[K]V   // guarded by mu; nil until read from the kernel
-	lastDump time.Time // guarded by mu
+	known    map[K]V        // guarded by mu; nil until read from the kernel
+	lastDump time.Time      // guarded by mu
+	touched  map[K]struct{} // guarded by mu; keys recorded while verify reads, else nil
 
 	// Touched only by the goroutine that plans changes (the reconcile
 	// loop): never concurrently.
@@ -347,6 +348,9 @@ func (s *ownedSet[K, V]) record(vs []V, present bool) {
 	}
 	for _, v := range vs {
 		k := s.kind.key(v)
+		if s.touched != nil {
+			s.touched[k] = struct{}{}
+		}
 		if present {
 			s.known[k] = v
 		} else if have, ok := s.known[k]; ok && s.kind.same(have, v) {
@@ -370,6 +374,51 @@ func (s *ownedSet[K, V]) observe(v V, deleted bool) bool {
 		s.known = nil
 	}
 	return contradicts
+}
+
+// verify reads the kernel, off the goroutine that syncs, and reports
+// whether it differs from the record (which is then dropped) or there is
+// no record to trust. Objects a sync changes while the kernel is read are
+// left out of the comparison: the record has them as written, and any
+// later change to them comes as an event.
+func (s *ownedSet[K, V]) verify() bool {
+	s.mu.Lock()
+	s.touched = map[K]struct{}{}
+	s.mu.Unlock()
+	vs, err := s.kind.list()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	touched := s.touched
+	s.touched = nil
+	if err != nil || s.known == nil {
+		s.known = nil
+		return true
+	}
+	seen := make(map[K]struct{}, len(vs))
+	differs := false
+	for _, v := range vs {
+		k := s.kind.key(v)
+		seen[k] = struct{}{}
+		if _, ok := touched[k]; ok {
+			continue
+		}
+		if have, ok := s.known[k]; !ok || !s.kind.same(have, v) {
+			differs = true
+			break
+		}
+	}
+	for k := range s.known {
+		if differs {
+			break
+		}
+		_, read := seen[k]
+		_, ok := touched[k]
+		differs = !read && !ok
+	}
+	if differs {
+		s.known = nil
+	}
+	return differs
 }
 
 // Invalidate forces the next sync to read the kernel.

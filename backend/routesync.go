@@ -143,6 +143,13 @@ func (s *RouteSync) Observe(ev nl.RouteEvent) bool {
 // Invalidate forces the next Sync to read the kernel.
 func (s *RouteSync) Invalidate() { s.engine().Invalidate() }
 
+// Verify reads the kernel's routes and reports whether they differ from
+// the record, which is then dropped so that the next Sync reads them
+// again. It may run beside Sync (a watch calls it once subscribed, to
+// learn of changes made before): a start with tens of thousands of routes
+// then needs no second full sync when nothing drifted.
+func (s *RouteSync) Verify() bool { return s.engine().verify() }
+
 // Shadowed lists the desired destinations a route of anyone else's holds
 // too, sorted: its route takes precedence over twill's (twill leaves it
 // alone). Call it from the goroutine that syncs.
@@ -162,15 +169,21 @@ func (s *RouteSync) Shadowed() []string {
 
 // Watch follows the kernel's route events until ctx ends, and pokes when
 // one contradicts the record (a route of twill's changed behind its back).
-// Every (re)subscription invalidates the record and pokes, since events
-// before it were not seen. It is the route half of a KernelWatcher.
+// Every (re)subscription checks the record against the kernel and pokes
+// if they differ, since events before it were not seen. It is the route
+// half of a KernelWatcher.
 func (s *RouteSync) Watch(ctx context.Context, log *slog.Logger, poke func()) error {
 	w, ok := s.NL.(RouteWatcher)
 	if !ok {
 		<-ctx.Done()
 		return nil
 	}
-	return WatchLoop(ctx, log, "route", func() { s.Invalidate(); poke() }, func(ctx context.Context, subscribed func()) error {
+	return WatchLoop(ctx, log, "route", func() {
+		if s.Verify() {
+			log.Debug("twill's routes changed before the route watch began; syncing them", "table", tableOrMain(s.Table))
+			poke()
+		}
+	}, func(ctx context.Context, subscribed func()) error {
 		return w.WatchRoutes(ctx, subscribed, func(ev nl.RouteEvent) {
 			if s.Observe(ev) {
 				poke()

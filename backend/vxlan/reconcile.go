@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
@@ -28,6 +29,7 @@ type Network struct {
 	// called from the same goroutine), which the daemon never runs
 	// concurrently.
 	devIdx     int                   // the device index the records are for
+	devSeen    atomic.Int64          // devIdx, for the link watch to read
 	parsed     map[string]parsed     // BackendData by raw JSON: parsed once
 	gen        uint64                // this reconcile's stamp
 	recs       map[nl.Key]*peerRec   // by peer subnet; nil forces a full reconcile
@@ -107,6 +109,7 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 			n.metrics.AddDriftRepairs(1)
 		}
 		n.devIdx = link.Index
+		n.devSeen.Store(int64(link.Index))
 		n.invalidate()
 	}
 	n.neighs.SetLink(link.Index)

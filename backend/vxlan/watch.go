@@ -15,8 +15,9 @@ type linkWatcher interface {
 }
 
 // WatchKernel pokes when the VTEP device changes or disappears, or when one
-// of twill's routes changes behind its back. Every (re)subscription pokes,
-// since events before it were not seen.
+// of twill's routes changes behind its back. Every (re)subscription checks
+// what changed before it (deviceAsLeft, RouteSync.Verify) and pokes if
+// anything did.
 func (n *Network) WatchKernel(ctx context.Context, poke func()) error {
 	lw, ok := n.b.k.(linkWatcher)
 	if !ok {
@@ -25,7 +26,13 @@ func (n *Network) WatchKernel(ctx context.Context, poke func()) error {
 	name := n.b.dev.Name
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		return backend.WatchLoop(ctx, n.b.log, "link", func() { n.routes.Invalidate(); poke() }, func(ctx context.Context, subscribed func()) error {
+		return backend.WatchLoop(ctx, n.b.log, "link", func() {
+			if !n.deviceAsLeft() {
+				n.b.log.Debug("the VTEP device changed before the link watch began; reconciling", "device", name)
+				n.routes.Invalidate()
+				poke()
+			}
+		}, func(ctx context.Context, subscribed func()) error {
 			return lw.WatchLinks(ctx, subscribed, func(ev nl.LinkEvent) {
 				if ev.Link.Name == name {
 					poke()
@@ -35,4 +42,14 @@ func (n *Network) WatchKernel(ctx context.Context, poke func()) error {
 	})
 	g.Go(func() error { return n.routes.Watch(ctx, n.b.log, poke) })
 	return g.Wait()
+}
+
+// deviceAsLeft reports whether the VTEP device is the one the last
+// reconcile left, up: what a link watch needs to know once subscribed
+// (changes after that come as events). A device altered or gone means a
+// full reconcile; an intact one spares it, which matters with tens of
+// thousands of peers.
+func (n *Network) deviceAsLeft() bool {
+	link, _, isVXLAN, err := n.b.k.VXLANByName(n.b.dev.Name)
+	return err == nil && isVXLAN && link.Up && int64(link.Index) == n.devSeen.Load()
 }

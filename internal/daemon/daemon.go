@@ -183,6 +183,7 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 	// external interface, and read it again before the next reconcile.
 	d.ext = extWatch{name: ext.Link.Name, opts: withFamilies(d.o.Iface, cfg)}
 	d.ext.index.Store(int64(ext.Link.Index))
+	d.ext.last.Store(&ext)
 	d.afterFirstReconcile = d.afterReady(ctx, g, nw, setUp)
 	return d.reconcileLoop(ctx, cfg, lease, nw)
 }

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"slices"
 	"sync/atomic"
 
 	"golang.org/x/sync/errgroup"
@@ -21,7 +22,9 @@ type extWatch struct {
 	opts  network.IfaceOptions
 	index atomic.Int64 // the interface's current index, followed from link events
 	dirty atomic.Bool  // the interface changed since the last reconcile
-	gone  bool         // owned by the reconcile loop: last refresh failed
+	// last is the interface as last handed to the backend.
+	last atomic.Pointer[backend.ExternalInterface]
+	gone bool // owned by the reconcile loop: last refresh failed
 }
 
 // watchExternal marks the external interface dirty and pokes the loop on
@@ -32,9 +35,17 @@ func (d *Daemon) watchExternal(ctx context.Context) error {
 		d.ext.dirty.Store(true)
 		d.signal()
 	}
+	// Once (re)subscribed, only a change made before counts: with tens of
+	// thousands of peers, a full reconcile for nothing costs a second.
+	subscribed := func() {
+		if !d.externalAsLeft() {
+			d.log.Debug("the external interface changed before its watch began", "iface", d.ext.name)
+			changed()
+		}
+	}
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		return backend.WatchLoop(ctx, d.log, "link", changed, func(ctx context.Context, subscribed func()) error {
+		return backend.WatchLoop(ctx, d.log, "link", subscribed, func(ctx context.Context, subscribed func()) error {
 			return h.WatchLinks(ctx, subscribed, func(ev nl.LinkEvent) {
 				if ev.Link.Name == d.ext.name || int64(ev.Link.Index) == d.ext.index.Load() {
 					if !ev.Deleted && ev.Link.Name == d.ext.name {
@@ -46,7 +57,7 @@ func (d *Daemon) watchExternal(ctx context.Context) error {
 		})
 	})
 	g.Go(func() error {
-		return backend.WatchLoop(ctx, d.log, "address", changed, func(ctx context.Context, subscribed func()) error {
+		return backend.WatchLoop(ctx, d.log, "address", subscribed, func(ctx context.Context, subscribed func()) error {
 			return h.WatchAddrs(ctx, subscribed, func(ev nl.AddrEvent) {
 				if int64(ev.LinkIndex) == d.ext.index.Load() {
 					changed()
@@ -72,7 +83,23 @@ func (d *Daemon) refreshExternal(nw backend.Network) {
 		d.log.Info("external interface changed; reprogramming through it", "iface", ext.Link.Name, "index", ext.Link.Index, "up", ext.Link.Up, "addr", ext.Addr)
 	}
 	d.ext.gone = !ext.Link.Up
+	d.ext.last.Store(&ext)
 	if c, ok := nw.(backend.ExternalChanger); ok {
 		c.ExternalChanged(ext)
 	}
+}
+
+// externalAsLeft reports whether the external interface is as the backend
+// last got it.
+func (d *Daemon) externalAsLeft() bool {
+	last := d.ext.last.Load()
+	now, err := network.Refresh(d.o.Netlink, d.ext.name, d.ext.opts)
+	return last != nil && err == nil && sameExternal(*last, now)
+}
+
+// sameExternal reports whether a and b route alike.
+func sameExternal(a, b backend.ExternalInterface) bool {
+	return a.Link.Index == b.Link.Index && a.Link.Up == b.Link.Up && a.Link.MTU == b.Link.MTU &&
+		a.Addr == b.Addr && a.AddrV6 == b.AddrV6 && a.PublicIP == b.PublicIP && a.PublicIPv6 == b.PublicIPv6 &&
+		slices.Equal(a.OnLink, b.OnLink)
 }
