@@ -26,8 +26,8 @@ type routeWatch struct {
 	changed chan struct{}
 
 	mu      sync.Mutex
-	present map[netip.Prefix]bool // guarded by mu; from events
-	err     error                 // guarded by mu; why the subscription ended
+	present map[netip.Prefix]netip.Addr // guarded by mu; from events: destination -> gateway
+	err     error                       // guarded by mu; why the subscription ended
 }
 
 // watchRoutes subscribes to ns's route events and returns once the
@@ -38,7 +38,7 @@ func watchRoutes(tb testing.TB, ns string) *routeWatch {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	w := &routeWatch{tb: tb, ns: ns, h: h, changed: make(chan struct{}, 1), present: map[netip.Prefix]bool{}}
+	w := &routeWatch{tb: tb, ns: ns, h: h, changed: make(chan struct{}, 1), present: map[netip.Prefix]netip.Addr{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	subscribed, done := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -71,7 +71,7 @@ func (w *routeWatch) observe(ev nl.RouteEvent) {
 	if ev.Deleted {
 		delete(w.present, ev.Route.Dst)
 	} else {
-		w.present[ev.Route.Dst] = true
+		w.present[ev.Route.Dst] = ev.Route.Gw
 	}
 	w.mu.Unlock()
 	w.signal()
@@ -91,14 +91,14 @@ func (w *routeWatch) broken() error {
 }
 
 // kernel reads twill's routes in the main table.
-func (w *routeWatch) kernel() (map[netip.Prefix]bool, error) {
+func (w *routeWatch) kernel() (map[netip.Prefix]netip.Addr, error) {
 	rs, err := w.h.Routes(nl.FamilyAll, nl.RouteFilter{Protocol: owned.RouteProtocol})
 	if err != nil {
 		return nil, err
 	}
-	m := make(map[netip.Prefix]bool, len(rs))
+	m := make(map[netip.Prefix]netip.Addr, len(rs))
 	for _, r := range rs {
-		m[r.Dst] = true
+		m[r.Dst] = r.Gw
 	}
 	return m, nil
 }
@@ -106,7 +106,7 @@ func (w *routeWatch) kernel() (map[netip.Prefix]bool, error) {
 // wait blocks until cond holds over the routes present, or timeout. It
 // returns an error saying what was last seen when cond never held, read
 // from the kernel itself.
-func (w *routeWatch) wait(timeout time.Duration, what string, cond func(present map[netip.Prefix]bool) bool) error {
+func (w *routeWatch) wait(timeout time.Duration, what string, cond func(present map[netip.Prefix]netip.Addr) bool) error {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	poll := time.NewTicker(20 * time.Millisecond)
@@ -148,7 +148,7 @@ func (w *routeWatch) wait(timeout time.Duration, what string, cond func(present 
 
 // waitCount waits until at least n twill routes are present.
 func (w *routeWatch) waitCount(n int, timeout time.Duration) error {
-	return w.wait(timeout, fmt.Sprintf("%d twill routes", n), func(p map[netip.Prefix]bool) bool { return len(p) >= n })
+	return w.wait(timeout, fmt.Sprintf("%d twill routes", n), func(p map[netip.Prefix]netip.Addr) bool { return len(p) >= n })
 }
 
 // waitRoute waits until the route to dst is present (or, with deleted,
@@ -159,7 +159,16 @@ func (w *routeWatch) waitRoute(dst netip.Prefix, deleted bool) {
 	if deleted {
 		what = fmt.Sprintf("route %s gone", dst)
 	}
-	if err := w.wait(10*time.Second, what, func(p map[netip.Prefix]bool) bool { return p[dst] != deleted }); err != nil {
+	if err := w.wait(10*time.Second, what, func(p map[netip.Prefix]netip.Addr) bool { _, ok := p[dst]; return ok != deleted }); err != nil {
+		w.tb.Fatal(err)
+	}
+}
+
+// waitGateway waits until the route to dst goes via gw, failing the
+// benchmark after 10s.
+func (w *routeWatch) waitGateway(dst netip.Prefix, gw netip.Addr) {
+	w.tb.Helper()
+	if err := w.wait(10*time.Second, fmt.Sprintf("route %s via %s", dst, gw), func(p map[netip.Prefix]netip.Addr) bool { return p[dst] == gw }); err != nil {
 		w.tb.Fatal(err)
 	}
 }
