@@ -183,9 +183,12 @@ func TestEtcdOutage(t *testing.T) {
 	peer := c.env(1).Subnet
 	waitFor(t, 10*time.Second, "node1's route to node2", func() bool { return strings.Contains(c.routes(0), peer.String()) })
 	ns := c.topo.Nodes[0].NS
-	if code, _ := nodeGet(t, ns, healthPort, "/readyz"); code != 200 {
-		t.Fatalf("/readyz %d before the outage", code)
-	}
+	// Ready follows the routes once the iptables rules and subnet.env are
+	// in place too.
+	waitFor(t, 10*time.Second, "/readyz 200 before the outage", func() bool {
+		code, _ := nodeGet(t, ns, healthPort, "/readyz")
+		return code == 200
+	})
 
 	c.etcd.Stop(t)
 	waitFor(t, 20*time.Second, "node1 to notice etcd is gone", func() bool {

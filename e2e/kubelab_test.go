@@ -247,9 +247,29 @@ func crictlPod(t *testing.T, s *lab.State) {
 	}
 	from := []lab.Vantage{{Name: s.Nodes[1].Name, NetNS: "/var/run/netns/" + s.Nodes[1].NS}}
 	to := []lab.Target{{Name: "crictl", Addr: netip.AddrPortFrom(ip, lab.EchoPort)}}
-	waitFor(t, 30*time.Second, "the crictl pod reachable from node2", func() bool {
-		return lab.Matrix(ctx, s.BinDir, from, to).Failed == 0
-	})
+	var last lab.Result
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if last = lab.Matrix(ctx, s.BinDir, from, to); last.Failed == 0 {
+			break
+		}
+		if time.Now().Before(deadline) {
+			continue
+		}
+		// Say why, so that a failure here explains itself.
+		var diag strings.Builder
+		for _, n := range s.Nodes[:2] {
+			for _, args := range [][]string{{"ip", "route"}, {"ip", "neigh"}, {"ip", "-d", "link", "show", "type", "veth"}} {
+				out, _ := s.NodeExec(ctx, n.Name, nil, args[0], args[1:]...)
+				fmt.Fprintf(&diag, "--- %s: %s\n%s\n", n.Name, strings.Join(args, " "), out)
+			}
+		}
+		fmt.Fprintf(&diag, "--- crictl ps -a\n%s\n--- echo log\n", crictl("ps", "-a"))
+		if cmd, err := lab.ExecCommand(s, node, []string{"sh", "-c", "cat /var/log/crictl/echo.log"}); err == nil {
+			out, _ := cmd.CombinedOutput()
+			diag.Write(out)
+		}
+		t.Fatalf("the crictl pod at %s not reachable from %s within 30s: %v\n%s", ip, s.Nodes[1].Name, last.Errors, diag.String())
+	}
 	crictl("stopp", podID)
 	crictl("rmp", podID)
 	if _, err := s.NodeExec(ctx, node, nil, "test", "-e", "/var/lib/cni/networks/twill/"+ip.String()); err == nil {
