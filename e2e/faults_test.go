@@ -259,12 +259,23 @@ func TestLeakedAddressesReclaimed(t *testing.T) {
 	}
 	// Pod namespaces gone without DEL, and their allocations aged past the
 	// grace period (what a reboot leaves).
+	veths := func() int {
+		out, err := exec.Command("ip", "-n", c.topo.Nodes[0].NS, "-o", "link", "show", "type", "veth").CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		return strings.Count(string(out), "\n")
+	}
 	vanish := func(pods []string) {
+		before := veths()
 		for _, ns := range pods {
 			if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
 				t.Fatalf("%v: %s", err, out)
 			}
 		}
+		// The kernel tears a deleted namespace down later, in a work
+		// queue: the pods are gone once their host veths are.
+		waitFor(t, 30*time.Second, "the vanished pods' host veths to go", func() bool { return veths() <= before-len(pods) })
 		old := time.Now().Add(-time.Minute)
 		ents, _ := os.ReadDir(store)
 		for _, e := range ents {
