@@ -152,6 +152,19 @@ func TestExternalInterfaceFlap(t *testing.T) {
 			t.Logf("routes back %s after eth0 came up", took.Round(time.Millisecond))
 			waitFor(t, 30*time.Second, "pod traffic across nodes after the flap", func() bool { return ping(podA, ipB) == nil })
 
+			// Its address removed and added back: the kernel drops the
+			// routes through it; an address event that changes nothing
+			// (as one ends up looking) must still bring them back.
+			addr := c.topo.Nodes[0].Addr.String()
+			ipIn(ns, "addr", "del", addr, "dev", "eth0")
+			if conf.name == "host-gw" { // vxlan's routes go through twill.1, which stays
+				waitFor(t, 10*time.Second, "node1's routes gone with its address", func() bool { return !routed() })
+			}
+			ipIn(ns, "addr", "add", addr, "dev", "eth0")
+			took = waitFor(t, 30*time.Second, "node1's routes back after its address came back", routed)
+			t.Logf("routes back %s after eth0's address came back", took.Round(time.Millisecond))
+			waitFor(t, 30*time.Second, "pod traffic across nodes after the address came back", func() bool { return ping(podA, ipB) == nil })
+
 			// Deleted and re-created with the same name and address: a
 			// new index, the VTEP (if any) gone with it.
 			ipIn(ns, "link", "del", "eth0")

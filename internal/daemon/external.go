@@ -59,7 +59,12 @@ func (d *Daemon) watchExternal(ctx context.Context) error {
 	g.Go(func() error {
 		return backend.WatchLoop(ctx, d.log, "address", subscribed, func(ctx context.Context, subscribed func()) error {
 			return h.WatchAddrs(ctx, subscribed, func(ev nl.AddrEvent) {
-				if int64(ev.LinkIndex) == d.ext.index.Load() {
+				// An address event matters only if it changes what the
+				// backend was given (an IPv6 link-local address finishing
+				// DAD does not; a full reconcile for it costs a dump of
+				// every route). Link events always count: a link that went
+				// down and up again looks unchanged, but lost its routes.
+				if int64(ev.LinkIndex) == d.ext.index.Load() && !d.externalAsLeft() {
 					changed()
 				}
 			})
@@ -77,6 +82,7 @@ func (d *Daemon) refreshExternal(nw backend.Network) {
 			d.log.Warn("external interface unusable; routes through it come back once it is", "iface", d.ext.name, "err", err)
 		}
 		d.ext.gone = true
+		d.ext.last.Store(nil) // every event counts until the interface is back
 		return
 	}
 	if d.ext.gone || !ext.Link.Up {
