@@ -282,6 +282,9 @@ func benchEvents(b *testing.B, c *cluster, routes *routeWatch, backendType strin
 		c.put(k, v)
 		routes.waitRoute(dst, false)
 		ev.adds = append(ev.adds, time.Since(t0))
+		if d := time.Since(t0); d > 5*time.Millisecond && os.Getenv("TWILL_BENCH_LOG") != "" {
+			b.Logf("slow add: %s at %s", d, t0.UTC().Format("15:04:05.000000"))
+		}
 	}
 	if backendType == "host-gw" {
 		for i := range benchSamples {
