@@ -105,6 +105,7 @@ func sandboxTimes(b *testing.B, s *lab.State, hostNetwork bool) (up, down []time
 	if err := os.WriteFile(filepath.Join(dir, "crictl.yaml"), []byte(cfg), 0o644); err != nil {
 		b.Fatal(err)
 	}
+	defer holdKubelet(b, s, 0)()
 	network := 0 // POD
 	if hostNetwork {
 		network = 2 // NODE

@@ -238,6 +238,7 @@ func crictlPod(t *testing.T, s *lab.State) {
 		}
 		return strings.TrimSpace(string(out))
 	}
+	defer holdKubelet(t, s, 0)()
 	podID := crictl("runp", filepath.Join(dir, "crictl-pod.json"))
 	ctrID := crictl("create", podID, filepath.Join(dir, "crictl-ctr.json"), filepath.Join(dir, "crictl-pod.json"))
 	crictl("start", ctrID)
@@ -447,5 +448,31 @@ func TestKubeLabDownAfterKilledUp(t *testing.T) {
 	l.requireGone(name)
 	if after := snapshotHost(); !mapsEqual(before, after) {
 		t.Errorf("the machine changed:\nbefore %v\nafter  %v", before, after)
+	}
+}
+
+// holdKubelet stops node i's kubelet (SIGSTOP) until the returned function
+// runs. kubelet's housekeeping (every 2 s) kills running pods it does not
+// know, and a pod made with crictl is one: tests that drive containerd
+// directly were killed mid-way now and then. A kubelet held for seconds
+// is harmless (its Node has 40 s of grace before it is marked unready).
+func holdKubelet(tb testing.TB, s *lab.State, i int) func() {
+	tb.Helper()
+	pid := 0
+	for _, p := range s.Processes {
+		if p.Role == "kubelet" && p.NS == s.Nodes[i].NS {
+			pid = p.PID
+		}
+	}
+	if pid == 0 {
+		tb.Fatalf("no kubelet recorded for %s", s.Nodes[i].Name)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		tb.Fatal(err)
+	}
+	return func() {
+		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+			tb.Error(err)
+		}
 	}
 }
