@@ -1,11 +1,14 @@
 package network
 
 import (
+	"context"
 	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/twill-net/twill/internal/iptfake"
 )
@@ -97,4 +100,40 @@ func TestChainsWithoutMasquerade(t *testing.T) {
 		t.Fatalf("masquerade chain without --ip-masq: %q, want it empty", got)
 	}
 	wantChain(t, tables, "filter", "TWILL-FWD", ForwardRules(netip.MustParsePrefix("10.244.0.0/16")))
+}
+
+// A burst of rule changes (kube-proxy rewriting its rules) costs at most
+// one check a second, and the last change is still checked.
+func TestChainsRunCoalescesChanges(t *testing.T) {
+	c, tables, _ := fakeChains(t, true)
+	var checks atomic.Int32
+	c.Open = func(bool) (IPTables, error) { checks.Add(1); return tables, nil }
+	c.Resync, c.WatchedResync = time.Hour, time.Hour
+	burstDone := make(chan struct{})
+	c.Watch = func(ctx context.Context, subscribed, changed func()) error {
+		subscribed()
+		for range 50 {
+			changed()
+			time.Sleep(10 * time.Millisecond)
+		}
+		close(burstDone)
+		<-ctx.Done()
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	<-burstDone // 0.5 s of changes
+	deadline := time.Now().Add(10 * time.Second)
+	for checks.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(1500 * time.Millisecond) // room for any check too many
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := checks.Load(); n != 2 {
+		t.Errorf("%d checks for one subscription and a 0.5 s burst of 50 changes, want 2 (at once, then the burst's end a second later)", n)
+	}
 }

@@ -174,13 +174,22 @@ func (c *Chains) Run(ctx context.Context) error {
 	}
 	t := time.NewTimer(resync)
 	defer t.Stop()
+	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-changed:
+			// A busy node's rules change often (kube-proxy rewrites its
+			// own every second at most): check at most once a second,
+			// once the second is over.
+			if wait := time.Second - time.Since(last); wait > 0 {
+				t.Reset(wait)
+				continue
+			}
 		case <-t.C:
 		}
+		last = time.Now()
 		if err := c.Sync(); err != nil {
 			c.Logger.Warn("iptables resync failed", "err", err)
 		}
