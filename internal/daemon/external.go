@@ -59,12 +59,15 @@ func (d *Daemon) watchExternal(ctx context.Context) error {
 	g.Go(func() error {
 		return backend.WatchLoop(ctx, d.log, "address", subscribed, func(ctx context.Context, subscribed func()) error {
 			return h.WatchAddrs(ctx, subscribed, func(ev nl.AddrEvent) {
-				// An address event matters only if it changes what the
-				// backend was given (an IPv6 link-local address finishing
-				// DAD does not; a full reconcile for it costs a dump of
-				// every route). Link events always count: a link that went
-				// down and up again looks unchanged, but lost its routes.
-				if int64(ev.LinkIndex) == d.ext.index.Load() && !d.externalAsLeft() {
+				// A new or changed address matters only if it changes what
+				// the backend was given (an IPv6 link-local address
+				// finishing DAD does not; a full reconcile for it costs a
+				// dump of every route). A removal always counts: the
+				// kernel drops routes with it, and the address may be back
+				// before this runs. Link events always count too: a link
+				// that went down and up again looks unchanged, but lost
+				// its routes.
+				if int64(ev.LinkIndex) == d.ext.index.Load() && (ev.Deleted || !d.externalAsLeft()) {
 					changed()
 				}
 			})
