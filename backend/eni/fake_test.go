@@ -18,6 +18,7 @@ import (
 	"github.com/twill-net/twill/backend"
 	enicni "github.com/twill-net/twill/backend/eni/cni"
 	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/internal/backendtest"
 	"github.com/twill-net/twill/internal/kernelfake"
 	"github.com/twill-net/twill/subnet"
 )
@@ -150,16 +151,7 @@ func netHW(b []byte) string {
 
 func (n *eniNode) table(t *testing.T, table int) []string {
 	t.Helper()
-	rs, err := n.k.Routes(nl.FamilyAll, nl.RouteFilter{Table: table})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, r := range rs {
-		out = append(out, r.String())
-	}
-	slices.Sort(out)
-	return out
+	return backendtest.Routes(t, n.k, table)
 }
 
 func (n *eniNode) rules(t *testing.T) []string {

@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/backendtest"
 	"github.com/twill-net/twill/internal/kernelfake"
 	"github.com/twill-net/twill/subnet"
@@ -19,16 +18,7 @@ import (
 
 func mainTable(t *testing.T, k *kernelfake.Kernel) []string {
 	t.Helper()
-	rs, err := k.Routes(nl.FamilyAll, nl.RouteFilter{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, r := range rs {
-		out = append(out, r.String())
-	}
-	slices.Sort(out)
-	return out
+	return backendtest.Routes(t, k, 0)
 }
 
 func fakeNode(t *testing.T) (*kernelfake.Kernel, *Network, *strings.Builder) {

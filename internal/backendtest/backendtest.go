@@ -5,7 +5,10 @@ package backendtest
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"testing"
+
+	"github.com/twill-net/twill/backend/nl"
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/subnet"
@@ -40,4 +43,20 @@ func Attach(t testing.TB, f backend.Factory, opts backend.Options, lease string)
 		t.Fatal(err)
 	}
 	return b, attrs, nw
+}
+
+// Routes lists the routes of table (0: main) in k as `ip route` would
+// print them (nl.Route.String), sorted; it fails the test if k cannot.
+func Routes(t testing.TB, k backend.RouteTable, table int) []string {
+	t.Helper()
+	rs, err := k.Routes(nl.FamilyAll, nl.RouteFilter{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, r := range rs {
+		out = append(out, r.String())
+	}
+	slices.Sort(out)
+	return out
 }

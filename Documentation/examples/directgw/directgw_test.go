@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/backendtest"
 	"github.com/twill-net/twill/internal/kernelfake"
 	"github.com/twill-net/twill/subnet"
@@ -25,14 +24,7 @@ func TestReconcile(t *testing.T) {
 	peer := func(sub, pub string) subnet.Lease {
 		return subnet.Lease{Subnet: netip.MustParsePrefix(sub), Attrs: subnet.LeaseAttrs{PublicIP: netip.MustParseAddr(pub), BackendType: Type}}
 	}
-	table := func() []string {
-		rs, _ := k.Routes(nl.FamilyAll, nl.RouteFilter{Table: 50})
-		var out []string
-		for _, r := range rs {
-			out = append(out, r.String())
-		}
-		return out
-	}
+	table := func() []string { return backendtest.Routes(t, k, 50) }
 	peers := []subnet.Lease{peer("10.244.2.0/24", "192.168.1.2"), peer("10.244.3.0/24", "10.9.9.9")}
 	if err := nw.Reconcile(context.Background(), peers); err != nil {
 		t.Fatal(err)
