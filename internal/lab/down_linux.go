@@ -52,6 +52,15 @@ func pidsIn(ns string) []int {
 	if err := unix.Stat("/var/run/netns/"+ns, &want); err != nil {
 		return nil
 	}
+	return processes(func(pid int) bool {
+		var st unix.Stat_t
+		return unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &st) == nil && st.Ino == want.Ino && st.Dev == want.Dev
+	})
+}
+
+// processes lists the PIDs in /proc, other than this process, that match
+// keeps.
+func processes(keep func(pid int) bool) []int {
 	ents, _ := os.ReadDir("/proc")
 	var pids []int
 	for _, e := range ents {
@@ -59,8 +68,7 @@ func pidsIn(ns string) []int {
 		if _, err := fmt.Sscan(e.Name(), &pid); err != nil || pid == os.Getpid() {
 			continue
 		}
-		var st unix.Stat_t
-		if unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &st) == nil && st.Ino == want.Ino && st.Dev == want.Dev {
+		if keep(pid) {
 			pids = append(pids, pid)
 		}
 	}
@@ -177,19 +185,10 @@ const labMark = "TWILL_LAB_DIR"
 // state directory is dir.
 func markedPIDs(dir string) []int {
 	mark := []byte(labMark + "=" + dir + "\x00")
-	ents, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range ents {
-		var pid int
-		if _, err := fmt.Sscan(e.Name(), &pid); err != nil || pid == os.Getpid() {
-			continue
-		}
+	return processes(func(pid int) bool {
 		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-		if err == nil && bytes.Contains(env, mark) && alive(pid) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
+		return err == nil && bytes.Contains(env, mark) && alive(pid)
+	})
 }
 
 // cmdlineMentions reports whether a live process's command line contains s.
