@@ -453,11 +453,15 @@ func (m *Manager) Run(ctx context.Context, publish func(subnet.Change)) error {
 	return g.Wait()
 }
 
-// backoff grows a retry delay between bounds.
-type backoff struct{ d time.Duration }
+// backoff grows a retry delay from 100 ms to max (10 s when zero).
+type backoff struct{ d, max time.Duration }
 
 func (b *backoff) next() time.Duration {
-	const lo, hi = 100 * time.Millisecond, 10 * time.Second
+	const lo = 100 * time.Millisecond
+	hi := b.max
+	if hi == 0 {
+		hi = 10 * time.Second
+	}
 	b.d = min(max(b.d*2, lo), hi)
 	return b.d
 }
@@ -477,7 +481,11 @@ func (m *Manager) watch(ctx context.Context, publish func(subnet.Change)) error 
 	var (
 		listed bool
 		rev    int64
-		bo     backoff
+		// At most a second: a watch that failed while etcd was away
+		// (no leader while it shut down or started) must not sleep long
+		// past its return, deaf to lease changes. A retry is one Watch
+		// call that waits for the connection.
+		bo = backoff{max: time.Second}
 	)
 	for ctx.Err() == nil {
 		if !listed {
