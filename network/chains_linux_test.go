@@ -41,7 +41,7 @@ func wantChain(t *testing.T, tables *iptfake.Tables, table, chain string, rules 
 	t.Helper()
 	want := []string{"-N " + chain}
 	for _, r := range rules {
-		want = append(want, "-A "+chain+" "+strings.Join(r.Spec, " "))
+		want = append(want, "-A "+chain+" "+strings.Join(r.Spec(), " "))
 	}
 	if got := list(t, tables, table, chain); !slices.Equal(got, want) {
 		t.Fatalf("%s/%s:\n got  %q\n want %q", table, chain, got, want)
@@ -50,6 +50,8 @@ func wantChain(t *testing.T, tables *iptfake.Tables, table, chain string, rules 
 
 func TestChainsSyncAndRepair(t *testing.T) {
 	c, tables, log := fakeChains(t, true)
+	repairs := 0
+	c.Repaired = func() { repairs++ }
 	cluster, local := netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("10.244.1.0/24")
 	// Someone's own rule in FORWARD, before twill starts.
 	if err := tables.Append("filter", "FORWARD", "-i", "eth9", "-j", "DROP"); err != nil {
@@ -73,7 +75,7 @@ func TestChainsSyncAndRepair(t *testing.T) {
 	// Someone deletes a masquerade rule and the FORWARD jump: the next
 	// sync puts both back, in order.
 	m := MasqRules(cluster, local)
-	if err := tables.Delete("nat", "TWILL-POSTRTG", m[1].Spec...); err != nil {
+	if err := tables.Delete("nat", "TWILL-POSTRTG", m[1].Spec()...); err != nil {
 		t.Fatal(err)
 	}
 	if err := tables.Delete("filter", "FORWARD", "-m", "comment", "--comment", "twill", "-j", "TWILL-FWD"); err != nil {
@@ -85,6 +87,9 @@ func TestChainsSyncAndRepair(t *testing.T) {
 	wantChain(t, tables, "nat", "TWILL-POSTRTG", m)
 	if got := list(t, tables, "filter", "FORWARD"); got[1] != jumpFwd {
 		t.Fatalf("FORWARD after repair %q", got)
+	}
+	if repairs != 2 {
+		t.Errorf("%d repairs reported for a rule and a jump put back, want 2", repairs)
 	}
 	if !strings.Contains(log.String(), "iptables chain drifted; rewriting") {
 		t.Errorf("the repair was not logged:\n%s", log)
@@ -105,12 +110,11 @@ func TestChainsWithoutMasquerade(t *testing.T) {
 // A burst of rule changes (kube-proxy rewriting its rules) costs at most
 // one check a second, and the last change is still checked.
 func TestChainsRunCoalescesChanges(t *testing.T) {
-	c, tables, _ := fakeChains(t, true)
+	c, _, _ := fakeChains(t, true)
 	var checks atomic.Int32
-	c.Open = func(bool) (IPTables, error) { checks.Add(1); return tables, nil }
-	c.Resync, c.WatchedResync = time.Hour, time.Hour
+	k := &Keeper{Logger: c.Logger, Rules: countingSyncer{c, &checks}, Resync: time.Hour, WatchedResync: time.Hour}
 	burstDone := make(chan struct{})
-	c.Watch = func(ctx context.Context, subscribed, changed func()) error {
+	k.Watch = func(ctx context.Context, subscribed, changed func()) error {
 		subscribed()
 		for range 50 {
 			changed()
@@ -122,7 +126,7 @@ func TestChainsRunCoalescesChanges(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
+	go func() { done <- k.Run(ctx) }()
 	<-burstDone // 0.5 s of changes
 	deadline := time.Now().Add(10 * time.Second)
 	for checks.Load() < 2 && time.Now().Before(deadline) {
@@ -137,3 +141,11 @@ func TestChainsRunCoalescesChanges(t *testing.T) {
 		t.Errorf("%d checks for one subscription and a 0.5 s burst of 50 changes, want 2 (at once, then the burst's end a second later)", n)
 	}
 }
+
+// countingSyncer counts the checks a Keeper makes.
+type countingSyncer struct {
+	Syncer
+	n *atomic.Int32
+}
+
+func (s countingSyncer) Sync() error { s.n.Add(1); return s.Syncer.Sync() }

@@ -19,7 +19,7 @@ func TestRulesGolden(t *testing.T) {
 	} {
 		fmt.Fprintf(&b, "# cluster %s, node %s, --ip-masq\n", np.Cluster, np.Local)
 		for _, r := range DesiredRules(np.Cluster, np.Local, true) {
-			fmt.Fprintf(&b, "-t %s -A %s %s\n", r.Table, r.Chain, strings.Join(r.Spec, " "))
+			fmt.Fprintf(&b, "-t %s -A %s %s\n", r.Table, r.Chain, strings.Join(r.Spec(), " "))
 		}
 	}
 	for _, j := range Jumps {

@@ -1,7 +1,6 @@
 package network
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,35 +9,59 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/coreos/go-iptables/iptables"
 )
 
-// Chains keeps twill's iptables chains equal to the desired rules, for each
-// address family in use, and repairs them periodically.
+// Chains makes twill's iptables chains equal to the desired rules, for each
+// address family in use (a Keeper runs it when the rules change, and
+// periodically).
 type Chains struct {
 	Logger *slog.Logger
 	// Families maps each address family's cluster Network to the local
 	// node's subnet in it.
 	Networks []NetworkPair
 	IPMasq   bool
-	// Resync is the period of the check while no Watch reports changes.
-	Resync time.Duration
-	// Watch, when set, follows the rules' changes (nl.WatchNftables, for
-	// iptables-nft): it calls subscribed once it sees every change, then
-	// changed after each, until ctx ends.
-	Watch func(ctx context.Context, subscribed, changed func()) error
-	// WatchedResync is the period of the check while Watch works (5 min
-	// when zero): a safety net, the changes themselves trigger checks.
-	WatchedResync time.Duration
+	// Repaired, when set, is called for each repair of rules that had
+	// been written and then changed behind twill's back.
+	Repaired func()
 	// Open gives the iptables of one family (OpenIPTables when nil; a
 	// model of the tables in unit tests).
 	Open func(v6 bool) (IPTables, error)
 
 	mu       sync.Mutex
 	observed map[string][]string // guarded by mu; chain listing as iptables printed it after the last write
+	opened   [2]IPTables         // guarded by mu; per family (v6 second), once opened
+}
+
+func (c *Chains) repaired() {
+	if c.Repaired != nil {
+		c.Repaired()
+	}
+}
+
+// open gives the family's iptables, opened once (opening execs
+// iptables --version).
+func (c *Chains) open(v6 bool) (IPTables, error) {
+	i := 0
+	if v6 {
+		i = 1
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.opened[i] != nil {
+		return c.opened[i], nil
+	}
+	open := c.Open
+	if open == nil {
+		open = OpenIPTables
+	}
+	ipt, err := open(v6)
+	if err != nil {
+		return nil, err
+	}
+	c.opened[i] = ipt
+	return ipt, nil
 }
 
 // NetworkPair is the cluster Network and this node's subnet in it.
@@ -72,12 +95,8 @@ func OpenIPTables(v6 bool) (IPTables, error) {
 // Sync makes every chain match once.
 func (c *Chains) Sync() error {
 	var errs []error
-	open := c.Open
-	if open == nil {
-		open = OpenIPTables
-	}
 	for _, np := range c.Networks {
-		ipt, err := open(np.Cluster.Addr().Is6())
+		ipt, err := c.open(np.Cluster.Addr().Is6())
 		if err != nil {
 			errs = append(errs, fmt.Errorf("opening iptables: %w", err))
 			continue
@@ -122,13 +141,14 @@ func (c *Chains) syncChain(ipt IPTables, v6 bool, j Jump, rules []Rule) error {
 		// order stays the one DesiredRules gives.
 		if known {
 			c.Logger.Info("iptables chain drifted; rewriting", "table", j.Table, "chain", j.To)
+			c.repaired()
 		}
 		if err := ipt.ClearChain(j.Table, j.To); err != nil {
 			return fmt.Errorf("flushing chain %s/%s: %w", j.Table, j.To, err)
 		}
 		for _, r := range rules {
-			if err := ipt.Append(r.Table, r.Chain, r.Spec...); err != nil {
-				return fmt.Errorf("adding rule to %s/%s (%s): %w", r.Table, r.Chain, strings.Join(r.Spec, " "), err)
+			if err := ipt.Append(r.Table, r.Chain, r.Spec()...); err != nil {
+				return fmt.Errorf("adding rule to %s/%s (%s): %w", r.Table, r.Chain, strings.Join(r.Spec(), " "), err)
 			}
 		}
 		got, err = ipt.List(j.Table, j.To)
@@ -148,82 +168,15 @@ func (c *Chains) syncChain(ipt IPTables, v6 bool, j Jump, rules []Rule) error {
 		return fmt.Errorf("checking jump %s/%s -> %s: %w", j.Table, j.From, j.To, err)
 	}
 	if !ok {
+		if known {
+			c.Logger.Info("iptables jump missing; adding it", "table", j.Table, "chain", j.From, "to", j.To)
+			c.repaired()
+		}
 		if err := ipt.Insert(j.Table, j.From, 1, jump...); err != nil {
 			return fmt.Errorf("adding jump %s/%s -> %s: %w", j.Table, j.From, j.To, err)
 		}
 	}
 	return nil
-}
-
-// Run syncs every Resync until ctx is done, and, while Watch reports
-// changes, at once after each change and otherwise only every
-// WatchedResync. Failures are logged and retried at the next tick; they do
-// not stop the daemon.
-func (c *Chains) Run(ctx context.Context) error {
-	resync, watched := c.Resync, c.WatchedResync
-	if resync <= 0 {
-		resync = 5 * time.Second
-	}
-	if watched <= 0 {
-		watched = 5 * time.Minute
-	}
-	changed := make(chan struct{}, 1)
-	var watching atomic.Bool
-	if c.Watch != nil {
-		go c.watch(ctx, &watching, changed)
-	}
-	t := time.NewTimer(resync)
-	defer t.Stop()
-	var last time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-changed:
-			// A busy node's rules change often (kube-proxy rewrites its
-			// own every second at most): check at most once a second,
-			// once the second is over.
-			if wait := time.Second - time.Since(last); wait > 0 {
-				t.Reset(wait)
-				continue
-			}
-		case <-t.C:
-		}
-		last = time.Now()
-		if err := c.Sync(); err != nil {
-			c.Logger.Warn("iptables resync failed", "err", err)
-		}
-		if watching.Load() {
-			t.Reset(watched)
-		} else {
-			t.Reset(resync)
-		}
-	}
-}
-
-// watch runs Watch until ctx is done, poking changed after each change and
-// once per (re)subscription (changes before it went unseen), and says
-// whether it is watching. A broken watch is retried every 5 s; meanwhile
-// Run polls.
-func (c *Chains) watch(ctx context.Context, watching *atomic.Bool, changed chan<- struct{}) {
-	poke := func() {
-		select {
-		case changed <- struct{}{}:
-		default:
-		}
-	}
-	for ctx.Err() == nil {
-		err := c.Watch(ctx, func() { watching.Store(true); poke() }, poke)
-		watching.Store(false)
-		if ctx.Err() != nil {
-			return
-		}
-		c.Logger.Warn("watching iptables for changes failed; checking every resync period instead", "err", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(5 * time.Second):
-		}
-	}
 }
 
 // UsesNFTables reports whether the iptables binary of the family writes
@@ -264,4 +217,114 @@ func CleanupChains() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// HasChains reports whether twill's iptables chains exist in either family
+// (an iptables mode ran here); a family whose iptables is missing has none.
+func HasChains() (bool, error) {
+	for _, v6 := range []bool{false, true} {
+		ipt, err := OpenIPTables(v6)
+		if err != nil {
+			continue
+		}
+		for _, j := range Jumps {
+			ok, err := ipt.ChainExists(j.Table, j.To)
+			if err != nil {
+				return false, fmt.Errorf("checking chain %s/%s: %w", j.Table, j.To, err)
+			}
+			if ok {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+// Drift says how twill's iptables chains and jumps differ from the desired
+// rules, without changing anything. A rule matches when iptables -C finds
+// it; the chain's rules are then compared in order by their comments.
+func (c *Chains) Drift() (RuleDrift, error) {
+	var d RuleDrift
+	for _, np := range c.Networks {
+		v6 := np.Cluster.Addr().Is6()
+		ipt, err := c.open(v6)
+		if err != nil {
+			return d, fmt.Errorf("opening iptables: %w", err)
+		}
+		rules := DesiredRules(np.Cluster, np.Local, c.IPMasq)
+		for _, j := range Jumps {
+			if err := chainDrift(&d, ipt, v6, j, rules); err != nil {
+				return d, err
+			}
+		}
+	}
+	return d, nil
+}
+
+func chainDrift(d *RuleDrift, ipt IPTables, v6 bool, j Jump, rules []Rule) error {
+	fam := "ipv4"
+	if v6 {
+		fam = "ipv6"
+	}
+	where := fmt.Sprintf("%s %s/%s", fam, j.Table, j.To)
+	ok, err := ipt.Exists(j.Table, j.From, "-m", "comment", "--comment", "twill", "-j", j.To)
+	if err != nil && !isNoChain(err) {
+		return fmt.Errorf("checking jump %s/%s -> %s: %w", j.Table, j.From, j.To, err)
+	}
+	if !ok {
+		d.Missing = append(d.Missing, fmt.Sprintf("jump %s %s/%s -> %s", fam, j.Table, j.From, j.To))
+	}
+	if exists, err := ipt.ChainExists(j.Table, j.To); err != nil {
+		return fmt.Errorf("checking chain %s: %w", where, err)
+	} else if !exists {
+		d.Missing = append(d.Missing, "chain "+where)
+		return nil
+	}
+	listed, err := ipt.List(j.Table, j.To)
+	if err != nil {
+		return fmt.Errorf("listing chain %s: %w", where, err)
+	}
+	listed = slices.DeleteFunc(listed, func(l string) bool { return !strings.HasPrefix(l, "-A ") })
+	var mine []Rule
+	for _, r := range rules {
+		if r.Chain == j.To {
+			mine = append(mine, r)
+		}
+	}
+	present := 0
+	for _, r := range mine {
+		ok, err := ipt.Exists(r.Table, r.Chain, r.Spec()...)
+		if err != nil {
+			return fmt.Errorf("checking a rule in %s: %w", where, err)
+		}
+		if !ok {
+			d.Missing = append(d.Missing, fmt.Sprintf("rule in %s: %s", where, r.Comment))
+			continue
+		}
+		present++
+	}
+	extra := 0
+	for _, l := range listed {
+		if !slices.ContainsFunc(mine, func(r Rule) bool { return strings.Contains(l, r.Comment) }) {
+			d.Extra = append(d.Extra, fmt.Sprintf("rule in %s: %s", where, l))
+			extra++
+		}
+	}
+	if dup := len(listed) - extra - present; dup > 0 {
+		d.Extra = append(d.Extra, fmt.Sprintf("%d rules in %s repeat or alter twill's", dup, where))
+	}
+	if present == len(mine) && len(listed) == len(mine) {
+		for i, r := range mine {
+			if !strings.Contains(listed[i], r.Comment) {
+				d.Wrong = append(d.Wrong, fmt.Sprintf("rules in %s: out of order", where))
+				break
+			}
+		}
+	}
+	return nil
+}
+
+func isNoChain(err error) bool {
+	var e *iptables.Error
+	return errors.As(err, &e) && e.IsNotExist()
 }

@@ -139,19 +139,16 @@ func TestPrivilegedChainsRepairOnChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer target.Close()
-	c := &Chains{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), IPMasq: true, Resync: time.Hour, WatchedResync: time.Hour,
-		Networks: []NetworkPair{{Cluster: netip.MustParsePrefix("10.244.0.0/16"), Local: netip.MustParsePrefix("10.244.3.0/24")}},
+	c := &Chains{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), IPMasq: true,
+		Networks: []NetworkPair{{Cluster: netip.MustParsePrefix("10.244.0.0/16"), Local: netip.MustParsePrefix("10.244.3.0/24")}}}
+	k := &Keeper{Logger: c.Logger, Rules: c, Resync: time.Hour, WatchedResync: time.Hour,
 		// The socket is opened inside the test's namespace; Run's own
 		// goroutine (locked in it by ns.Do) runs the iptables execs.
-		Watch: func(ctx context.Context, subscribed, changed func()) error {
-			var err error
-			_ = target.Do(func(ns.NetNS) error { err = nl.WatchNftables(ctx, subscribed, changed); return nil })
-			return err
-		},
+		Watch: netnstest.WatchIn(target, nl.WatchNftables),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- target.Do(func(ns.NetNS) error { return c.Run(ctx) }) }()
+	go func() { done <- target.Do(func(ns.NetNS) error { return k.Run(ctx) }) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {

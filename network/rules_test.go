@@ -11,7 +11,7 @@ func TestDesiredRules(t *testing.T) {
 	render := func(rs []Rule) string {
 		var b strings.Builder
 		for _, r := range rs {
-			b.WriteString(r.Table + " " + r.Chain + " " + strings.Join(r.Spec, " ") + "\n")
+			b.WriteString(r.Table + " " + r.Chain + " " + strings.Join(r.Spec(), " ") + "\n")
 		}
 		return b.String()
 	}

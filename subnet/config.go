@@ -32,6 +32,10 @@ type Config struct {
 	// refused. Per family: an IPv6 address is checked only against the
 	// IPv6 prefixes, if any.
 	PublicIPRanges []netip.Prefix
+	// EnableNFTables is flannel's netfilter switch, kept for migration:
+	// when set it chooses the nftables (true) or iptables (false) mode,
+	// unless twilld's --netfilter names one. Nil when absent.
+	EnableNFTables *bool
 	// BackendType is Backend.Type, or DefaultBackend.
 	BackendType string
 	// Backend is the raw Backend object; each backend decodes it strictly.
@@ -52,6 +56,7 @@ type rawConfig struct {
 	IPv6SubnetMin  string
 	IPv6SubnetMax  string
 	PublicIPRanges []string
+	EnableNFTables *bool
 	Backend        json.RawMessage
 }
 
@@ -106,7 +111,7 @@ func parseConfig(data []byte) (*Config, error) {
 	if err := strictjson.Decode(obj, &raw, ""); err != nil {
 		return nil, fmt.Errorf("net-conf.json: %w", err)
 	}
-	cfg := &Config{EnableIPv4: true, EnableIPv6: raw.EnableIPv6, Backend: raw.Backend}
+	cfg := &Config{EnableIPv4: true, EnableIPv6: raw.EnableIPv6, EnableNFTables: raw.EnableNFTables, Backend: raw.Backend}
 	if raw.EnableIPv4 != nil {
 		cfg.EnableIPv4 = *raw.EnableIPv4
 	}

@@ -2,6 +2,7 @@ package subnet
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -70,6 +71,7 @@ func TestParseConfigRejects(t *testing.T) {
 		{"both families off", `{"Network":"10.0.0.0/16","EnableIPv4":false}`, []string{"EnableIPv4"}},
 		{"v6 missing network", `{"Network":"10.0.0.0/16","EnableIPv6":true}`, []string{"IPv6Network", "required"}},
 		{"trailing data", `{"Network":"10.0.0.0/16"} {}`, []string{"trailing"}},
+		{"EnableNFTables not a bool", `{"Network":"10.0.0.0/16","EnableNFTables":"yes"}`, []string{`EnableNFTables "yes"`, "true or false"}},
 		// Type errors name the field and the value given.
 		{"subnetlen string", `{"Network":"10.0.0.0/16","SubnetLen":"abc"}`, []string{`SubnetLen "abc"`, "number"}},
 		{"subnetlen float", `{"Network":"10.0.0.0/16","SubnetLen":24.5}`, []string{`SubnetLen "24.5"`, "whole number"}},
@@ -140,4 +142,25 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatal("empty backend type")
 		}
 	})
+}
+
+// flannel's EnableNFTables is accepted and kept, absent stays unset.
+func TestConfigEnableNFTables(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"Network":"10.0.0.0/16"}`:                        "unset",
+		`{"Network":"10.0.0.0/16","EnableNFTables":true}`:  "true",
+		`{"Network":"10.0.0.0/16","enablenftables":false}`: "false",
+	} {
+		c, err := ParseConfig([]byte(in))
+		if err != nil {
+			t.Fatalf("%s: %v", in, err)
+		}
+		got := "unset"
+		if c.EnableNFTables != nil {
+			got = fmt.Sprint(*c.EnableNFTables)
+		}
+		if got != want {
+			t.Errorf("%s: EnableNFTables %s, want %s", in, got, want)
+		}
+	}
 }

@@ -24,6 +24,9 @@ type Env struct {
 	MTU         int
 	IPMasq      bool
 	Backend     string
+	// Netfilter is the mode twilld writes its rules in (iptables or
+	// nftables), for twillctl status; empty in files written before it.
+	Netfilter string
 	// Extra holds backend-specific TWILL_* keys (for example the eni
 	// backend's route table), without the TWILL_ prefix.
 	Extra map[string]string
@@ -46,6 +49,9 @@ func (e Env) Marshal() []byte {
 	put("MTU", strconv.Itoa(e.MTU))
 	put("IPMASQ", strconv.FormatBool(e.IPMasq))
 	put("BACKEND", e.Backend)
+	if e.Netfilter != "" {
+		put("NETFILTER", e.Netfilter)
+	}
 	keys := make([]string, 0, len(e.Extra))
 	for k := range e.Extra {
 		keys = append(keys, k)
@@ -151,6 +157,11 @@ func (e *Env) set(k, v string) error {
 			return bad("must not be empty")
 		}
 		e.Backend = v
+	case "NETFILTER":
+		if v != "iptables" && v != "nftables" {
+			return bad("must be iptables or nftables")
+		}
+		e.Netfilter = v
 	default:
 		if k == "" || strings.ContainsAny(k, " \t") {
 			return bad("malformed key")

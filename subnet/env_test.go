@@ -13,13 +13,13 @@ func TestEnvRoundTrip(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "run", "subnet.env")
 	want := Env{
 		Network: netip.MustParsePrefix("10.244.0.0/16"), Subnet: netip.MustParsePrefix("10.244.7.0/24"),
-		MTU: 1450, IPMasq: true, Backend: "host-gw", Extra: map[string]string{"ENI_TABLE": "100"},
+		MTU: 1450, IPMasq: true, Backend: "host-gw", Netfilter: "nftables", Extra: map[string]string{"ENI_TABLE": "100"},
 	}
 	if err := WriteEnv(path, want); err != nil {
 		t.Fatal(err)
 	}
 	raw, _ := os.ReadFile(path)
-	for _, line := range []string{"TWILL_NETWORK=10.244.0.0/16", "TWILL_SUBNET=10.244.7.0/24", "TWILL_MTU=1450", "TWILL_IPMASQ=true", "TWILL_BACKEND=host-gw", "TWILL_ENI_TABLE=100"} {
+	for _, line := range []string{"TWILL_NETWORK=10.244.0.0/16", "TWILL_SUBNET=10.244.7.0/24", "TWILL_MTU=1450", "TWILL_IPMASQ=true", "TWILL_BACKEND=host-gw", "TWILL_NETFILTER=nftables", "TWILL_ENI_TABLE=100"} {
 		if !strings.Contains(string(raw), line+"\n") {
 			t.Errorf("subnet.env lacks %q:\n%s", line, raw)
 		}
@@ -55,6 +55,7 @@ func TestParseEnvRejects(t *testing.T) {
 		{"subnet outside", strings.Replace(base, "10.244.7.0/24", "10.9.7.0/24", 1), "outside TWILL_NETWORK"},
 		{"bad bool", strings.Replace(base, "false", "maybe", 1), `TWILL_IPMASQ "maybe"`},
 		{"foreign key", base + "PATH=/bin\n", `key "PATH"`},
+		{"bad netfilter", base + "TWILL_NETFILTER=ebtables\n", `TWILL_NETFILTER "ebtables": must be iptables or nftables`},
 		{"no equals", base + "TWILL_X\n", "want KEY=VALUE"},
 		{"repeated", base + "TWILL_MTU=1400\n", "repeated"},
 		{"missing mtu", strings.Replace(base, "TWILL_MTU=1450\n", "", 1), "TWILL_MTU is not set"},

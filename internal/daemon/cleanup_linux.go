@@ -10,7 +10,7 @@ import (
 
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/backend/owned"
-	"github.com/twill-net/twill/network"
+	"github.com/twill-net/twill/network/netfilter"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -28,7 +28,7 @@ type CleanupOptions struct {
 // Cleanup removes everything twill programmed in the handle's namespace:
 // routes with twill's protocol in any table, twill's policy rules (and the
 // route the eni backend took out of main), twill's devices, its iptables
-// chains, subnet.env, and the state files. It finds them by the identities
+// chains and nftables table, subnet.env, and the state files. It finds them by the identities
 // in package owned, so it needs neither the configuration nor etcd (unless
 // asked to release the lease). It leaves IP forwarding on: other software
 // on the node (kube-proxy, a container engine) may rely on it, and twill
@@ -77,7 +77,7 @@ func Cleanup(log *slog.Logger, h *nl.Handle, o CleanupOptions) error {
 			removed = append(removed, l.Name)
 		}
 	}
-	if err := network.CleanupChains(); err != nil {
+	if err := netfilter.Cleanup(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := os.Remove(subnetFile); err != nil && !errors.Is(err, os.ErrNotExist) {

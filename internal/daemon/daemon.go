@@ -27,6 +27,7 @@ import (
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/desiredfile"
 	"github.com/twill-net/twill/network"
+	"github.com/twill-net/twill/network/netfilter"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -84,9 +85,11 @@ type Options struct {
 	// Allocations, when Dir is set, is the plugin's allocation store
 	// (<dataDir>/<network>): every Every, allocations whose pod is gone
 	// are released (runtimes that never call CNI GC leave them behind).
-	Allocations    AllocationsOptions
-	StateDir       string
-	IPMasq         bool
+	Allocations AllocationsOptions
+	StateDir    string
+	IPMasq      bool
+	// Netfilter is the --netfilter mode (auto when empty).
+	Netfilter      netfilter.Mode
 	IPTablesResync time.Duration
 	// Resync is the period of the full reconcile that repairs drift.
 	Resync time.Duration
@@ -165,14 +168,14 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 	// iptables execs); the node is ready once both are done.
 	setUp := make(chan error, 1)
 	g.Go(func() error {
-		chains, envFile, err := d.setUpNode(cfg, lease, nw)
+		rules, envFile, err := d.setUpNode(cfg, lease, nw)
 		setUp <- err
 		if err != nil {
 			return err
 		}
-		d.log.Debug("forwarding, iptables rules and subnet.env in place", "since_start", time.Since(d.started))
+		d.log.Debug("forwarding, netfilter rules and subnet.env in place", "since_start", time.Since(d.started))
 		g.Go(func() error { return envFile.Run(ctx) })
-		return chains.Run(ctx)
+		return rules.Run(ctx)
 	})
 	g.Go(func() error { return d.o.Subnets.Run(ctx, d.publish) })
 	if r, ok := nw.(backend.Runner); ok {
@@ -228,34 +231,45 @@ func (d *Daemon) attach(ctx context.Context, cfg *subnet.Config) (backend.Extern
 	return ext, lease, nw, nil
 }
 
-// setUpNode enables forwarding, installs the iptables chains and writes
-// subnet.env (pods are wired only once masquerading is in place),
-// returning what keeps the last two in place.
-func (d *Daemon) setUpNode(cfg *subnet.Config, lease subnet.Lease, nw backend.Network) (*network.Chains, *desiredfile.Keeper, error) {
+// setUpNode enables forwarding, installs the netfilter rules in the mode
+// chosen and writes subnet.env (pods are wired only once masquerading is
+// in place), returning what keeps the last two in place.
+func (d *Daemon) setUpNode(cfg *subnet.Config, lease subnet.Lease, nw backend.Network) (*network.Keeper, *desiredfile.Keeper, error) {
 	if err := network.EnableForwarding(cfg.EnableIPv4, cfg.EnableIPv6); err != nil {
 		return nil, nil, err
 	}
-	chains := &network.Chains{Logger: d.log, IPMasq: d.o.IPMasq, Resync: d.o.IPTablesResync}
-	if (!cfg.EnableIPv4 || network.UsesNFTables(false)) && (!cfg.EnableIPv6 || network.UsesNFTables(true)) {
-		// iptables-nft: its changes are announced, so the rules are
-		// checked when they change rather than polled (each check execs
-		// iptables a few times).
-		chains.Watch = nl.WatchNftables
+	choice, err := netfilter.Choose(d.o.Netfilter, cfg.EnableNFTables, cfg.EnableIPv4, cfg.EnableIPv6, netfilter.NodeHost())
+	if err != nil {
+		return nil, nil, fmt.Errorf("choosing the netfilter mode: %w", err)
 	}
-	env := subnet.Env{MTU: nw.MTU(), IPMasq: d.o.IPMasq, Backend: cfg.BackendType}
+	d.log.Info("netfilter mode", "mode", choice.Mode, "why", choice.Why)
+	env := subnet.Env{MTU: nw.MTU(), IPMasq: d.o.IPMasq, Backend: cfg.BackendType, Netfilter: string(choice.Mode)}
 	if ep, ok := nw.(backend.EnvProvider); ok {
 		env.Extra = ep.Env()
 	}
+	o := netfilter.Options{Logger: d.log, IPMasq: d.o.IPMasq, Resync: d.o.IPTablesResync, Repaired: func() { d.metrics.driftRepairs.Inc() }}
 	if cfg.EnableIPv4 {
-		chains.Networks = append(chains.Networks, network.NetworkPair{Cluster: cfg.Network, Local: lease.Subnet})
+		o.Networks = append(o.Networks, network.NetworkPair{Cluster: cfg.Network, Local: lease.Subnet})
 		env.Network, env.Subnet = cfg.Network, lease.Subnet
 	}
 	if cfg.EnableIPv6 && lease.IPv6Subnet.IsValid() {
-		chains.Networks = append(chains.Networks, network.NetworkPair{Cluster: cfg.IPv6Network, Local: lease.IPv6Subnet})
+		o.Networks = append(o.Networks, network.NetworkPair{Cluster: cfg.IPv6Network, Local: lease.IPv6Subnet})
 		env.IPv6Network, env.IPv6Subnet = cfg.IPv6Network, lease.IPv6Subnet
 	}
-	if err := chains.Sync(); err != nil {
-		return nil, nil, fmt.Errorf("installing iptables rules: %w", err)
+	rules := netfilter.NewRules(choice.Mode, o)
+	if err := rules.Sync(); err != nil {
+		return nil, nil, fmt.Errorf("installing the %s rules: %w", choice.Mode, err)
+	}
+	// Only once this mode's rules are in place: a mode that cannot be
+	// installed leaves the node's old rules where they were. Both sets
+	// at once mean the same (a packet takes the first NAT).
+	if err := netfilter.RemoveOthers(choice.Mode, d.log); err != nil {
+		return nil, nil, err
+	}
+	if choice.Mode == netfilter.NFTables {
+		if drops, err := netfilter.ForwardDrop(); err == nil && len(drops) > 0 {
+			d.log.Warn("forward chains of other tables drop by default; twill's accepts in its own nftables table cannot override them, so forwarded pod traffic may be dropped (use --netfilter=iptables, or accept the cluster Network in those chains)", "chains", drops)
+		}
 	}
 	// subnet.env is desired state like a route: deleted or altered, it is
 	// written again at once.
@@ -263,7 +277,7 @@ func (d *Daemon) setUpNode(cfg *subnet.Config, lease subnet.Lease, nw backend.Ne
 	if err := envFile.Set(env.Marshal()); err != nil {
 		return nil, nil, err
 	}
-	return chains, envFile, nil
+	return netfilter.NewKeeper(choice.Mode, rules, o), envFile, nil
 }
 
 // afterReady is what runs once the first reconcile is done: it waits for

@@ -43,6 +43,7 @@ type Options struct {
 	Backend     string // vxlan or host-gw (or any backend the twilld in BinDir has)
 	Underlay    string // flat or routed; "vpc" for eni (set by Validate)
 	ENIMode     string // eni: prefix or secondary-ip
+	Netfilter   string // twilld's --netfilter: auto (default), iptables or nftables
 	BinDir      string // holds twilld, twill and twillctl
 	StateRoot   string
 	// Kubernetes makes the lab a Kubernetes cluster (control plane,
@@ -96,6 +97,16 @@ func (o *Options) Validate() error {
 	case "flat", "routed":
 	default:
 		return fmt.Errorf("--underlay %q: flat or routed", o.Underlay)
+	}
+	switch o.Netfilter {
+	case "":
+		o.Netfilter = "auto"
+	case "auto", "iptables", "nftables":
+	default:
+		return fmt.Errorf("--netfilter %q: auto, iptables or nftables", o.Netfilter)
+	}
+	if o.Kubernetes && o.Netfilter != "auto" {
+		return fmt.Errorf("--netfilter %s --kubernetes: the Kubernetes lab runs dist/kube-twill.yml as shipped, whose twilld chooses the mode itself (auto); drop --netfilter", o.Netfilter)
 	}
 	if o.Backend == "eni" {
 		if o.Underlay == "routed" {
@@ -162,6 +173,7 @@ type State struct {
 	Dir         string    `json:"dir"`
 	Backend     string    `json:"backend"`
 	ENIMode     string    `json:"eniMode,omitempty"`
+	Netfilter   string    `json:"netfilter,omitempty"`
 	Underlay    string    `json:"underlay"`
 	Bare        bool      `json:"bare,omitempty"`
 	Created     time.Time `json:"created"`

@@ -19,7 +19,11 @@ func PrintStatus(ctx context.Context, s *State, out io.Writer) error {
 	if s.Kubernetes {
 		kind = "Kubernetes"
 	}
-	fmt.Fprintf(w, "lab %s\t%s\tbackend %s\tunderlay %s\tup since %s\n\n", s.Name, kind, s.Backend, s.Underlay, s.Created.Format(time.RFC3339))
+	nf := ""
+	if s.Netfilter != "" {
+		nf = "\tnetfilter " + s.Netfilter
+	}
+	fmt.Fprintf(w, "lab %s\t%s\tbackend %s\tunderlay %s%s\tup since %s\n\n", s.Name, kind, s.Backend, s.Underlay, nf, s.Created.Format(time.RFC3339))
 	running := func(ns, role string) string {
 		for _, p := range s.Processes {
 			if p.NS == ns && p.Role == role && alive(p.PID) {

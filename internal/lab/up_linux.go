@@ -89,7 +89,7 @@ func newState(o Options) (*State, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating %s: %w", dir, err)
 	}
-	s := &State{Name: o.Name, NetnsPrefix: o.NetnsPrefix, Bare: o.Bare, Dir: dir, Backend: o.Backend, ENIMode: o.ENIMode, Underlay: o.Underlay, Created: time.Now(), BinDir: o.BinDir}
+	s := &State{Name: o.Name, NetnsPrefix: o.NetnsPrefix, Bare: o.Bare, Dir: dir, Backend: o.Backend, ENIMode: o.ENIMode, Netfilter: o.Netfilter, Underlay: o.Underlay, Created: time.Now(), BinDir: o.BinDir}
 	if o.Kubernetes {
 		// Read the images' names first: a missing or broken image fails
 		// before anything is built.
@@ -162,7 +162,7 @@ func (s *State) upDaemons(ctx context.Context, o Options) error {
 			return err
 		}
 		argv := append([]string{filepath.Join(o.BinDir, DaemonBinary(o.Backend))},
-			cluster.DaemonArgs(s.EtcdURL, nodeDir, "--ip-masq", "--healthz-port", fmt.Sprint(HealthzPort))...)
+			cluster.DaemonArgs(s.EtcdURL, nodeDir, "--ip-masq", "--netfilter", o.Netfilter, "--healthz-port", fmt.Sprint(HealthzPort))...)
 		if err := s.spawnArgv("twilld", n.NS, argv...); err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@
 package netnstest
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -14,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
 )
 
 var (
@@ -109,4 +112,15 @@ func Uplink(t testing.TB, ns, addr string) {
 	IP(t, ns, "link", "set", "eth0p", "up")
 	IP(t, ns, "link", "set", "eth0", "up")
 	IP(t, ns, "addr", "add", addr, "dev", "eth0")
+}
+
+// WatchIn wraps a change watch (nl.WatchNftables, say) so that its socket
+// is opened inside target: a goroutine the watch's caller starts does not
+// inherit the namespace of the thread it came from.
+func WatchIn(target ns.NetNS, watch func(ctx context.Context, subscribed, changed func()) error) func(context.Context, func(), func()) error {
+	return func(ctx context.Context, subscribed, changed func()) error {
+		var err error
+		_ = target.Do(func(ns.NetNS) error { err = watch(ctx, subscribed, changed); return nil })
+		return err
+	}
 }

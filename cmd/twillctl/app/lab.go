@@ -93,6 +93,7 @@ func labUpCommand(o *labOptions) *cobra.Command {
 	up.Flags().IntVar(&o.PodsPerNode, "pods-per-node", 2, "pods per node")
 	up.Flags().StringVar(&o.Backend, "backend", "vxlan", "vxlan, host-gw or eni (eni runs on a simulated cloud VPC)")
 	up.Flags().StringVar(&o.Underlay, "underlay", "flat", "flat (one L2 segment) or routed (two segments and a router); eni always uses its VPC")
+	up.Flags().StringVar(&o.Netfilter, "netfilter", "auto", "twilld's --netfilter: auto, iptables or nftables (not with --kubernetes, whose DaemonSet chooses)")
 	up.Flags().StringVar(&o.ENIMode, "eni-mode", "prefix", "with --backend eni: prefix or secondary-ip")
 	up.Flags().BoolVar(&o.Bare, "bare", false, "machines only: node namespaces with a root of their own and nothing running, to install twill by hand with lab exec")
 	up.Flags().Var(prefixFlag{&o.UnderlayCIDR}, "underlay-cidr", "the nodes' segment, an IPv4 /24 (default 10.99.0.0/24)")

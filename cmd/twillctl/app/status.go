@@ -22,6 +22,7 @@ import (
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/etcdflags"
 	"github.com/twill-net/twill/network"
+	"github.com/twill-net/twill/network/netfilter"
 	"github.com/twill-net/twill/subnet"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
 	kubesm "github.com/twill-net/twill/subnet/kube"
@@ -160,17 +161,20 @@ func (v *nodeView) print(ctx context.Context, w io.Writer) error {
 	switch {
 	case !ok:
 		fmt.Fprintf(tw, "kernel\tthe %s backend cannot report drift\n", v.cfg.BackendType)
-		return tw.Flush()
 	case !d.Clean():
 		printDrift(tw, d)
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-		return errDrift
+	default:
+		fmt.Fprintf(tw, "kernel\tin sync (%d objects checked)\n", d.Objects)
 	}
-	fmt.Fprintf(tw, "kernel\tin sync (%d objects checked)\n", d.Objects)
+	nfDrift, err := v.printNetfilter(tw)
+	if err != nil {
+		return err
+	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if (ok && !d.Clean()) || nfDrift {
+		return errDrift
 	}
 	if len(notProgrammed) > 0 {
 		return fmt.Errorf("%d peers are not programmed (refused above)", len(notProgrammed))
@@ -181,17 +185,50 @@ func (v *nodeView) print(ctx context.Context, w io.Writer) error {
 	return nil
 }
 
-func printDrift(tw io.Writer, d backend.Drift) {
-	fmt.Fprintf(tw, "kernel\tDRIFT: %d missing, %d extra, %d wrong (of %d objects)\n", len(d.Missing), len(d.Extra), len(d.Wrong), d.Objects)
-	for _, s := range d.Missing {
+// printNetfilter compares the masquerade and forward rules of the mode
+// twilld uses (subnet.env's TWILL_NETFILTER) with the kernel's, and says
+// whether they drifted.
+func (v *nodeView) printNetfilter(tw io.Writer) (drifted bool, err error) {
+	mode := netfilter.Mode(v.env.Netfilter)
+	if mode == "" {
+		fmt.Fprintf(tw, "netfilter\tnot checked: subnet.env has no TWILL_NETFILTER (written by an older twilld)\n")
+		return false, nil
+	}
+	o := netfilter.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), IPMasq: v.env.IPMasq}
+	if v.env.Network.IsValid() {
+		o.Networks = append(o.Networks, network.NetworkPair{Cluster: v.env.Network, Local: v.env.Subnet})
+	}
+	if v.env.IPv6Network.IsValid() {
+		o.Networks = append(o.Networks, network.NetworkPair{Cluster: v.env.IPv6Network, Local: v.env.IPv6Subnet})
+	}
+	d, err := netfilter.NewRules(mode, o).Drift()
+	if err != nil {
+		return false, fmt.Errorf("reading the %s rules: %w", mode, err)
+	}
+	if d.Clean() {
+		fmt.Fprintf(tw, "netfilter\tin sync (%s)\n", mode)
+		return false, nil
+	}
+	fmt.Fprintf(tw, "netfilter\tDRIFT (%s): %d missing, %d extra, %d wrong\n", mode, len(d.Missing), len(d.Extra), len(d.Wrong))
+	printLines(tw, d.Missing, d.Extra, d.Wrong)
+	return true, nil
+}
+
+func printLines(tw io.Writer, missing, extra, wrong []string) {
+	for _, s := range missing {
 		fmt.Fprintf(tw, "  missing\t%s\n", s)
 	}
-	for _, s := range d.Extra {
+	for _, s := range extra {
 		fmt.Fprintf(tw, "  extra\t%s\n", s)
 	}
-	for _, s := range d.Wrong {
+	for _, s := range wrong {
 		fmt.Fprintf(tw, "  wrong\t%s\n", s)
 	}
+}
+
+func printDrift(tw io.Writer, d backend.Drift) {
+	fmt.Fprintf(tw, "kernel\tDRIFT: %d missing, %d extra, %d wrong (of %d objects)\n", len(d.Missing), len(d.Extra), len(d.Wrong), d.Objects)
+	printLines(tw, d.Missing, d.Extra, d.Wrong)
 }
 
 var errDrift = errors.New("the kernel differs from what twill should have (twilld repairs it within moments if it is running)")

@@ -31,6 +31,7 @@ import (
 	"github.com/twill-net/twill/internal/etcdflags"
 	"github.com/twill-net/twill/internal/version"
 	"github.com/twill-net/twill/network"
+	"github.com/twill-net/twill/network/netfilter"
 	"github.com/twill-net/twill/subnet"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
 	kubesm "github.com/twill-net/twill/subnet/kube"
@@ -86,6 +87,7 @@ type options struct {
 	healthzIP       string
 	healthzPort     int
 	iptablesResync  time.Duration
+	netfilter       string
 	resync          time.Duration
 	logLevel        string
 }
@@ -136,6 +138,7 @@ for example TWILLD_ETCD_ENDPOINTS.`,
 	f.StringVar(&o.stateDir, "state-dir", "/var/lib/twill", "directory for state kept across restarts")
 	f.StringVar(&o.healthzIP, "healthz-ip", "0.0.0.0", "address for /healthz, /readyz and /metrics")
 	f.IntVar(&o.healthzPort, "healthz-port", 0, "port for /healthz, /readyz and /metrics (0 disables)")
+	f.StringVar(&o.netfilter, "netfilter", "auto", "how the masquerade and forward rules are written: iptables (TWILL-* chains, through the iptables binaries), nftables (table inet twill, over netlink, no binaries) or auto (see Documentation/configuration.md)")
 	f.DurationVar(&o.iptablesResync, "iptables-resync", 5*time.Second, "period of the iptables rules check with iptables-legacy (iptables-nft announces changes, which trigger the check)")
 	f.DurationVar(&o.resync, "resync", 30*time.Second, "period of the full reconcile that repairs drift")
 	cmd.PersistentFlags().StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -157,10 +160,10 @@ func newCleanupCommand(o *options) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "cleanup",
-		Short: "Remove every route, rule, device, iptables chain and file twill created on this node",
+		Short: "Remove every route, rule, device, iptables chain, nftables table and file twill created on this node",
 		Long: `cleanup removes what twilld programmed in this network namespace: routes with
 twill's protocol number (167) in any table, twill's policy rules, twill.* devices,
-the TWILL-* iptables chains and their jumps, subnet.env, and twill's files in the
+the TWILL-* iptables chains and their jumps, the nftables table inet twill, subnet.env, and twill's files in the
 state directory (the vxlan VTEP MAC). Stop twilld first; pods on this node lose
 cross-node connectivity.
 
@@ -253,6 +256,10 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 	if iface.PublicIPv6, err = parseOptionalAddr("public-ipv6", o.publicIPv6); err != nil {
 		return err
 	}
+	mode, err := netfilter.ParseMode(o.netfilter)
+	if err != nil {
+		return err
+	}
 	var subnets daemon.SubnetManager
 	if o.kubeSubnetMgr {
 		if subnets, err = kubeManager(ctx, log, o); err != nil {
@@ -300,6 +307,7 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 		Allocations:     daemon.AllocationsOptions{Dir: filepath.Join(dataDir, network), Every: o.reclaimEvery},
 		StateDir:        o.stateDir,
 		IPMasq:          o.ipMasq,
+		Netfilter:       mode,
 		IPTablesResync:  o.iptablesResync,
 		Resync:          o.resync,
 		HealthAddr:      health,

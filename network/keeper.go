@@ -1,0 +1,102 @@
+package network
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"time"
+)
+
+// Syncer makes one mode's rules equal to the desired ones, writing only
+// what differs.
+type Syncer interface {
+	Sync() error
+}
+
+// Keeper keeps a Syncer's rules in place: it syncs when Watch reports a
+// change and periodically.
+type Keeper struct {
+	Logger *slog.Logger
+	Rules  Syncer
+	// Resync is the period of the check while no Watch reports changes
+	// (5 s when zero).
+	Resync time.Duration
+	// Watch, when set, follows the rules' changes (nl.WatchNftables, for
+	// nftables and iptables-nft): it calls subscribed once it sees every
+	// change, then changed after each, until ctx ends.
+	Watch func(ctx context.Context, subscribed, changed func()) error
+	// WatchedResync is the period of the check while Watch works (5 min
+	// when zero): a safety net, the changes themselves trigger checks.
+	WatchedResync time.Duration
+}
+
+// Run syncs every Resync until ctx is done, and, while Watch reports
+// changes, at once after each change and otherwise only every
+// WatchedResync. Failures are logged and retried at the next tick; they do
+// not stop the daemon.
+func (k *Keeper) Run(ctx context.Context) error {
+	resync, watched := k.Resync, k.WatchedResync
+	if resync <= 0 {
+		resync = 5 * time.Second
+	}
+	if watched <= 0 {
+		watched = 5 * time.Minute
+	}
+	changed := make(chan struct{}, 1)
+	var watching atomic.Bool
+	if k.Watch != nil {
+		go k.watch(ctx, &watching, changed)
+	}
+	t := time.NewTimer(resync)
+	defer t.Stop()
+	var last time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+			// A busy node's rules change often (kube-proxy rewrites its
+			// own every second at most): check at most once a second,
+			// once the second is over.
+			if wait := time.Second - time.Since(last); wait > 0 {
+				t.Reset(wait)
+				continue
+			}
+		case <-t.C:
+		}
+		last = time.Now()
+		if err := k.Rules.Sync(); err != nil {
+			k.Logger.Warn("netfilter resync failed", "err", err)
+		}
+		if watching.Load() {
+			t.Reset(watched)
+		} else {
+			t.Reset(resync)
+		}
+	}
+}
+
+// watch runs Watch until ctx is done, poking changed after each change and
+// once per (re)subscription (changes before it went unseen), and says
+// whether it is watching. A broken watch is retried every 5 s; meanwhile
+// Run polls.
+func (k *Keeper) watch(ctx context.Context, watching *atomic.Bool, changed chan<- struct{}) {
+	poke := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	for ctx.Err() == nil {
+		err := k.Watch(ctx, func() { watching.Store(true); poke() }, poke)
+		watching.Store(false)
+		if ctx.Err() != nil {
+			return
+		}
+		k.Logger.Warn("watching netfilter for changes failed; checking every resync period instead", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
