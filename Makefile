@@ -4,12 +4,13 @@ GO    ?= go
 BIN   ?= bin
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/twill-net/twill/internal/version.Version=$(VERSION)
-# Debian packages the tests, the lab and the benchmarks run: the Kubernetes
+# Debian packages the tests, the lab and the benchmarks run (nft and strace
+# only in tests, to alter twill's table and to watch for execs): the Kubernetes
 # lab's nodes run Debian's containerd and runc, with the CNI plugins a node
 # provides next to twill (loopback, portmap) from containernetworking-plugins.
-APT_PACKAGES := iproute2 iptables iputils-ping iperf3 containerd runc containernetworking-plugins util-linux
+APT_PACKAGES := iproute2 iptables nftables strace iputils-ping iperf3 containerd runc containernetworking-plugins util-linux
 # A file each package provides, to check before installing.
-APT_FILES := /usr/sbin/ip /usr/sbin/iptables /usr/bin/ping /usr/bin/iperf3 /usr/bin/containerd /usr/sbin/runc \
+APT_FILES := /usr/sbin/ip /usr/sbin/iptables /usr/sbin/nft /usr/bin/strace /usr/bin/ping /usr/bin/iperf3 /usr/bin/containerd /usr/sbin/runc \
 	/usr/lib/cni/portmap /usr/bin/nsenter
 
 .DEFAULT_GOAL := help

@@ -242,7 +242,7 @@ func idleString(idle float64) string {
 
 // putLeases writes n peer leases, 100 to a transaction (etcd's default
 // limit is 128), four transactions at a time.
-func putLeases(b *testing.B, c *cluster, backendType string, n int) {
+func putLeases(b testing.TB, c *cluster, backendType string, n int) {
 	ctx := context.Background()
 	var g errgroup.Group
 	g.SetLimit(4)
@@ -369,4 +369,31 @@ func kernelFloor(b *testing.B, backendType string, n int) time.Duration {
 	}
 	run("ip", routes.String())
 	return time.Since(t0)
+}
+
+// BenchmarkIdleNetfilter is idle CPU, children included, of a twilld with
+// 5,000 host-gw peers and --ip-masq, in each netfilter mode: the iptables
+// mode (iptables-nft here: changes trigger its checks, which exec
+// iptables) and the nftables mode (netlink only).
+func BenchmarkIdleNetfilter(b *testing.B) {
+	for _, mode := range []string{"iptables", "nftables"} {
+		b.Run(mode, func(b *testing.B) {
+			for range b.N {
+				c := newClusterOn(b, 1, netip.MustParsePrefix("192.168.0.0/16"))
+				c.put("/twill.io/network/config", fmt.Sprintf(`{"Network":%q,"Backend":{"Type":"host-gw"}}`, benchNetwork))
+				selfKey, selfLease, _ := benchLeaseVia("host-gw", 64999, c.topo.Nodes[0].Addr.Addr())
+				c.put(selfKey, selfLease)
+				putLeases(b, c, "host-gw", 5000)
+				routes := watchRoutes(b, c.topo.Nodes[0].NS)
+				d := c.startDaemon(0, "--ip-masq", "--netfilter", mode)
+				if err := routes.waitCount(5000, 70*time.Second); err != nil {
+					b.Fatal(err)
+				}
+				c.env(0)
+				idle := idleCPU(b, d.cmd.Process.Pid)
+				b.ReportMetric(idle, "idle-cpu-%")
+				b.Logf("%s mode, 5,000 peers: idle CPU %s", mode, idleString(idle))
+			}
+		})
+	}
 }

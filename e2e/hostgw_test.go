@@ -215,7 +215,7 @@ func TestEtcdBadInput(t *testing.T) {
 func TestCleanup(t *testing.T) {
 	c := newCluster(t, 2)
 	c.put("/twill.io/network/config", netConfHostGW)
-	c.startDaemon(0, "--ip-masq")
+	c.startDaemon(0, "--ip-masq", "--netfilter", "iptables") // TestNetfilterModes cleans up nftables
 	c.startDaemon(1)
 	peer := c.env(1).Subnet
 	c.env(0)

@@ -117,6 +117,29 @@ func TestLabDefaultAndSideBySide(t *testing.T) {
 	}
 }
 
+// TestLabNetfilter: `twillctl lab up --netfilter nftables` (and iptables)
+// passes lab check, and each node holds that mode's rules alone.
+func TestLabNetfilter(t *testing.T) {
+	for _, mode := range []string{"nftables", "iptables"} {
+		t.Run(mode, func(t *testing.T) {
+			l := newLabCtl(t)
+			n := labName("f" + mode[:1])
+			l.up(n, "--nodes", "2", "--pods-per-node", "2", "--backend", "vxlan", "--netfilter", mode)
+			l.check(n, 4)
+			out, err := l.run("status", "--name", n)
+			if err != nil || !strings.Contains(out, "netfilter "+mode) {
+				t.Errorf("lab status: %v\n%s", err, out)
+			}
+			nft, _ := l.run("exec", "--name", n, "node1", "--", "nft", "list", "table", "inet", "twill")
+			ipt, _ := l.run("exec", "--name", n, "node1", "--", "iptables-save")
+			hasNFT, hasIPT := strings.Contains(nft, "masquerade fully-random"), strings.Contains(ipt, "-A TWILL-POSTRTG")
+			if hasNFT != (mode == "nftables") || hasIPT != (mode == "iptables") {
+				t.Errorf("node1 in the %s mode: nftables\n%s\niptables\n%s", mode, nft, ipt)
+			}
+		})
+	}
+}
+
 func TestLabRoutedVXLAN(t *testing.T) {
 	l := newLabCtl(t)
 	n := labName("r")
