@@ -99,9 +99,10 @@ type ExternalChanger interface {
 // DataPublisher is implemented by a Network whose backend data can change
 // after the lease was taken (vxlan picks a new VTEP MAC when another node
 // publishes its own). After each Reconcile the daemon asks, and publishes
-// new data in the node's lease (etcd key or Node annotation).
+// the new BackendData and BackendV6Data in the node's lease (etcd key or
+// Node annotations); nil data is published as null.
 type DataPublisher interface {
-	BackendData() (data json.RawMessage, changed bool)
+	BackendData() (data, v6Data json.RawMessage, changed bool)
 }
 
 // DriftReporter is implemented by a Network that can compare, without

@@ -23,6 +23,10 @@ type IfaceOptions struct {
 	CanReach   netip.Addr
 	PublicIP   netip.Addr
 	PublicIPv6 netip.Addr
+	// IPv4 and IPv6 are the pods' families. The interface need not have
+	// an address of each: what it must have is the backend's to say
+	// (host-gw routes each family via the peer's address of that family;
+	// vxlan carries both over either).
 	IPv4, IPv6 bool
 }
 
@@ -54,7 +58,7 @@ func ChooseExternal(h *nl.Handle, o IfaceOptions) (backend.ExternalInterface, er
 	if !ok {
 		hint := "pass --iface"
 		if len(o.Ifaces) > 0 || len(o.IfaceRegex) > 0 {
-			hint = "no such interface, or it has no usable " + families(o) + " address"
+			hint = "no such interface, or it has no usable address"
 			if names := c.usableNames(); len(names) > 0 {
 				hint += "; interfaces that have one: " + strings.Join(names, ", ")
 			}
@@ -92,7 +96,7 @@ func readCandidates(h *nl.Handle, o IfaceOptions) (*candidates, error) {
 func (c *candidates) usable(l nl.Link) bool {
 	return slices.ContainsFunc(c.addrs[l.Index], func(p netip.Prefix) bool {
 		a := p.Addr()
-		return (a.IsGlobalUnicast() || a.IsPrivate()) && ((a.Is4() && c.o.IPv4) || (a.Is6() && c.o.IPv6))
+		return a.IsGlobalUnicast() || a.IsPrivate()
 	})
 }
 
@@ -155,21 +159,25 @@ func byRoute(h *nl.Handle, dst netip.Addr) (nl.Link, bool, string, error) {
 	return l, err == nil, "--iface-can-reach " + dst.String(), nil
 }
 
-// byDefaultRoute is the default route's link (IPv6's without IPv4).
+// byDefaultRoute is the default route's link: the IPv4 one first when
+// the pods use IPv4, then the other family's (an IPv6-only cluster's
+// vxlan overlay may run over an IPv4 underlay, and the other way round).
 func byDefaultRoute(h *nl.Handle, ipv4 bool) (nl.Link, bool, string, error) {
 	how := "the default route"
-	family := nl.FamilyV4
+	order := []nl.Family{nl.FamilyV4, nl.FamilyV6}
 	if !ipv4 {
-		family = nl.FamilyV6
+		order = []nl.Family{nl.FamilyV6, nl.FamilyV4}
 	}
-	routes, err := h.Routes(family, nl.RouteFilter{})
-	if err != nil {
-		return nl.Link{}, false, how, err
-	}
-	for _, r := range routes {
-		if r.Dst.Bits() == 0 && r.LinkIndex != 0 {
-			l, err := h.LinkByIndex(r.LinkIndex)
-			return l, err == nil, how, nil
+	for _, family := range order {
+		routes, err := h.Routes(family, nl.RouteFilter{})
+		if err != nil {
+			return nl.Link{}, false, how, err
+		}
+		for _, r := range routes {
+			if r.Dst.Bits() == 0 && r.LinkIndex != 0 {
+				l, err := h.LinkByIndex(r.LinkIndex)
+				return l, err == nil, how, nil
+			}
 		}
 	}
 	return nl.Link{}, false, how, nil
@@ -195,17 +203,6 @@ func Refresh(h *nl.Handle, name string, o IfaceOptions) (backend.ExternalInterfa
 	return describe(link, prefixes, o)
 }
 
-// families names the address families in use, for messages.
-func families(o IfaceOptions) string {
-	switch {
-	case o.IPv4 && o.IPv6:
-		return "IPv4 or IPv6"
-	case o.IPv6:
-		return "IPv6"
-	}
-	return "IPv4"
-}
-
 func describe(link nl.Link, addrs []netip.Prefix, o IfaceOptions) (backend.ExternalInterface, error) {
 	ext := backend.ExternalInterface{Link: link}
 	for _, p := range addrs {
@@ -227,12 +224,6 @@ func describe(link nl.Link, addrs []netip.Prefix, o IfaceOptions) (backend.Exter
 	}
 	if o.PublicIPv6.IsValid() {
 		ext.PublicIPv6 = o.PublicIPv6
-	}
-	if o.IPv4 && !ext.PublicIP.IsValid() {
-		return ext, fmt.Errorf("external interface %s has no IPv4 address", link.Name)
-	}
-	if o.IPv6 && !ext.PublicIPv6.IsValid() {
-		return ext, fmt.Errorf("external interface %s has no IPv6 address", link.Name)
 	}
 	if link.MTU == 0 {
 		return ext, errors.New("external interface " + link.Name + " reports MTU 0")

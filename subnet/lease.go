@@ -259,11 +259,13 @@ func CheckPeer(cfg *Config, local, peer Lease) error {
 		if local.Subnet.IsValid() && peer.Subnet.Overlaps(local.Subnet) {
 			return fmt.Errorf("subnet %s: overlaps the local subnet %s", peer.Subnet, local.Subnet)
 		}
-		if !peer.Attrs.PublicIP.IsValid() {
-			return fmt.Errorf("subnet %s: no PublicIP to route to", peer.Subnet)
-		}
+	}
+	if !peer.Attrs.PublicIP.IsValid() && !peer.Attrs.PublicIPv6.IsValid() {
+		return fmt.Errorf("subnet %s: no PublicIP or PublicIPv6 to route to", peer)
+	}
+	if peer.Attrs.PublicIP.IsValid() {
 		if err := cfg.checkPublic(peer.Attrs.PublicIP); err != nil {
-			return fmt.Errorf("subnet %s: PublicIP %w", peer.Subnet, err)
+			return fmt.Errorf("subnet %s: PublicIP %w", peer, err)
 		}
 	}
 	if peer.Attrs.PublicIPv6.IsValid() {

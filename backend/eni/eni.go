@@ -240,6 +240,9 @@ func (b *Backend) describe(ctx context.Context) error {
 // Prepare finds the ENI, asks the provider what it is, and publishes its
 // primary IP for the peers' routes.
 func (b *Backend) Prepare(ctx context.Context) (subnet.LeaseAttrs, error) {
+	if !b.opts.ExtIface.PublicIP.IsValid() {
+		return subnet.LeaseAttrs{}, fmt.Errorf("eni: interface %s has no IPv4 address to publish", b.opts.ExtIface.Link.Name)
+	}
 	if err := b.describe(ctx); err != nil {
 		return subnet.LeaseAttrs{}, err
 	}

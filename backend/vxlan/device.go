@@ -27,9 +27,9 @@ type Kernel interface {
 var _ Kernel = (*nl.Handle)(nil)
 
 // ensureDevice makes the VTEP device match want (re-creating it when its
-// identity is wrong), up, with addr assigned. It reports the link and
+// identity is wrong), up, with addrs assigned. It reports the link and
 // whether it was (re)created.
-func ensureDevice(k Kernel, want nl.VXLAN, addr netip.Prefix) (nl.Link, bool, error) {
+func ensureDevice(k Kernel, want nl.VXLAN, addrs []netip.Prefix) (nl.Link, bool, error) {
 	link, have, isVXLAN, err := k.VXLANByName(want.Name)
 	created := false
 	switch {
@@ -54,14 +54,16 @@ func ensureDevice(k Kernel, want nl.VXLAN, addr netip.Prefix) (nl.Link, bool, er
 			return nl.Link{}, false, err
 		}
 	}
-	if addr.IsValid() {
-		addrs, err := k.Addrs(link.Index, nl.FamilyV4)
+	if len(addrs) > 0 {
+		have, err := k.Addrs(link.Index, nl.FamilyAll)
 		if err != nil {
 			return nl.Link{}, false, err
 		}
-		if !slices.ContainsFunc(addrs, func(a nl.Addr) bool { return a.Prefix == addr }) {
-			if err := k.AddrAdd(link.Index, addr); err != nil {
-				return nl.Link{}, false, err
+		for _, addr := range addrs {
+			if !slices.ContainsFunc(have, func(a nl.Addr) bool { return a.Prefix == addr }) {
+				if err := k.AddrAdd(link.Index, addr); err != nil {
+					return nl.Link{}, false, err
+				}
 			}
 		}
 	}

@@ -25,9 +25,11 @@ func (n *Network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift,
 		return backend.Drift{}, err
 	}
 	var d backend.Drift
-	cfg, ext := n.b.cfg, n.b.opts.ExtIface
-	peers, sc := screenMACs(n.local, have.HardwareAddr, slices.Clone(peers), func(p subnet.Lease) bool { return isDirect(cfg, ext, p) },
-		func(raw []byte) (net.HardwareAddr, error) { return ParseData(cfg.VNI, raw) }, nil)
+	l := n.view(link.Index)
+	mac := func(p subnet.Lease) (net.HardwareAddr, error) {
+		return PeerMAC(p, func(raw []byte) (net.HardwareAddr, error) { return parseMAC(l.Config.VNI, raw) })
+	}
+	peers, sc := screenMACs(n.local, have.HardwareAddr, slices.Clone(peers), func(p subnet.Lease) bool { return !l.overlay(p) }, mac, nil)
 	d.Refused = append(d.Refused, sc.refused...)
 	if !ok || have.VNI != n.b.dev.VNI || have.Port != n.b.dev.Port || have.Learning || have.MTU != n.b.dev.MTU {
 		d.Wrong = append(d.Wrong, fmt.Sprintf("device %s (want VNI %d, port %d, MTU %d, learning off)", n.b.dev.Name, n.b.dev.VNI, n.b.dev.Port, n.b.dev.MTU))
@@ -36,9 +38,7 @@ func (n *Network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift,
 		routes     []nl.Route
 		neigh, fdb = map[string]nl.Neigh{}, map[string]nl.Neigh{}
 	)
-	refused := DesiredState(n.b.cfg, n.b.opts.ExtIface, link.Index, peers, func(i int) (net.HardwareAddr, error) {
-		return ParseData(n.b.cfg.VNI, peers[i].Attrs.BackendData)
-	}, Emitters{
+	refused := DesiredState(l, peers, func(i int) (net.HardwareAddr, error) { return mac(peers[i]) }, Emitters{
 		Route: func(r nl.Route) { routes = append(routes, r) },
 		Neigh: func(e nl.Neigh) { neigh[e.IP.String()] = e },
 		FDB:   func(e nl.Neigh) { fdb[net.HardwareAddr(e.HardwareAddr).String()] = e },

@@ -286,7 +286,7 @@ func TestFakeClonedMACTakesANewOne(t *testing.T) {
 	if s := dump(t, f.k); len(s.fdb)+len(s.neigh)+len(s.routes) != 0 {
 		t.Fatalf("a peer with this node's MAC and a higher subnet was programmed:\n%s", s)
 	}
-	if _, ok := f.nw.BackendData(); ok {
+	if _, _, ok := f.nw.BackendData(); ok {
 		t.Fatal("this node changed its MAC although its subnet is the lower")
 	}
 	// A peer with a lower subnet keeps it: this node takes a new MAC,
@@ -295,7 +295,7 @@ func TestFakeClonedMACTakesANewOne(t *testing.T) {
 	if err := f.nw.Reconcile(context.Background(), peers); err != nil {
 		t.Fatal(err)
 	}
-	data, ok := f.nw.BackendData()
+	data, _, ok := f.nw.BackendData()
 	if !ok {
 		t.Fatal("no new backend data to publish after taking a new MAC")
 	}

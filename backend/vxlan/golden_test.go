@@ -22,7 +22,8 @@ func TestDesiredStateGolden(t *testing.T) {
 		lease("10.244.5.0/24", "10.0.0.5", "bad"),
 	}
 	var b strings.Builder
-	refused := DesiredState(Config{VNI: 1, DirectRouting: true}, o.ExtIface, 7, peers, func(i int) (net.HardwareAddr, error) {
+	l := Local{Config: Config{VNI: 1, DirectRouting: true}, Ext: o.ExtIface, Dev: 7, IPv4: true}
+	refused := DesiredState(l, peers, func(i int) (net.HardwareAddr, error) {
 		return ParseData(1, peers[i].Attrs.BackendData)
 	}, Emitters{
 		Route: func(r nl.Route) { fmt.Fprintf(&b, "route %s\n", r) },

@@ -117,10 +117,10 @@ type macScreen struct {
 }
 
 // screenMACs drops from peers (in place) every overlay peer whose VTEP MAC
-// is not its alone: shared with another peer, or with this node. mac parses
-// a peer's BackendData (cached by the caller).
+// is not its alone: shared with another peer, or with this node. mac reads
+// a peer's VTEP MAC (PeerMAC, cached by the caller).
 func screenMACs(local subnet.Lease, own net.HardwareAddr, peers []subnet.Lease, direct func(subnet.Lease) bool,
-	mac func(raw []byte) (net.HardwareAddr, error), seen map[[6]byte]struct{}) ([]subnet.Lease, macScreen) {
+	mac func(subnet.Lease) (net.HardwareAddr, error), seen map[[6]byte]struct{}) ([]subnet.Lease, macScreen) {
 	var sc macScreen
 	if allDistinct(own, peers, direct, mac, seen) {
 		return peers, sc // the common case, without allocating
@@ -130,7 +130,7 @@ func screenMACs(local subnet.Lease, own net.HardwareAddr, peers []subnet.Lease, 
 		if direct(p) {
 			continue
 		}
-		m, err := mac(p.Attrs.BackendData)
+		m, err := mac(p)
 		if err != nil || len(m) != 6 {
 			continue // refused later, for its data
 		}
@@ -141,7 +141,7 @@ func screenMACs(local subnet.Lease, own net.HardwareAddr, peers []subnet.Lease, 
 		hw := net.HardwareAddr(m[:])
 		if bytes.Equal(hw, own) {
 			for _, i := range idx {
-				if peers[i].Subnet.Addr().Less(local.Subnet.Addr()) {
+				if primary(peers[i]).Addr().Less(primary(local).Addr()) {
 					sc.takeNew = peers[i].String()
 				} else {
 					drop[i] = fmt.Sprintf("VTEP MAC %s is this node's too (%s keeps it; the peer must pick another)", hw, local.String())
@@ -179,7 +179,7 @@ func screenMACs(local subnet.Lease, own net.HardwareAddr, peers []subnet.Lease, 
 // none is own. seen is scratch space, reused between calls (nil: made
 // here).
 func allDistinct(own net.HardwareAddr, peers []subnet.Lease, direct func(subnet.Lease) bool,
-	mac func(raw []byte) (net.HardwareAddr, error), seen map[[6]byte]struct{}) bool {
+	mac func(subnet.Lease) (net.HardwareAddr, error), seen map[[6]byte]struct{}) bool {
 	if seen == nil {
 		seen = make(map[[6]byte]struct{}, len(peers))
 	}
@@ -191,7 +191,7 @@ func allDistinct(own net.HardwareAddr, peers []subnet.Lease, direct func(subnet.
 		if direct(p) {
 			continue
 		}
-		m, err := mac(p.Attrs.BackendData)
+		m, err := mac(p)
 		if err != nil || len(m) != 6 {
 			continue
 		}
@@ -218,12 +218,12 @@ func randomMAC(taken func(net.HardwareAddr) bool) net.HardwareAddr {
 // new MAC when a peer that keeps it publishes this node's. It reports
 // whether this node's MAC changed.
 func (n *Network) screen(peers []subnet.Lease) ([]subnet.Lease, bool) {
-	cfg, ext := n.b.cfg, n.b.opts.ExtIface
+	l := n.view(0)
 	own := n.b.dev.HardwareAddr
 	if n.macSeen == nil {
 		n.macSeen = map[[6]byte]struct{}{}
 	}
-	peers, sc := screenMACs(n.local, own, peers, func(p subnet.Lease) bool { return isDirect(cfg, ext, p) }, n.macOf, n.macSeen)
+	peers, sc := screenMACs(n.local, own, peers, func(p subnet.Lease) bool { return !l.overlay(p) }, n.peerMAC, n.macSeen)
 	n.macRefused.Report(sc.refused)
 	n.macShared = len(sc.refused) > 0
 	if sc.takeNew == "" {
@@ -240,15 +240,16 @@ func (n *Network) screen(peers []subnet.Lease) ([]subnet.Lease, bool) {
 		"mac", own, "peer", sc.takeNew, "new_mac", mac)
 	n.b.dev.HardwareAddr = mac
 	n.b.storeMAC(mac)
-	n.pending, _ = json.Marshal(Data{VNI: n.b.cfg.VNI, VtepMAC: mac.String()})
+	n.pending, n.pending6 = n.b.data(mac)
+	n.hasPending = true
 	n.recs = nil
 	return peers, true
 }
 
 // BackendData returns the backend data to publish when it changed since
 // the lease was taken (a new VTEP MAC), once.
-func (n *Network) BackendData() (json.RawMessage, bool) {
-	d := n.pending
-	n.pending = nil
-	return d, d != nil
+func (n *Network) BackendData() (v4, v6 json.RawMessage, changed bool) {
+	v4, v6, changed = n.pending, n.pending6, n.hasPending
+	n.pending, n.pending6, n.hasPending = nil, nil, false
+	return v4, v6, changed
 }

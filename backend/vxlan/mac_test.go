@@ -14,7 +14,7 @@ import (
 func TestScreenMACs(t *testing.T) {
 	own, _ := net.ParseMAC("0a:00:00:00:00:05")
 	local := subnet.Lease{Subnet: netip.MustParsePrefix("10.244.5.0/24")}
-	mac := func(raw []byte) (net.HardwareAddr, error) { return ParseData(1, raw) }
+	mac := func(p subnet.Lease) (net.HardwareAddr, error) { return ParseData(1, p.Attrs.BackendData) }
 	never := func(subnet.Lease) bool { return false }
 
 	t.Run("peers sharing a MAC are refused, the rest kept", func(t *testing.T) {

@@ -28,21 +28,22 @@ func (n *Network) planAll(dev int, peers []subnet.Lease) (changes, error) {
 		neighs, fdbs []nl.Neigh
 		refused      []string
 	)
+	out := Emitters{
+		Route: func(r nl.Route) { routes = append(routes, r) },
+		Neigh: func(e nl.Neigh) { neighs = append(neighs, e) },
+		FDB:   func(e nl.Neigh) { fdbs = append(fdbs, e) },
+	}
 	for _, p := range peers {
-		if !p.Subnet.IsValid() {
+		if !n.programs(p) {
 			continue
 		}
 		rec := n.compute(dev, p)
 		recs[recKey(p)] = rec
-		switch o := rec.objects; {
-		case rec.err != nil:
+		if rec.err != nil {
 			refused = append(refused, rec.name+": "+rec.err.Error())
-		case o.Overlay:
-			neighs, fdbs = append(neighs, o.Neigh), append(fdbs, o.FDB)
-			routes = append(routes, o.Route)
-		case o.OK:
-			routes = append(routes, o.Route)
+			continue
 		}
+		rec.objects.emit(out)
 	}
 	slices.Sort(refused)
 	ch := changes{refused: refused, refusedOK: true}
@@ -78,11 +79,11 @@ func emitAll[V any](vs []V) func(emit func(V)) {
 func (n *Network) planChanges(dev int, peers []subnet.Lease) (changes, error) {
 	var d delta
 	for _, p := range peers {
-		if !p.Subnet.IsValid() {
+		if !n.programs(p) {
 			continue
 		}
 		old := n.recs[recKey(p)]
-		if old != nil && old.pub == p.Attrs.PublicIP && old.raw == string(p.Attrs.BackendData) {
+		if old != nil && old.same(p) {
 			old.gen = n.gen
 			continue
 		}
@@ -105,14 +106,18 @@ func (n *Network) planDelta(dev int, upserted, removed []subnet.Lease) (changes,
 		}
 	}
 	for _, p := range upserted {
-		if p.Subnet.IsValid() {
+		if n.programs(p) {
 			n.planPeer(dev, p, &d)
+		} else if rec := n.recs[recKey(p)]; rec != nil {
+			n.planGone(recKey(p), rec, &d) // it lost the subnets this node programs
 		}
 	}
 	return n.prepare(&d)
 }
 
-func recKey(p subnet.Lease) nl.Key { return (nl.Route{Dst: p.Subnet}).Key() }
+// recKey names a peer's record: its IPv4 subnet, or its IPv6 one in an
+// IPv6-only cluster.
+func recKey(p subnet.Lease) nl.Key { return (nl.Route{Dst: primary(p)}).Key() }
 
 // delta gathers the sets' changes for some peers.
 type delta struct {
@@ -137,35 +142,37 @@ func (n *Network) planPeer(dev int, p subnet.Lease, d *delta) {
 		if was.Overlay && (!o.Overlay || !slices.Equal(was.FDB.HardwareAddr, o.FDB.HardwareAddr)) {
 			d.fdbRm = append(d.fdbRm, was.FDB)
 		}
-		if was.Overlay && !o.Overlay {
-			d.neighRm = append(d.neighRm, was.Neigh)
+		for _, pair := range [][2]nl.Neigh{{was.Neigh, o.Neigh}, {was.Neigh6, o.Neigh6}} {
+			if pair[0].IP.IsValid() && pair[0].IP != pair[1].IP {
+				d.neighRm = append(d.neighRm, pair[0])
+			}
 		}
-		if was.OK && !o.OK {
-			d.routeRm = append(d.routeRm, was.Route.Dst)
+		for _, pair := range [][2]nl.Route{{was.Route, o.Route}, {was.Route6, o.Route6}} {
+			if pair[0].Dst.IsValid() && pair[0].Dst != pair[1].Dst {
+				d.routeRm = append(d.routeRm, pair[0].Dst)
+			}
 		}
 		d.refusedChanged = d.refusedChanged || (old.err != nil) != (rec.err != nil)
 		n.countMAC(old, -1)
 	} else {
 		d.refusedChanged = d.refusedChanged || rec.err != nil
 	}
-	if o.OK {
-		d.routeUp = append(d.routeUp, o.Route)
-	}
-	if o.Overlay {
-		d.neighUp, d.fdbUp = append(d.neighUp, o.Neigh), append(d.fdbUp, o.FDB)
-	}
+	o.emit(Emitters{
+		Route: func(r nl.Route) { d.routeUp = append(d.routeUp, r) },
+		Neigh: func(e nl.Neigh) { d.neighUp = append(d.neighUp, e) },
+		FDB:   func(e nl.Neigh) { d.fdbUp = append(d.fdbUp, e) },
+	})
 	n.recs[k] = rec
 	n.countMAC(rec, 1)
 }
 
 // planGone plans the removal of a peer's objects.
 func (n *Network) planGone(k nl.Key, rec *peerRec, d *delta) {
-	if rec.objects.OK {
-		d.routeRm = append(d.routeRm, rec.objects.Route.Dst)
-	}
-	if rec.objects.Overlay {
-		d.neighRm, d.fdbRm = append(d.neighRm, rec.objects.Neigh), append(d.fdbRm, rec.objects.FDB)
-	}
+	rec.objects.emit(Emitters{
+		Route: func(r nl.Route) { d.routeRm = append(d.routeRm, r.Dst) },
+		Neigh: func(e nl.Neigh) { d.neighRm = append(d.neighRm, e) },
+		FDB:   func(e nl.Neigh) { d.fdbRm = append(d.fdbRm, e) },
+	})
 	d.refusedChanged = d.refusedChanged || rec.err != nil
 	n.countMAC(rec, -1)
 	delete(n.recs, k)

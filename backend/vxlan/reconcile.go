@@ -19,7 +19,7 @@ import (
 type Network struct {
 	b       *Backend
 	local   subnet.Lease
-	vtepIP  netip.Prefix
+	vtepIPs []netip.Prefix
 	routes  *backend.RouteSync
 	neighs  *backend.NeighSync
 	fdb     *backend.NeighSync
@@ -36,9 +36,11 @@ type Network struct {
 	refused    *backend.RefusedPeers // peers with unusable backend data
 	macRefused *backend.RefusedPeers // peers whose VTEP MAC is shared
 	pending    json.RawMessage       // BackendData to publish (a new VTEP MAC)
-	macSeen    map[[6]byte]struct{}  // screen's scratch space
-	macs       map[[6]byte]int       // how many programmed peers have each VTEP MAC
-	macShared  bool                  // some peer is refused for a MAC it shares
+	pending6   json.RawMessage       // BackendV6Data to publish with it
+	hasPending bool
+	macSeen    map[[6]byte]struct{} // screen's scratch space
+	macs       map[[6]byte]int      // how many programmed peers have each VTEP MAC
+	macShared  bool                 // some peer is refused for a MAC it shares
 }
 
 var (
@@ -61,7 +63,7 @@ type parsed struct {
 func (n *Network) macOf(raw []byte) (net.HardwareAddr, error) {
 	e, ok := n.parsed[string(raw)]
 	if !ok {
-		e.mac, e.err = ParseData(n.b.cfg.VNI, raw)
+		e.mac, e.err = parseMAC(n.b.cfg.VNI, raw)
 	}
 	e.gen = n.gen
 	n.parsed[string(raw)] = e
@@ -70,26 +72,52 @@ func (n *Network) macOf(raw []byte) (net.HardwareAddr, error) {
 
 // peerRec is what Reconcile last computed for one peer.
 type peerRec struct {
-	raw     string // BackendData as published
-	pub     netip.Addr
-	objects PeerObjects
-	err     error
-	name    string
-	gen     uint64
+	raw, raw6 string // BackendData and BackendV6Data as published
+	pub, pub6 netip.Addr
+	sub6      netip.Prefix // the IPv6 subnet (the IPv4 one is the key)
+	objects   PeerObjects
+	err       error
+	name      string
+	gen       uint64
 }
+
+// same reports whether p is what rec was computed from.
+func (rec *peerRec) same(p subnet.Lease) bool {
+	a := &p.Attrs
+	return rec.pub == a.PublicIP && rec.pub6 == a.PublicIPv6 && rec.sub6 == p.IPv6Subnet &&
+		rec.raw == string(a.BackendData) && rec.raw6 == string(a.BackendV6Data)
+}
+
+// view is what peers' objects depend on, on the device with index dev.
+func (n *Network) view(dev int) Local {
+	return Local{Config: n.b.cfg, Ext: n.b.opts.ExtIface, Dev: dev, IPv4: n.local.Subnet.IsValid(), IPv6: n.local.IPv6Subnet.IsValid(),
+		UnderlayV6: n.b.dev.SrcAddr.Is6()}
+}
+
+// peerMAC is a peer's VTEP MAC, its data parsed once per distinct value.
+func (n *Network) peerMAC(p subnet.Lease) (net.HardwareAddr, error) { return PeerMAC(p, n.macOf) }
 
 // compute is a peer's desired objects on the device with index dev.
 func (n *Network) compute(dev int, p subnet.Lease) *peerRec {
-	cfg, ext := n.b.cfg, n.b.opts.ExtIface
+	l := n.view(dev)
 	var (
 		mac    net.HardwareAddr
 		macErr error
 	)
-	if !isDirect(cfg, ext, p) {
-		mac, macErr = n.macOf(p.Attrs.BackendData)
+	if l.overlay(p) {
+		mac, macErr = n.peerMAC(p)
 	}
-	o, err := ObjectsFor(cfg, ext, dev, p, mac, macErr)
-	return &peerRec{raw: string(p.Attrs.BackendData), pub: p.Attrs.PublicIP, objects: o, err: err, name: p.String(), gen: n.gen}
+	o, err := ObjectsFor(l, p, mac, macErr)
+	a := &p.Attrs
+	return &peerRec{raw: string(a.BackendData), raw6: string(a.BackendV6Data), pub: a.PublicIP, pub6: a.PublicIPv6, sub6: p.IPv6Subnet,
+		objects: o, err: err, name: p.String(), gen: n.gen}
+}
+
+// programs reports whether this node programs anything for p: it has a
+// subnet in a family the node has.
+func (n *Network) programs(p subnet.Lease) bool {
+	v4, v6 := n.view(0).families(p)
+	return v4 || v6
 }
 
 // Reconcile makes the device, neighbours, FDB and routes match peers.
@@ -99,7 +127,7 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 	}
 	n.gen++
 	peers, newMAC := n.screen(peers)
-	link, created, err := ensureDevice(n.b.k, n.b.dev, n.vtepIP)
+	link, created, err := ensureDevice(n.b.k, n.b.dev, n.vtepIPs)
 	if err != nil {
 		return fmt.Errorf("vxlan: %w", err)
 	}
@@ -166,13 +194,13 @@ func (n *Network) Update(ctx context.Context, upserted, removed []subnet.Lease) 
 // macClash reports whether an upserted overlay peer's MAC is this node's
 // or another programmed peer's.
 func (n *Network) macClash(upserted []subnet.Lease) bool {
-	cfg, ext := n.b.cfg, n.b.opts.ExtIface
+	l := n.view(n.devIdx)
 	own := n.b.dev.HardwareAddr
 	for _, p := range upserted {
-		if !p.Subnet.IsValid() || isDirect(cfg, ext, p) {
+		if !l.overlay(p) {
 			continue
 		}
-		m, err := n.macOf(p.Attrs.BackendData)
+		m, err := n.peerMAC(p)
 		if err != nil || len(m) != 6 {
 			continue // refused for its data, alone
 		}
@@ -236,10 +264,8 @@ func (n *Network) ExternalChanged(ext backend.ExternalInterface) {
 	b := n.b
 	b.opts.ExtIface = ext
 	b.dev.VtepDevIndex = ext.Link.Index
-	if ext.Addr.IsValid() {
-		b.dev.SrcAddr = ext.Addr
-	} else if ext.AddrV6.IsValid() {
-		b.dev.SrcAddr = ext.AddrV6
+	if a, _ := underlay(b.opts.Config, ext); a.IsValid() {
+		b.dev.SrcAddr = a
 	}
 	n.invalidate()
 }

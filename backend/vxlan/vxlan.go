@@ -3,42 +3,49 @@
 //
 // How it works. Each node has one VTEP device per VNI, twill.<VNI>, with
 // learning off, bound to the external interface and its address, MTU the
-// underlay's minus 50 (70 over IPv6), and the network address of the node's
-// subnet as a /32. Its MAC is published in the lease as
-// BackendData {"VNI":1,"VtepMAC":"…"}, stays the same across restarts and
-// reboots, and is this machine's alone (see mac.go). For every peer the
-// node keeps three kernel objects:
+// underlay's minus 50 (70 over IPv6), and the network address of each of
+// the node's subnets as a /32 (IPv4) and a /128 (IPv6). Its MAC is
+// published in the lease as BackendData {"VNI":1,"VtepMAC":"…"} (and the
+// same as BackendV6Data when the node has an IPv6 subnet), stays the same
+// across restarts and reboots, and is this machine's alone (see mac.go).
+// For every peer the node keeps, per pod family the peer has:
 //
 //	neighbour  <peer VTEP IP> lladdr <peer VTEP MAC> dev twill.1 PERMANENT
-//	fdb        <peer VTEP MAC> dev twill.1 dst <peer public IP> self permanent
 //	route      <peer subnet> via <peer VTEP IP> dev twill.1 onlink proto 167
 //
-// where the peer's VTEP IP is the network address of its subnet. The
-// kernel resolves the route's gateway through the static neighbour to the
-// peer's VTEP MAC, and the FDB entry sends frames for that MAC to the peer's
-// public IP over UDP (port 8472 by default).
+// and one FDB entry for both families:
+//
+//	fdb        <peer VTEP MAC> dev twill.1 dst <peer public IP> self permanent
+//
+// where the peer's VTEP IP is the network address of its subnet of that
+// family. The kernel resolves the route's gateway through the static
+// neighbour to the peer's VTEP MAC, and the FDB entry sends frames for
+// that MAC to the peer's public IP over UDP (port 8472 by default).
+//
+// One device carries both pod families, over one underlay family: IPv4
+// when the external interface has an IPv4 address, IPv6 otherwise. The FDB
+// entry points at the peer's PublicIP or PublicIPv6 accordingly, and pods
+// of both families get the same MTU.
 //
 // Reconcile is level-triggered over all three sets (reconcile.go): the
 // desired objects are computed once per peer (desired.go), the three
 // sync sets compare them with the kernel, and the changes are applied in an
 // order that never leaves a route without its neighbour and FDB entry. A
 // peer whose MAC or public IP changed has its entries replaced, a removed
-// peer loses all three, and entries no lease backs are deleted. If the
+// peer loses all of them, and entries no lease backs are deleted. If the
 // device is deleted or altered (VNI, port, MTU, MAC, state), it is
 // re-created and every peer replayed (device.go); a link watch makes that
-// happen within moments (watch.go). With DirectRouting, peers whose public
-// IP is on-link get a host-gw route instead and no overlay entries.
-//
-// IPv4 only: a configuration that enables IPv6 is refused until the
-// backend carries it.
+// happen within moments (watch.go). With DirectRouting, a peer family
+// whose public IP of that family is on-link gets a host-gw route instead
+// and no overlay entries.
 package vxlan
 
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"strconv"
 
@@ -97,14 +104,10 @@ func New(opts backend.Options) (backend.Backend, error) {
 	if cfg.Port < 1 || cfg.Port > 65535 {
 		return nil, fmt.Errorf("net-conf.json: Backend.Port %d: must be between 1 and 65535", cfg.Port)
 	}
-	if opts.Config.EnableIPv6 {
-		return nil, errors.New("net-conf.json: EnableIPv6 true: the vxlan backend carries IPv4 only for now; " +
-			"use host-gw for dual-stack, or set EnableIPv6 false")
-	}
 	ext := opts.ExtIface
-	local, overhead := ext.Addr, overheadV4
-	if !local.IsValid() {
-		local, overhead = ext.AddrV6, overheadV6
+	local, overhead := underlay(opts.Config, ext)
+	if !local.IsValid() && !opts.CheckOnly {
+		return nil, fmt.Errorf("vxlan: external interface %s has no IPv4 or IPv6 address to carry the overlay", ext.Link.Name)
 	}
 	mtu := ext.Link.MTU - overhead
 	if opts.CheckOnly {
@@ -123,6 +126,17 @@ func New(opts backend.Options) (backend.Backend, error) {
 	return b, nil
 }
 
+// underlay is the address the overlay runs over, and the encapsulation's
+// overhead: the external interface's IPv4 address, unless it has none or
+// the pods are IPv6-only and it has an IPv6 one too (so that a node
+// publishes, and peers reach it at, an address of the pods' family).
+func underlay(cfg *subnet.Config, ext backend.ExternalInterface) (netip.Addr, int) {
+	if !ext.Addr.IsValid() || (!cfg.EnableIPv4 && ext.AddrV6.IsValid()) {
+		return ext.AddrV6, overheadV6
+	}
+	return ext.Addr, overheadV4
+}
+
 // DeviceName is the VTEP device for a VNI.
 func DeviceName(vni int) string { return owned.VXLANDevicePrefix + strconv.Itoa(vni) }
 
@@ -133,15 +147,26 @@ func (b *Backend) Prepare(context.Context) (subnet.LeaseAttrs, error) {
 		return subnet.LeaseAttrs{}, err
 	}
 	b.dev.HardwareAddr = mac
-	if _, _, err := ensureDevice(b.k, b.dev, netip.Prefix{}); err != nil {
-		return subnet.LeaseAttrs{}, err
-	}
-	data, err := json.Marshal(Data{VNI: b.cfg.VNI, VtepMAC: mac.String()})
-	if err != nil {
+	if _, _, err := ensureDevice(b.k, b.dev, nil); err != nil {
 		return subnet.LeaseAttrs{}, err
 	}
 	ext := b.opts.ExtIface
-	return subnet.LeaseAttrs{PublicIP: ext.PublicIP, PublicIPv6: ext.PublicIPv6, BackendType: Type, BackendData: data}, nil
+	attrs := subnet.LeaseAttrs{PublicIP: ext.PublicIP, PublicIPv6: ext.PublicIPv6, BackendType: Type}
+	attrs.BackendData, attrs.BackendV6Data = b.data(mac)
+	return attrs, nil
+}
+
+// data is what the node publishes as BackendData and BackendV6Data: the
+// same VNI and MAC, in the fields of the pod families the cluster has.
+func (b *Backend) data(mac net.HardwareAddr) (v4, v6 json.RawMessage) {
+	d, _ := json.Marshal(Data{VNI: b.cfg.VNI, VtepMAC: mac.String()})
+	if b.opts.Config.EnableIPv4 {
+		v4 = d
+	}
+	if b.opts.Config.EnableIPv6 {
+		v6 = d
+	}
+	return v4, v6
 }
 
 // Attach returns the Network that programs the peers.
@@ -149,7 +174,7 @@ func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Network
 	return &Network{
 		b:          b,
 		local:      lease,
-		vtepIP:     netip.PrefixFrom(lease.Subnet.Addr(), 32),
+		vtepIPs:    vtepIPs(lease),
 		routes:     &backend.RouteSync{NL: b.k, FullSyncEvery: b.opts.FullSyncEvery, Log: b.log},
 		neighs:     &backend.NeighSync{NL: b.k, FullSyncEvery: b.opts.FullSyncEvery},
 		fdb:        &backend.NeighSync{NL: b.k, FDB: true, FullSyncEvery: b.opts.FullSyncEvery},
@@ -158,6 +183,18 @@ func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Network
 		refused:    &backend.RefusedPeers{Log: b.log, Message: "refusing peers with unusable vxlan backend data (wrong VNI or VTEP MAC)"},
 		macRefused: &backend.RefusedPeers{Log: b.log, Message: "refusing peers whose VTEP MAC is not theirs alone"},
 	}, nil
+}
+
+// vtepIPs are the device's addresses: the network address of each of the
+// node's subnets, as a host prefix.
+func vtepIPs(l subnet.Lease) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range []netip.Prefix{l.Subnet, l.IPv6Subnet} {
+		if p.IsValid() {
+			out = append(out, netip.PrefixFrom(p.Addr(), p.Addr().BitLen()))
+		}
+	}
+	return out
 }
 
 // MTU is the VTEP device's.

@@ -70,7 +70,8 @@ func TestDesiredState(t *testing.T) {
 		lease("10.244.11.0/24", "224.0.0.1", "0a:00:00:00:00:0b"),
 		lease("10.244.12.0/24", "255.255.255.255", "0a:00:00:00:00:0c"),
 	}
-	refused := DesiredState(Config{VNI: 1, DirectRouting: true}, o.ExtIface, 7, peers, func(i int) (net.HardwareAddr, error) {
+	l := Local{Config: Config{VNI: 1, DirectRouting: true}, Ext: o.ExtIface, Dev: 7, IPv4: true}
+	refused := DesiredState(l, peers, func(i int) (net.HardwareAddr, error) {
 		return ParseData(1, peers[i].Attrs.BackendData)
 	}, Emitters{
 		Route: func(r nl.Route) { routes = append(routes, r) },

@@ -57,7 +57,7 @@ type Monitor interface {
 // backend data of the node's lease after it was taken (a new vxlan VTEP
 // MAC).
 type DataUpdater interface {
-	UpdateBackendData(ctx context.Context, data json.RawMessage) error
+	UpdateBackendData(ctx context.Context, data, v6Data json.RawMessage) error
 }
 
 // ReadyNotifier is implemented by subnet managers that publish the node's
@@ -112,7 +112,7 @@ type Daemon struct {
 	// fullDue asks the loop for a full reconcile (the kernel drifted).
 	fullDue atomic.Bool
 	// pendingData is backend data not yet published (loop goroutine).
-	pendingData json.RawMessage
+	pendingData *[2]json.RawMessage
 	heartbeat   atomic.Int64 // unix nanos of the reconcile loop's last turn
 	started     time.Time    // when Run began, for the start-up timings in the log
 }
@@ -334,21 +334,21 @@ func (d *Daemon) publishData(ctx context.Context, nw backend.Network) error {
 		if !ok {
 			return nil
 		}
-		data, changed := p.BackendData()
+		data, v6Data, changed := p.BackendData()
 		if !changed {
 			return nil
 		}
-		d.pendingData = data
+		d.pendingData = &[2]json.RawMessage{data, v6Data}
 	}
 	u, ok := d.o.Subnets.(DataUpdater)
 	if !ok {
 		d.pendingData = nil
 		return errors.New("the backend changed its lease data, but this subnet manager cannot publish it; restart twilld")
 	}
-	if err := u.UpdateBackendData(ctx, d.pendingData); err != nil {
+	if err := u.UpdateBackendData(ctx, d.pendingData[0], d.pendingData[1]); err != nil {
 		return fmt.Errorf("publishing the backend's new data: %w", err)
 	}
-	d.log.Info("published new backend data in this node's lease", "data", string(d.pendingData))
+	d.log.Info("published new backend data in this node's lease", "data", string(d.pendingData[0]), "v6_data", string(d.pendingData[1]))
 	d.pendingData = nil
 	return nil
 }

@@ -676,7 +676,7 @@ func (m *Manager) recreate(ctx context.Context, own ownLease) error {
 // UpdateBackendData publishes new backend data in this node's lease key
 // (a backend that had to change it, such as vxlan taking a new VTEP MAC),
 // keeping the key's etcd lease.
-func (m *Manager) UpdateBackendData(ctx context.Context, data json.RawMessage) error {
+func (m *Manager) UpdateBackendData(ctx context.Context, data, v6Data json.RawMessage) error {
 	m.mu.Lock()
 	own := m.own
 	m.mu.Unlock()
@@ -687,7 +687,7 @@ func (m *Manager) UpdateBackendData(ctx context.Context, data json.RawMessage) e
 	if err != nil {
 		return err
 	}
-	attrs.BackendData = data
+	attrs.BackendData, attrs.BackendV6Data = data, v6Data
 	value, err := json.Marshal(attrs)
 	if err != nil {
 		return err

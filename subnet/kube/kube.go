@@ -223,7 +223,7 @@ func (m *Manager) AcquireLease(ctx context.Context, cfg *subnet.Config, attrs su
 	if err := fitConfig(cfg, node.Name, v4, v6); err != nil {
 		return subnet.Lease{}, err
 	}
-	if ow := node.Annotations[m.ann.Key(AnnPublicIPOverwrite)]; ow != "" && v4.IsValid() {
+	if ow := node.Annotations[m.ann.Key(AnnPublicIPOverwrite)]; ow != "" {
 		ip, err := parseIP(ow, false)
 		if err != nil {
 			return subnet.Lease{}, fmt.Errorf("node %q: annotation %s %q: %w", node.Name, m.ann.Key(AnnPublicIPOverwrite), ow, err)
@@ -231,15 +231,24 @@ func (m *Manager) AcquireLease(ctx context.Context, cfg *subnet.Config, attrs su
 		m.log.Info("publishing the operator's public IP", "annotation", m.ann.Key(AnnPublicIPOverwrite), "public_ip", ip, "detected", attrs.PublicIP)
 		attrs.PublicIP = ip
 	}
-	if ow := node.Annotations[m.ann.Key(AnnPublicIPv6Overwrite)]; ow != "" && v6.IsValid() {
+	if ow := node.Annotations[m.ann.Key(AnnPublicIPv6Overwrite)]; ow != "" {
 		ip, err := parseIP(ow, true)
 		if err != nil {
 			return subnet.Lease{}, fmt.Errorf("node %q: annotation %s %q: %w", node.Name, m.ann.Key(AnnPublicIPv6Overwrite), ow, err)
 		}
 		attrs.PublicIPv6 = ip
 	}
+	// An address of a family the pods do not use is published only when
+	// the node has no other (a vxlan overlay over it): kubelet lists the
+	// pods' families in status.addresses, which peers check it against.
 	if !cfg.EnableIPv6 {
-		attrs.PublicIPv6, attrs.BackendV6Data = netip.Addr{}, nil
+		attrs.BackendV6Data = nil
+		if attrs.PublicIP.IsValid() {
+			attrs.PublicIPv6 = netip.Addr{}
+		}
+	}
+	if !cfg.EnableIPv4 && attrs.PublicIPv6.IsValid() {
+		attrs.PublicIP = netip.Addr{}
 	}
 	lease.Attrs = attrs
 	want := m.ann.Publish(attrs)
@@ -423,10 +432,10 @@ func (m *Manager) repairSelf(ctx context.Context) error {
 // UpdateBackendData publishes new backend data in the node's annotations
 // (a backend that had to change it, such as vxlan taking a new VTEP MAC);
 // Run keeps it there from then on.
-func (m *Manager) UpdateBackendData(ctx context.Context, data json.RawMessage) error {
+func (m *Manager) UpdateBackendData(ctx context.Context, data, v6Data json.RawMessage) error {
 	m.mu.Lock()
 	attrs := m.lease.Attrs
-	attrs.BackendData = data
+	attrs.BackendData, attrs.BackendV6Data = data, v6Data
 	want := m.ann.Publish(attrs)
 	m.mu.Unlock()
 	rv := ""

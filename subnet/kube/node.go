@@ -103,16 +103,16 @@ func (a Annotations) NodeLease(n *corev1.Node) (l subnet.Lease, ok bool, err err
 	if l.Attrs.BackendV6Data, err = a.jsonObject(n, AnnBackendV6Data); err != nil {
 		return l, false, err
 	}
-	if l.Subnet.IsValid() {
+	// An IPv4 pod subnet needs the IPv4 address; either may carry a vxlan
+	// overlay, so one set without its pod family is read too.
+	if _, set := ann[a.Key(AnnPublicIP)]; set || l.Subnet.IsValid() {
 		if l.Attrs.PublicIP, err = a.publicIP(n, AnnPublicIP, AnnPublicIPOverwrite, false); err != nil {
 			return l, false, err
 		}
 	}
-	if l.IPv6Subnet.IsValid() {
-		if _, set := ann[a.Key(AnnPublicIPv6)]; set {
-			if l.Attrs.PublicIPv6, err = a.publicIP(n, AnnPublicIPv6, AnnPublicIPv6Overwrite, true); err != nil {
-				return l, false, err
-			}
+	if _, set := ann[a.Key(AnnPublicIPv6)]; set {
+		if l.Attrs.PublicIPv6, err = a.publicIP(n, AnnPublicIPv6, AnnPublicIPv6Overwrite, true); err != nil {
+			return l, false, err
 		}
 	}
 	return l, true, nil
@@ -197,6 +197,10 @@ func (a Annotations) Publish(attrs subnet.LeaseAttrs) map[string]string {
 	}
 	if attrs.PublicIPv6.IsValid() {
 		m[a.Key(AnnPublicIPv6)] = attrs.PublicIPv6.String()
+	}
+	if attrs.PublicIPv6.IsValid() || len(bytes.TrimSpace(attrs.BackendV6Data)) > 0 {
+		// vxlan carries IPv6 pods over an IPv4 underlay too: its IPv6
+		// data goes with no IPv6 public address.
 		m[a.Key(AnnBackendV6Data)] = raw(attrs.BackendV6Data)
 	}
 	return m

@@ -1,12 +1,15 @@
 package kube
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/twill-net/twill/subnet"
 )
 
 func ann(t testing.TB) Annotations {
@@ -206,5 +209,33 @@ func TestSnapshotOverlapSameSecondRefusesBoth(t *testing.T) {
 	snap := a.Snapshot([]*corev1.Node{x, y}, "self")
 	if len(snap.Leases) != 0 || len(snap.Refused) != 2 || !strings.Contains(snap.Refused[0].Err.Error(), "same second") {
 		t.Errorf("same-age overlap: leases %v refused %v; want both refused", snap.Leases, snap.Refused)
+	}
+}
+
+// TestNodeLeaseIPv6: an IPv6-only Node whose vxlan overlay runs over IPv4
+// still has its public-ip read (and checked against its addresses), and a
+// public-ipv6 that is not one of its addresses is refused.
+func TestNodeLeaseIPv6(t *testing.T) {
+	a := ann(t)
+	n := node("n1", "fd00:10:0:1::/64", "192.168.0.1", map[string]string{"twill.io/backend-type": "vxlan",
+		"twill.io/backend-data": "null", "twill.io/backend-v6-data": `{"VNI":1,"VtepMAC":"0a:00:00:00:00:01"}`, "twill.io/public-ip": "192.168.0.1"})
+	l, ok, err := a.NodeLease(n)
+	if err != nil || !ok || l.IPv6Subnet.String() != "fd00:10:0:1::/64" || l.Attrs.PublicIP.String() != "192.168.0.1" || len(l.Attrs.BackendV6Data) == 0 {
+		t.Fatalf("IPv6-only node over IPv4: %+v %v %v", l, ok, err)
+	}
+	n.Annotations["twill.io/public-ip"] = "192.168.0.9"
+	if _, _, err := a.NodeLease(n); err == nil || !strings.Contains(err.Error(), "not one of the node's status.addresses") {
+		t.Errorf("a public-ip not the node's: err %v", err)
+	}
+	n.Annotations["twill.io/public-ip"] = "192.168.0.1"
+	n.Annotations["twill.io/public-ipv6"] = "fd99::9"
+	if _, _, err := a.NodeLease(n); err == nil || !strings.Contains(err.Error(), "twill.io/public-ipv6") {
+		t.Errorf("a public-ipv6 not the node's: err %v", err)
+	}
+	// vxlan's IPv6 data is published with no IPv6 public address.
+	pub := a.Publish(subnet.LeaseAttrs{BackendType: "vxlan", PublicIP: netip.MustParseAddr("192.168.0.1"),
+		BackendData: []byte(`{"VNI":1}`), BackendV6Data: []byte(`{"VNI":1}`)})
+	if pub["twill.io/backend-v6-data"] != `{"VNI":1}` || pub["twill.io/public-ipv6"] != "" {
+		t.Errorf("published %v: want backend-v6-data, no public-ipv6", pub)
 	}
 }
