@@ -42,7 +42,14 @@ func newKubeCluster(t testing.TB, n int, backend string) *kubeCluster {
 // net-conf.json's Network set to network.
 func newKubeClusterOn(t testing.TB, n int, underlay netip.Prefix, network, backend string) *kubeCluster {
 	t.Helper()
-	c := newClusterOn(t, n, underlay)
+	return newKubeClusterWith(t, topology.Options{Nodes: n, Underlay: underlay}, fmt.Sprintf(`{"Network":%q,"Backend":{"Type":%q}}`, network, backend))
+}
+
+// newKubeClusterWith is a Kubernetes-mode cluster on the topology o
+// describes, with netConf as net-conf.json.
+func newKubeClusterWith(t testing.TB, o topology.Options, netConf string) *kubeCluster {
+	t.Helper()
+	c := newClusterWith(t, o)
 	api := kubetest.Start(t, kubetest.Options{NS: c.topo.Underlay, Addr: c.topo.BridgeAddr, EtcdURL: c.etcdURL, Dir: filepath.Join(c.dir, "kube")})
 	manifest := filepath.Join(kubetest.Root(t), "dist", "kube-twill.yml")
 	// The manifest is schema-valid: the apiserver accepts it in a server
@@ -65,8 +72,7 @@ func newKubeClusterOn(t testing.TB, n int, underlay netip.Prefix, network, backe
 	k := &kubeCluster{cluster: c, api: api, nodes: api.AdminClient(t).Nodes(),
 		kubeconfig: api.ServiceAccountKubeconfig(t, "kube-twill", "twill"),
 		netConf:    filepath.Join(c.dir, "net-conf.json")}
-	conf := fmt.Sprintf(`{"Network":%q,"Backend":{"Type":%q}}`, network, backend)
-	if err := os.WriteFile(k.netConf, []byte(conf), 0o644); err != nil {
+	if err := os.WriteFile(k.netConf, []byte(netConf), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return k
@@ -382,6 +388,54 @@ func TestKubeVXLAN(t *testing.T) {
 		}
 	}
 	k.tcp(podB, addrB, podA)
+}
+
+// TestKubeVXLANDualStack: Nodes with an IPv4 and an IPv6 podCIDR and
+// addresses of both families (a dual-stack underlay): vxlan publishes its
+// VTEP in backend-data and backend-v6-data, routes both families over one
+// VTEP, and pods on different nodes talk over both. A Node whose
+// public-ipv6 is not one of its addresses is refused.
+func TestKubeVXLANDualStack(t *testing.T) {
+	k := newKubeClusterWith(t, topology.Options{Nodes: 2, Underlay: netip.MustParsePrefix("10.99.0.0/24"), UnderlayV6: netip.MustParsePrefix("fd99::/64")},
+		`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10::/56","Backend":{"Type":"vxlan"}}`)
+	v6CIDR := func(i int) netip.Prefix { return netip.MustParsePrefix(fmt.Sprintf("fd00:10:0:%x::/64", i+1)) }
+	create := func(name string, i int, v4, v6 netip.Addr, ann map[string]string) {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: ann}}
+		n.Spec.PodCIDR, n.Spec.PodCIDRs = podCIDR(i).String(), []string{podCIDR(i).String(), v6CIDR(i).String()}
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: v4.String()},
+			{Type: corev1.NodeInternalIP, Address: v6.String()}, {Type: corev1.NodeHostName, Address: name}}
+		if _, err := k.nodes.Create(t.Context(), n, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("creating Node %s: %v", name, err)
+		}
+	}
+	for i, n := range k.topo.Nodes {
+		create(n.Name, i, n.Addr.Addr(), n.AddrV6.Addr(), nil)
+	}
+	// A Node claiming node2's IPv6 address, which is not one of its own.
+	create("spoof", 5, netip.MustParseAddr("10.99.0.50"), netip.MustParseAddr("fd99::50"), map[string]string{
+		"twill.io/backend-type": "vxlan", "twill.io/backend-data": `{"VNI":1,"VtepMAC":"0a:00:00:00:00:50"}`,
+		"twill.io/backend-v6-data": `{"VNI":1,"VtepMAC":"0a:00:00:00:00:50"}`,
+		"twill.io/public-ip":       "10.99.0.50", "twill.io/public-ipv6": k.topo.Nodes[1].AddrV6.Addr().String()})
+	for i := range k.topo.Nodes {
+		k.startKubeDaemon(i)
+	}
+	for i, n := range k.topo.Nodes {
+		env := k.env(i)
+		if env.Subnet != podCIDR(i) || env.IPv6Subnet != v6CIDR(i) || env.MTU != 1450 {
+			t.Fatalf("%s subnet.env %+v: want its two podCIDRs and MTU 1450", n.Name, env)
+		}
+	}
+	waitFor(t, 10*time.Second, "backend-v6-data published", func() bool {
+		ann := k.published(0)
+		return strings.Contains(ann["twill.io/backend-v6-data"], `"VtepMAC"`) && ann["twill.io/backend-v6-data"] == ann["twill.io/backend-data"] &&
+			ann["twill.io/public-ipv6"] == k.topo.Nodes[0].AddrV6.Addr().String()
+	})
+	want := fmt.Sprintf("%s via %s dev twill.1 proto 167 ", v6CIDR(1), v6CIDR(1).Addr())
+	waitFor(t, 10*time.Second, "node2's IPv6 route on node1", func() bool { return strings.Contains(k.routes6(0), want) })
+	if r := k.routes6(0); strings.Contains(r, v6CIDR(5).String()) {
+		t.Errorf("the spoofing Node's IPv6 podCIDR was routed:\n%s", r)
+	}
+	k.podsTalk(t, 1450, true, true)
 }
 
 // TestKubeRBAC asks the apiserver what dist/kube-twill.yml's ServiceAccount

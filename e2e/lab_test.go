@@ -147,6 +147,33 @@ func TestLabRoutedVXLAN(t *testing.T) {
 	l.check(n, 8)
 }
 
+// TestLabIPFamilies: an IPv6-only lab on a routed IPv6 underlay (vxlan)
+// and a dual-stack lab (host-gw) pass lab check, which probes every
+// address of every pod; a dual-stack pod is probed at both.
+func TestLabIPFamilies(t *testing.T) {
+	for _, tc := range []struct {
+		family, backend, underlay string
+		targets                   int
+	}{
+		{"ipv6", "vxlan", "routed", 4},
+		{"dual", "host-gw", "flat", 8},
+	} {
+		t.Run(tc.family+"-"+tc.backend, func(t *testing.T) {
+			l := newLabCtl(t)
+			n := labName("i" + tc.family[:1])
+			l.up(n, "--nodes", "2", "--pods-per-node", "2", "--backend", tc.backend, "--underlay", tc.underlay, "--ip-family", tc.family)
+			out, err := l.run("check", "--name", n)
+			if want := fmt.Sprintf("%d of %d pairs OK", 4*tc.targets, 4*tc.targets); err != nil || !strings.Contains(out, want) {
+				t.Fatalf("lab check: %v, want %q\n%s", err, want, out)
+			}
+			st, err := l.run("status", "--name", n)
+			if err != nil || !strings.Contains(st, "fd00:10:") {
+				t.Errorf("lab status shows no IPv6 pod subnet or address: %v\n%s", err, st)
+			}
+		})
+	}
+}
+
 // TestLabENI: `twillctl lab up --backend eni` on its simulated VPC, in both
 // modes, and `lab check` passes.
 func TestLabENI(t *testing.T) {

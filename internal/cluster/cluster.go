@@ -10,8 +10,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -38,7 +40,7 @@ type Etcd struct {
 // NewEtcd describes the etcd of topo, its data and socket under dir, run
 // by twillctl (its embedded etcd). Start runs it.
 func NewEtcd(topo *topology.Topology, dir, twillctl string) *Etcd {
-	e := &Etcd{URL: fmt.Sprintf("http://%s:%d", topo.BridgeAddr, EtcdPort), Sock: filepath.Join(dir, "etcd.sock"), ns: topo.Underlay}
+	e := &Etcd{URL: "http://" + net.JoinHostPort(topo.BridgeAddr.String(), strconv.Itoa(EtcdPort)), Sock: filepath.Join(dir, "etcd.sock"), ns: topo.Underlay}
 	e.argv = []string{twillctl, "etcd", "--data-dir", filepath.Join(dir, "etcd"), "--listen-client-urls", e.URL + ",unix://" + e.Sock}
 	return e
 }

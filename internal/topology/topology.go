@@ -26,13 +26,15 @@ type Options struct {
 	Underlay netip.Prefix
 	// MTU of the underlay links; 0 keeps the default (1500).
 	MTU int
-	// UnderlayV6, when set (a /64), also gives node i address ::i on eth0,
-	// for dual-stack clusters (flat underlays only).
+	// UnderlayV6, when set (a /64), gives node i address ::i on eth0 and
+	// the bridge ::fe: a dual-stack underlay with Underlay, an IPv6-only
+	// one without it.
 	UnderlayV6 netip.Prefix
 	// Routed puts the nodes on two segments joined by a router namespace:
-	// odd nodes on Underlay (a /24), even nodes on the next /24. Nodes and
-	// the underlay namespace route to the other segment via the router
-	// (.253 on each segment), so only L3 crosses between segments.
+	// odd nodes on Underlay (a /24) and UnderlayV6, even nodes on the next
+	// /24 and /64. Nodes and the underlay namespace route to the other
+	// segment via the router (.253 and ::fd on each segment), so only L3
+	// crosses between segments.
 	Routed bool
 	// VPC, when set, makes a simulated cloud VPC instead of a bridge: see
 	// VPCOptions. Underlay is then the nodes' primary subnet.
@@ -45,8 +47,10 @@ type Options struct {
 
 // Topology is a built cluster.
 type Topology struct {
-	Underlay   string     // namespace holding the (first) bridge
-	BridgeAddr netip.Addr // reachable from every node (etcd listens here)
+	Underlay string // namespace holding the (first) bridge
+	// BridgeAddr is reachable from every node (etcd listens here): the
+	// bridge's IPv4 address, or its IPv6 one on an IPv6-only underlay.
+	BridgeAddr netip.Addr
 	Nodes      []Node
 	// Router is the router namespace of a routed topology; UnderlayB the
 	// second segment's namespace.
@@ -61,7 +65,9 @@ type Topology struct {
 type Node struct {
 	Name string
 	NS   string
-	Addr netip.Prefix // eth0's address with the underlay prefix length
+	// Addr is eth0's address with the underlay prefix length: IPv4, or
+	// IPv6 on an IPv6-only underlay. AddrV6 is its IPv6 one, if any.
+	Addr, AddrV6 netip.Prefix
 	// ENIAddr and ENIMAC describe eth1, the node's ENI, in a VPC topology.
 	ENIAddr netip.Prefix
 	ENIMAC  string
@@ -90,10 +96,13 @@ func Build(o Options) (_ *Topology, err error) {
 	if o.Nodes < 1 || o.Nodes > 200 {
 		return nil, fmt.Errorf("topology: %d nodes: want 1..200", o.Nodes)
 	}
-	if !o.Underlay.IsValid() || o.Underlay.Addr().Is6() || o.Underlay.Bits() > 24 {
+	if o.Underlay.IsValid() && (o.Underlay.Addr().Is6() || o.Underlay.Bits() > 24) || !o.Underlay.IsValid() && !o.UnderlayV6.IsValid() {
 		return nil, fmt.Errorf("topology: underlay %s: want an IPv4 /24 or larger", o.Underlay)
 	}
-	if o.Routed && o.Underlay.Bits() != 24 {
+	if o.UnderlayV6.IsValid() && (!o.UnderlayV6.Addr().Is6() || o.UnderlayV6.Bits() != 64) {
+		return nil, fmt.Errorf("topology: IPv6 underlay %s: want an IPv6 /64", o.UnderlayV6)
+	}
+	if o.Routed && o.Underlay.IsValid() && o.Underlay.Bits() != 24 {
 		return nil, fmt.Errorf("topology: routed underlay %s: want a /24", o.Underlay)
 	}
 	t := &Topology{Underlay: o.Prefix + "-ul"}
@@ -111,17 +120,24 @@ func Build(o Options) (_ *Topology, err error) {
 		}
 		return t, nil
 	}
-	t.BridgeAddr = lastUsable(o.Underlay)
-	for _, s := range [][]string{
-		{"link", "add", "br0", "type", "bridge"},
-		{"link", "set", "br0", "up"},
-		{"addr", "add", netip.PrefixFrom(t.BridgeAddr, o.Underlay.Bits()).String(), "dev", "br0"},
-	} {
+	steps := [][]string{{"link", "add", "br0", "type", "bridge"}, {"link", "set", "br0", "up"}}
+	if o.Underlay.IsValid() {
+		t.BridgeAddr = lastUsable(o.Underlay)
+		steps = append(steps, []string{"addr", "add", netip.PrefixFrom(t.BridgeAddr, o.Underlay.Bits()).String(), "dev", "br0"})
+	}
+	if o.UnderlayV6.IsValid() {
+		a := hostV6(o.UnderlayV6, bridgeV6)
+		if !t.BridgeAddr.IsValid() {
+			t.BridgeAddr = a
+		}
+		steps = append(steps, []string{"-6", "addr", "add", netip.PrefixFrom(a, 64).String(), "dev", "br0", "nodad"})
+	}
+	for _, s := range steps {
 		if err := IP(t.Underlay, s...); err != nil {
 			return nil, err
 		}
 	}
-	segments := []*segment{{ns: t.Underlay, prefix: o.Underlay, next: o.Underlay.Addr()}}
+	segments := []*segment{{ns: t.Underlay, prefix: o.Underlay, prefix6: o.UnderlayV6, next: o.Underlay.Addr()}}
 	if o.Routed {
 		segB, err := t.buildRouter(o)
 		if err != nil {
@@ -139,19 +155,48 @@ func Build(o Options) (_ *Topology, err error) {
 
 // segment is one L2 segment of the underlay: a bridge in namespace ns.
 type segment struct {
-	ns     string
-	prefix netip.Prefix
-	next   netip.Addr // the last address given to a node
+	ns      string
+	prefix  netip.Prefix // IPv4; invalid on an IPv6-only underlay
+	prefix6 netip.Prefix // IPv6; invalid on an IPv4-only underlay
+	next    netip.Addr   // the last IPv4 address given to a node
+}
+
+// The host parts of the IPv6 underlay's fixed addresses.
+const (
+	bridgeV6 = 0xfe
+	routerV6 = 0xfd
+)
+
+// hostV6 is address host (below 256) in a /64.
+func hostV6(p netip.Prefix, host byte) netip.Addr {
+	a := p.Masked().Addr().As16()
+	a[15] = host
+	return netip.AddrFrom16(a)
+}
+
+// nextV6 is the /64 after p.
+func nextV6(p netip.Prefix) netip.Prefix {
+	a := p.Masked().Addr().As16()
+	v := uint16(a[6])<<8 | uint16(a[7]) + 1
+	a[6], a[7] = byte(v>>8), byte(v)
+	return netip.PrefixFrom(netip.AddrFrom16(a), 64)
 }
 
 // buildRouter adds a second segment and a router between the two; the
 // first underlay namespace (where etcd listens) reaches the second
 // segment through it.
 func (t *Topology) buildRouter(o Options) (*segment, error) {
-	a4 := o.Underlay.Addr().As4()
-	a4[2]++
-	segB := netip.PrefixFrom(netip.AddrFrom4(a4), 24)
-	t.UnderlayB, t.Router = o.Prefix+"-ulb", o.Prefix+"-rt"
+	segB := &segment{ns: o.Prefix + "-ulb"}
+	if o.Underlay.IsValid() {
+		a4 := o.Underlay.Addr().As4()
+		a4[2]++
+		segB.prefix = netip.PrefixFrom(netip.AddrFrom4(a4), 24)
+		segB.next = segB.prefix.Addr()
+	}
+	if o.UnderlayV6.IsValid() {
+		segB.prefix6 = nextV6(o.UnderlayV6)
+	}
+	t.UnderlayB, t.Router = segB.ns, o.Prefix+"-rt"
 	for _, ns := range []string{t.UnderlayB, t.Router} {
 		if err := t.addNS(ns); err != nil {
 			return nil, err
@@ -162,62 +207,102 @@ func (t *Topology) buildRouter(o Options) (*segment, error) {
 			return nil, err
 		}
 	}
-	segs := []segment{{ns: t.Underlay, prefix: o.Underlay}, {ns: t.UnderlayB, prefix: segB}}
+	segs := []segment{{ns: t.Underlay, prefix: o.Underlay, prefix6: o.UnderlayV6}, *segB}
 	for i, seg := range segs {
 		port, dev := fmt.Sprintf("rt%d", i), fmt.Sprintf("seg%d", i)
-		rtAddr := netip.PrefixFrom(lastUsable(seg.prefix).Prev(), 24)
-		for _, st := range []struct {
+		steps := []struct {
 			ns   string
 			args []string
 		}{
 			{t.Router, []string{"link", "add", dev, "type", "veth", "peer", "name", port, "netns", seg.ns}},
-			{t.Router, []string{"addr", "add", rtAddr.String(), "dev", dev}},
 			{t.Router, []string{"link", "set", dev, "up"}},
 			{seg.ns, []string{"link", "set", port, "master", "br0"}},
 			{seg.ns, []string{"link", "set", port, "up"}},
-		} {
+		}
+		if seg.prefix.IsValid() {
+			steps = append(steps, struct {
+				ns   string
+				args []string
+			}{t.Router, []string{"addr", "add", netip.PrefixFrom(routerV4(seg.prefix), 24).String(), "dev", dev}})
+		}
+		if seg.prefix6.IsValid() {
+			steps = append(steps, struct {
+				ns   string
+				args []string
+			}{t.Router, []string{"-6", "addr", "add", netip.PrefixFrom(hostV6(seg.prefix6, routerV6), 64).String(), "dev", dev, "nodad"}})
+		}
+		for _, st := range steps {
 			if err := IP(st.ns, st.args...); err != nil {
 				return nil, err
 			}
 		}
 	}
-	if err := sysctl.SetIn("/var/run/netns/"+t.Router, "net/ipv4/ip_forward", "1"); err != nil {
-		return nil, err
+	if o.Underlay.IsValid() {
+		if err := sysctl.SetIn("/var/run/netns/"+t.Router, "net/ipv4/ip_forward", "1"); err != nil {
+			return nil, err
+		}
+		if err := IP(t.Underlay, "route", "add", segB.prefix.String(), "via", routerV4(o.Underlay).String()); err != nil {
+			return nil, err
+		}
 	}
-	if err := IP(t.Underlay, "route", "add", segB.String(), "via", lastUsable(o.Underlay).Prev().String()); err != nil {
-		return nil, err
+	if o.UnderlayV6.IsValid() {
+		if err := sysctl.SetIn("/var/run/netns/"+t.Router, "net/ipv6/conf/all/forwarding", "1"); err != nil {
+			return nil, err
+		}
+		if err := IP(t.Underlay, "-6", "route", "add", segB.prefix6.String(), "via", hostV6(o.UnderlayV6, routerV6).String()); err != nil {
+			return nil, err
+		}
 	}
-	return &segment{ns: t.UnderlayB, prefix: segB, next: segB.Addr()}, nil
+	return segB, nil
 }
+
+// routerV4 is the router's address on an IPv4 segment: .253 of a /24.
+func routerV4(seg netip.Prefix) netip.Addr { return lastUsable(seg).Prev() }
 
 // addNode adds node i on seg: its namespace, eth0 with the segment's next
 // address, and the port on the segment's bridge.
 func (t *Topology) addNode(o Options, i int, seg *segment) error {
-	seg.next = seg.next.Next()
-	n := Node{Name: fmt.Sprintf("node%d", i), NS: fmt.Sprintf("%s-n%d", o.Prefix, i), Addr: netip.PrefixFrom(seg.next, seg.prefix.Bits())}
+	n := Node{Name: fmt.Sprintf("node%d", i), NS: fmt.Sprintf("%s-n%d", o.Prefix, i)}
+	if seg.prefix6.IsValid() {
+		n.AddrV6 = netip.PrefixFrom(hostV6(seg.prefix6, byte(i)), 64)
+		n.Addr = n.AddrV6
+	}
+	if seg.prefix.IsValid() {
+		seg.next = seg.next.Next()
+		n.Addr = netip.PrefixFrom(seg.next, seg.prefix.Bits())
+	}
 	if err := t.addNS(n.NS); err != nil {
 		return err
 	}
 	port := fmt.Sprintf("n%d", i)
-	steps := [][]string{
-		{"link", "add", "eth0", "type", "veth", "peer", "name", port, "netns", seg.ns},
-		{"addr", "add", n.Addr.String(), "dev", "eth0"},
-		{"link", "set", "eth0", "up"},
+	steps := [][]string{{"link", "add", "eth0", "type", "veth", "peer", "name", port, "netns", seg.ns}}
+	if seg.prefix.IsValid() {
+		steps = append(steps, []string{"addr", "add", n.Addr.String(), "dev", "eth0"})
 	}
+	if n.AddrV6.IsValid() {
+		steps = append(steps, []string{"-6", "addr", "add", n.AddrV6.String(), "dev", "eth0", "nodad"})
+	}
+	steps = append(steps, []string{"link", "set", "eth0", "up"})
 	uSteps := [][]string{{"link", "set", port, "master", "br0"}, {"link", "set", port, "up"}}
 	if o.MTU != 0 {
 		steps = append(steps, []string{"link", "set", "eth0", "mtu", fmt.Sprint(o.MTU)})
 		uSteps = append(uSteps, []string{"link", "set", port, "mtu", fmt.Sprint(o.MTU)})
 	}
-	if o.Routed {
-		steps = append(steps, []string{"route", "add", "default", "via", lastUsable(seg.prefix).Prev().String()})
-	} else if o.DefaultRoute {
-		steps = append(steps, []string{"route", "add", "default", "via", lastUsable(o.Underlay).String()})
-	}
-	if o.UnderlayV6.IsValid() {
-		a := o.UnderlayV6.Addr().As16()
-		a[15] = byte(i)
-		steps = append(steps, []string{"-6", "addr", "add", netip.PrefixFrom(netip.AddrFrom16(a), o.UnderlayV6.Bits()).String(), "dev", "eth0", "nodad"})
+	switch {
+	case o.Routed:
+		if seg.prefix.IsValid() {
+			steps = append(steps, []string{"route", "add", "default", "via", routerV4(seg.prefix).String()})
+		}
+		if seg.prefix6.IsValid() {
+			steps = append(steps, []string{"-6", "route", "add", "default", "via", hostV6(seg.prefix6, routerV6).String()})
+		}
+	case o.DefaultRoute:
+		if seg.prefix.IsValid() {
+			steps = append(steps, []string{"route", "add", "default", "via", lastUsable(o.Underlay).String()})
+		}
+		if seg.prefix6.IsValid() {
+			steps = append(steps, []string{"-6", "route", "add", "default", "via", hostV6(seg.prefix6, bridgeV6).String()})
+		}
 	}
 	for _, s := range steps {
 		if err := IP(n.NS, s...); err != nil {
