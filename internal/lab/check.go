@@ -141,7 +141,13 @@ func Check(ctx context.Context, s *State, binDir string) (Result, error) {
 	var to []Target
 	for _, p := range s.Pods {
 		from = append(from, Vantage{Name: p.Name, NetNS: "/var/run/netns/" + p.NS})
-		to = append(to, Target{Name: p.Name, Addr: netip.AddrPortFrom(p.IP, EchoPort)})
+		for i, a := range p.Addrs() {
+			name := p.Name
+			if i > 0 {
+				name += "-v6" // a dual-stack pod's second address
+			}
+			to = append(to, Target{Name: name, Addr: netip.AddrPortFrom(a, EchoPort)})
+		}
 	}
 	return Matrix(ctx, binDir, from, to), nil
 }

@@ -65,7 +65,17 @@ type Options struct {
 	// UnderlayCIDR is the nodes' segment (an IPv4 /24; default
 	// 10.99.0.0/24): nodes take .1, .2, ... and the underlay namespace .254.
 	UnderlayCIDR netip.Prefix
+	// IPFamily is the families of the underlay and the pods alike: ipv4
+	// (the default), ipv6 or dual. An IPv6 underlay is fd99:0:0:1::/64
+	// (and fd99:0:0:2::/64 past the router), IPv6 pods fd00:10::/56.
+	IPFamily string
 }
+
+// The lab's IPv6 underlay and pod network.
+var (
+	UnderlayV6  = netip.MustParsePrefix("fd99:0:0:1::/64")
+	IPv6Network = netip.MustParsePrefix("fd00:10::/56")
+)
 
 var nameRE = regexp.MustCompile(`^[a-z0-9]{1,8}$`)
 
@@ -97,6 +107,16 @@ func (o *Options) Validate() error {
 	case "flat", "routed":
 	default:
 		return fmt.Errorf("--underlay %q: flat or routed", o.Underlay)
+	}
+	switch o.IPFamily {
+	case "":
+		o.IPFamily = "ipv4"
+	case "ipv4", "ipv6", "dual":
+	default:
+		return fmt.Errorf("--ip-family %q: ipv4, ipv6 or dual", o.IPFamily)
+	}
+	if o.IPFamily != "ipv4" && (o.Kubernetes || o.Bare || o.Backend == "eni") {
+		return fmt.Errorf("--ip-family %s: the etcd-mode lab's vxlan and host-gw only (the Kubernetes, bare and eni labs are IPv4)", o.IPFamily)
 	}
 	switch o.Netfilter {
 	case "":
@@ -174,6 +194,7 @@ type State struct {
 	Backend     string    `json:"backend"`
 	ENIMode     string    `json:"eniMode,omitempty"`
 	Netfilter   string    `json:"netfilter,omitempty"`
+	IPFamily    string    `json:"ipFamily,omitempty"`
 	Underlay    string    `json:"underlay"`
 	Bare        bool      `json:"bare,omitempty"`
 	Created     time.Time `json:"created"`
@@ -206,6 +227,8 @@ type Node struct {
 	NS     string       `json:"netns"`
 	Addr   netip.Addr   `json:"addr"`
 	Subnet netip.Prefix `json:"subnet"`
+	// IPv6Subnet is the node's IPv6 pod subnet, in a lab with IPv6 pods.
+	IPv6Subnet netip.Prefix `json:"ipv6Subnet,omitzero"`
 }
 
 // Pod is one pod: a network namespace wired by the plugin through
@@ -216,7 +239,17 @@ type Pod struct {
 	Node string     `json:"node"`
 	NS   string     `json:"netns,omitempty"`
 	IP   netip.Addr `json:"ip"`
+	// IPv6 is a dual-stack pod's IPv6 address (IP is its IPv4 one).
+	IPv6 netip.Addr `json:"ipv6,omitzero"`
 	UID  string     `json:"uid,omitempty"`
+}
+
+// Addrs are the pod's addresses, one per family it has.
+func (p Pod) Addrs() []netip.Addr {
+	if p.IPv6.IsValid() {
+		return []netip.Addr{p.IP, p.IPv6}
+	}
+	return []netip.Addr{p.IP}
 }
 
 // Process is a process the lab started.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -23,6 +24,9 @@ func PrintStatus(ctx context.Context, s *State, out io.Writer) error {
 	if s.Netfilter != "" {
 		nf = "\tnetfilter " + s.Netfilter
 	}
+	if s.IPFamily != "" && s.IPFamily != "ipv4" {
+		nf += "\t" + s.IPFamily
+	}
 	fmt.Fprintf(w, "lab %s\t%s\tbackend %s\tunderlay %s%s\tup since %s\n\n", s.Name, kind, s.Backend, s.Underlay, nf, s.Created.Format(time.RFC3339))
 	running := func(ns, role string) string {
 		for _, p := range s.Processes {
@@ -35,7 +39,14 @@ func PrintStatus(ctx context.Context, s *State, out io.Writer) error {
 	if !s.Kubernetes {
 		fmt.Fprintln(w, "NODE\tNETNS\tADDRESS\tSUBNET\tTWILLD")
 		for _, n := range s.Nodes {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.NS, n.Addr, n.Subnet, running(n.NS, "twilld"))
+			sub := n.Subnet.String()
+			switch {
+			case !n.Subnet.IsValid():
+				sub = n.IPv6Subnet.String()
+			case n.IPv6Subnet.IsValid():
+				sub += "," + n.IPv6Subnet.String()
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.NS, n.Addr, sub, running(n.NS, "twilld"))
 		}
 	} else {
 		nodes, err := s.kubeNodes(ctx)
@@ -76,7 +87,11 @@ func PrintStatus(ctx context.Context, s *State, out io.Writer) error {
 	}
 	fmt.Fprintln(w, "\nPOD\tNODE\tIP")
 	for _, p := range s.Pods {
-		fmt.Fprintf(w, "%s\t%s\t%s\n", p.Name, p.Node, p.IP)
+		ips := make([]string, 0, 2)
+		for _, a := range p.Addrs() {
+			ips = append(ips, a.String())
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\n", p.Name, p.Node, strings.Join(ips, ","))
 	}
 	return w.Flush()
 }

@@ -89,7 +89,8 @@ func newState(o Options) (*State, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating %s: %w", dir, err)
 	}
-	s := &State{Name: o.Name, NetnsPrefix: o.NetnsPrefix, Bare: o.Bare, Dir: dir, Backend: o.Backend, ENIMode: o.ENIMode, Netfilter: o.Netfilter, Underlay: o.Underlay, Created: time.Now(), BinDir: o.BinDir}
+	s := &State{Name: o.Name, NetnsPrefix: o.NetnsPrefix, Bare: o.Bare, Dir: dir, Backend: o.Backend, ENIMode: o.ENIMode, Netfilter: o.Netfilter,
+		IPFamily: o.IPFamily, Underlay: o.Underlay, Created: time.Now(), BinDir: o.BinDir}
 	if o.Kubernetes {
 		// Read the images' names first: a missing or broken image fails
 		// before anything is built.
@@ -110,6 +111,14 @@ func (s *State) buildTopology(o Options) (*topology.Topology, string, error) {
 	topts := topology.Options{Prefix: NetnsPrefix(o.NetnsPrefix, o.Name), Nodes: o.Nodes,
 		Underlay: o.UnderlayCIDR, Routed: o.Underlay == "routed", DefaultRoute: o.Kubernetes || o.Bare}
 	conf := fmt.Sprintf(`{"Network":"10.244.0.0/16","Backend":{"Type":%q}}`, o.Backend)
+	switch o.IPFamily {
+	case "ipv6":
+		topts.Underlay, topts.UnderlayV6 = netip.Prefix{}, UnderlayV6
+		conf = fmt.Sprintf(`{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":%q,"Backend":{"Type":%q}}`, IPv6Network, o.Backend)
+	case "dual":
+		topts.UnderlayV6 = UnderlayV6
+		conf = fmt.Sprintf(`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":%q,"Backend":{"Type":%q}}`, IPv6Network, o.Backend)
+	}
 	if o.Backend == "eni" {
 		// A simulated VPC 10.10.0.0/16: primary NICs on 10.10.0.0/24, ENIs
 		// on 10.10.1.0/24, pod prefixes (or secondary IPs) routed by the
@@ -233,7 +242,7 @@ func (s *State) waitReady(ctx context.Context) error {
 			if err != nil {
 				return s.daemonError(n.NS, err)
 			}
-			n.Subnet = env.Subnet
+			n.Subnet, n.IPv6Subnet = env.Subnet, env.IPv6Subnet
 			return nil
 		}); err != nil {
 			return err
@@ -244,7 +253,13 @@ func (s *State) waitReady(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		filter, want := nl.RouteFilter{Protocol: owned.RouteProtocol}, len(s.Nodes)-1
+		filter, want, family := nl.RouteFilter{Protocol: owned.RouteProtocol}, len(s.Nodes)-1, nl.FamilyV4
+		switch s.IPFamily {
+		case "ipv6":
+			family = nl.FamilyV6
+		case "dual":
+			family, want = nl.FamilyAll, 2*want
+		}
 		if s.Backend == "eni" {
 			// The ENI table: the VPC subnet, the gateway, and (prefix
 			// mode) a route per peer prefix.
@@ -254,7 +269,7 @@ func (s *State) waitReady(ctx context.Context) error {
 			}
 		}
 		err = cluster.Poll(ctx, 30*time.Second, n.Name+" to route to every peer", func() error {
-			rs, err := h.Routes(nl.FamilyV4, filter)
+			rs, err := h.Routes(family, filter)
 			if err != nil {
 				return err
 			}
@@ -322,6 +337,11 @@ func (s *State) addPods(ctx context.Context, o Options, i int) error {
 			return fmt.Errorf("CNI ADD of %s: result %s", pods[k].Name, out.Result)
 		}
 		pods[k].IP = r.IPs[0].Address.Addr()
+		for _, ip := range r.IPs[1:] {
+			if a := ip.Address.Addr(); a.Is6() && pods[k].IP.Is4() {
+				pods[k].IPv6 = a
+			}
+		}
 		ready := filepath.Join(nodeDir, pods[k].Name+".echo-ready")
 		if err := s.spawn("echo", pods[k].NS, filepath.Join(o.BinDir, "twillctl"), "lab", "echo-server",
 			"--port", fmt.Sprint(EchoPort), "--ready-file", ready); err != nil {

@@ -76,7 +76,11 @@ func labUpCommand(o *labOptions) *cobra.Command {
 			if s.Bare {
 				fmt.Fprintf(w, "\nlab %q is up: %d bare machines on the underlay (state in %s)\n", s.Name, len(s.Nodes), s.Dir)
 			} else {
-				fmt.Fprintf(w, "\nlab %q is up: %d nodes, %d pods, backend %s, %s underlay (state in %s)\n", s.Name, len(s.Nodes), len(s.Pods), s.Backend, s.Underlay, s.Dir)
+				fam := ""
+				if s.IPFamily != "" && s.IPFamily != "ipv4" {
+					fam = " " + s.IPFamily
+				}
+				fmt.Fprintf(w, "\nlab %q is up: %d nodes, %d pods, backend %s, %s%s underlay (state in %s)\n", s.Name, len(s.Nodes), len(s.Pods), s.Backend, s.Underlay, fam, s.Dir)
 			}
 			flag := ""
 			if o.Name != "lab" {
@@ -93,6 +97,7 @@ func labUpCommand(o *labOptions) *cobra.Command {
 	up.Flags().IntVar(&o.PodsPerNode, "pods-per-node", 2, "pods per node")
 	up.Flags().StringVar(&o.Backend, "backend", "vxlan", "vxlan, host-gw or eni (eni runs on a simulated cloud VPC)")
 	up.Flags().StringVar(&o.Underlay, "underlay", "flat", "flat (one L2 segment) or routed (two segments and a router); eni always uses its VPC")
+	up.Flags().StringVar(&o.IPFamily, "ip-family", "ipv4", "ipv4, ipv6 or dual: the underlay's and the pods' address families (etcd-mode vxlan and host-gw)")
 	up.Flags().StringVar(&o.Netfilter, "netfilter", "auto", "twilld's --netfilter: auto, iptables or nftables (not with --kubernetes, whose DaemonSet chooses)")
 	up.Flags().StringVar(&o.ENIMode, "eni-mode", "prefix", "with --backend eni: prefix or secondary-ip")
 	up.Flags().BoolVar(&o.Bare, "bare", false, "machines only: node namespaces with a root of their own and nothing running, to install twill by hand with lab exec")
