@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/netip"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/twill-net/twill/internal/topology"
@@ -235,4 +237,70 @@ func TestEtcdHostGWIPv6Only(t *testing.T) {
 	want := fmt.Sprintf("%s via %s dev eth0 proto 167", e2.IPv6Subnet, c.topo.Nodes[1].AddrV6.Addr())
 	waitFor(t, 10*time.Second, "node2's route on node1", func() bool { return strings.Contains(c.routes6(0), want) })
 	c.podsTalk(t, 1500, false, true)
+}
+
+// TestNetfilterModesIPv6: in an IPv6-only cluster with --ip-masq, in each
+// netfilter mode, a pod reaching a host outside the cluster network (the
+// router, which has no route to pods) arrives with its node's IPv6
+// address, and pod to pod keeps the pod's.
+func TestNetfilterModesIPv6(t *testing.T) {
+	for _, mode := range []string{"iptables", "nftables"} {
+		t.Run(mode, func(t *testing.T) {
+			c := newClusterWith(t, topology.Options{Nodes: 2, UnderlayV6: netip.MustParsePrefix("fd99:0:0:1::/64"), Routed: true})
+			c.put("/twill.io/network/config", netConfVXLANV6Only)
+			for i := range 2 {
+				c.startDaemon(i, "--ip-masq", "--netfilter", mode)
+			}
+			c.env(0)
+			peer := c.env(1).IPv6Subnet
+			waitFor(t, 10*time.Second, "the route to node2's pods", func() bool { return strings.Contains(c.routes6(0), peer.String()) })
+			p1, _, ip1 := c.addPodIPs(0, "p1")
+			p2, _, ip2 := c.addPodIPs(1, "p2")
+			node1 := c.topo.Nodes[0].AddrV6.Addr()
+			outside := netip.MustParseAddr("fd99:0:0:1::fd") // the router, on node1's segment
+			var got netip.Addr
+			for i := range 5 { // the pod's first packets wait for its gateway's address (DAD)
+				if got = sourceSeenTry(t, p1, c.topo.Router, outside, 8080+i); got.IsValid() {
+					break
+				}
+			}
+			if got != node1 {
+				t.Errorf("pod %s → outside host %s arrived from %v, want node1's %s (masqueraded)", ip1, outside, got, node1)
+			}
+			if got := sourceSeen(t, p1, p2, ip2, 9081); got != ip1 {
+				t.Errorf("pod %s → pod %s arrived from %s, want the pod's own address", ip1, ip2, got)
+			}
+			ipt, nft := nodeRules(t, c.topo.Nodes[0].NS)
+			if mode == "iptables" && !contains(ipt, "-A TWILL-POSTRTG -s fd00:10::/56") {
+				t.Errorf("iptables mode: no IPv6 masquerade rule:\n%s", ipt)
+			}
+			if mode == "nftables" && !contains(nft, "ip6 saddr fd00:10::/56", `comment "twill: from pods (ipv6)"`) {
+				t.Errorf("nftables mode: no IPv6 rules:\n%s", nft)
+			}
+		})
+	}
+}
+
+// sourceSeenTry is sourceSeen that reports a failed connection as an
+// invalid address rather than failing the test.
+func sourceSeenTry(t *testing.T, fromNS, toNS string, addr netip.Addr, port int) netip.Addr {
+	t.Helper()
+	from := listenOnce(t, toNS, addr, port)
+	err := ns.WithNetNSPath("/var/run/netns/"+fromNS, func(ns.NetNS) error {
+		conn, err := net.DialTimeout("tcp", netip.AddrPortFrom(addr, uint16(port)).String(), 2*time.Second)
+		if err != nil {
+			return err
+		}
+		return conn.Close()
+	})
+	if err != nil {
+		t.Logf("TCP from %s to %s:%d: %v", fromNS, addr, port, err)
+		return netip.Addr{}
+	}
+	select {
+	case a := <-from:
+		return a
+	case <-time.After(5 * time.Second):
+		return netip.Addr{}
+	}
 }
