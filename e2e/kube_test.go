@@ -438,6 +438,39 @@ func TestKubeVXLANDualStack(t *testing.T) {
 	k.podsTalk(t, 1450, true, true)
 }
 
+// TestKubeHostGWIPv6Only: an IPv6-only cluster in Kubernetes mode (one
+// IPv6 podCIDR per Node, kubelet listing IPv6 addresses only) on a
+// dual-stack underlay: host-gw publishes the node's IPv6 address alone,
+// peers accept it against status.addresses, and pods talk.
+func TestKubeHostGWIPv6Only(t *testing.T) {
+	k := newKubeClusterWith(t, topology.Options{Nodes: 2, Underlay: netip.MustParsePrefix("10.99.0.0/24"), UnderlayV6: netip.MustParsePrefix("fd99::/64")},
+		`{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10::/56","Backend":{"Type":"host-gw"}}`)
+	cidr := func(i int) netip.Prefix { return netip.MustParsePrefix(fmt.Sprintf("fd00:10:0:%x::/64", i+1)) }
+	for i, n := range k.topo.Nodes {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name}}
+		node.Spec.PodCIDR, node.Spec.PodCIDRs = cidr(i).String(), []string{cidr(i).String()}
+		node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.AddrV6.Addr().String()}, {Type: corev1.NodeHostName, Address: n.Name}}
+		if _, err := k.nodes.Create(t.Context(), node, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("creating Node %s: %v", n.Name, err)
+		}
+	}
+	for i := range k.topo.Nodes {
+		k.startKubeDaemon(i)
+	}
+	for i, n := range k.topo.Nodes {
+		if env := k.env(i); env.Subnet.IsValid() || env.IPv6Subnet != cidr(i) {
+			t.Fatalf("%s subnet.env %+v: want its IPv6 podCIDR alone", n.Name, env)
+		}
+		ann := k.published(i)
+		if ann["twill.io/public-ipv6"] != n.AddrV6.Addr().String() || ann["twill.io/public-ip"] != "" {
+			t.Errorf("%s annotations %v: want public-ipv6 %s and no public-ip (kubelet lists no IPv4 address)", n.Name, ann, n.AddrV6.Addr())
+		}
+	}
+	want := fmt.Sprintf("%s via %s dev eth0 proto 167", cidr(1), k.topo.Nodes[1].AddrV6.Addr())
+	waitFor(t, 10*time.Second, "node2's IPv6 route on node1", func() bool { return strings.Contains(k.routes6(0), want) })
+	k.podsTalk(t, 1500, false, true)
+}
+
 // TestKubeRBAC asks the apiserver what dist/kube-twill.yml's ServiceAccount
 // may do: exactly what twilld needs.
 func TestKubeRBAC(t *testing.T) {
