@@ -309,26 +309,11 @@ func contains(s string, subs ...string) bool {
 // CNI plugin through libcni (run inside the node's namespace).
 func (c *cluster) addPod(i int, name string) (string, netip.Addr) {
 	c.t.Helper()
-	podNS := fmt.Sprintf("%s-%s", c.topo.Nodes[i].NS, name)
-	if out, err := exec.Command("ip", "netns", "add", podNS).CombinedOutput(); err != nil {
-		c.t.Fatalf("ip netns add %s: %v: %s", podNS, err, out)
+	ns, v4, v6 := c.addPodIPs(i, name)
+	if v4.IsValid() {
+		return ns, v4
 	}
-	c.t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", podNS).Run() })
-	out := c.cni(i, "add", name, podNS)
-	if out.Error != "" {
-		c.t.Fatalf("cni add %s on node%d: %s", name, i+1, out.Error)
-	}
-	var res struct {
-		IPs []struct{ Address string } `json:"ips"`
-	}
-	if err := json.Unmarshal(out.Result, &res); err != nil || len(res.IPs) == 0 {
-		c.t.Fatalf("cni add %s: result %s", name, out.Result)
-	}
-	p, err := netip.ParsePrefix(res.IPs[0].Address)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return podNS, p.Addr()
+	return ns, v6
 }
 
 // cni runs one CNI operation (add, check, del) for pod name on node i

@@ -20,19 +20,21 @@ import (
 	"github.com/twill-net/twill/internal/topology"
 )
 
-// listenOnce accepts one TCP connection on addr:port inside a namespace
-// and sends the address it came from.
-func listenOnce(t *testing.T, nsName string, addr netip.Addr, port int) <-chan netip.Addr {
-	t.Helper()
-	var l net.Listener
+// listenOnce accepts one TCP connection on addr:port inside a namespace,
+// within 15 s, and sends the address it came from.
+func listenOnce(nsName string, addr netip.Addr, port int) (<-chan netip.Addr, error) {
+	var l *net.TCPListener
 	err := ns.WithNetNSPath("/var/run/netns/"+nsName, func(ns.NetNS) error {
-		var err error
-		l, err = net.Listen("tcp", netip.AddrPortFrom(addr, uint16(port)).String())
+		ln, err := net.Listen("tcp", netip.AddrPortFrom(addr, uint16(port)).String())
+		if err == nil {
+			l = ln.(*net.TCPListener)
+		}
 		return err
 	})
 	if err != nil {
-		t.Fatalf("listening on %s:%d in %s: %v", addr, port, nsName, err)
+		return nil, fmt.Errorf("listening on %s:%d in %s: %w", addr, port, nsName, err)
 	}
+	_ = l.SetDeadline(time.Now().Add(15 * time.Second))
 	from := make(chan netip.Addr, 1)
 	go func() {
 		defer l.Close()
@@ -43,31 +45,41 @@ func listenOnce(t *testing.T, nsName string, addr netip.Addr, port int) <-chan n
 		defer conn.Close()
 		from <- conn.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
 	}()
-	t.Cleanup(func() { l.Close() })
-	return from
+	return from, nil
 }
 
 // sourceSeen connects from a namespace to addr:port and returns the source
 // address the listener saw.
 func sourceSeen(t *testing.T, fromNS, toNS string, addr netip.Addr, port int) netip.Addr {
 	t.Helper()
-	from := listenOnce(t, toNS, addr, port)
-	err := ns.WithNetNSPath("/var/run/netns/"+fromNS, func(ns.NetNS) error {
-		conn, err := net.DialTimeout("tcp", netip.AddrPortFrom(addr, uint16(port)).String(), 5*time.Second)
+	a, err := sourceSeenTry(fromNS, toNS, addr, port, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// sourceSeenTry is sourceSeen, its failure returned.
+func sourceSeenTry(fromNS, toNS string, addr netip.Addr, port int, timeout time.Duration) (netip.Addr, error) {
+	from, err := listenOnce(toNS, addr, port)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	err = ns.WithNetNSPath("/var/run/netns/"+fromNS, func(ns.NetNS) error {
+		conn, err := net.DialTimeout("tcp", netip.AddrPortFrom(addr, uint16(port)).String(), timeout)
 		if err != nil {
 			return err
 		}
 		return conn.Close()
 	})
 	if err != nil {
-		t.Fatalf("TCP from %s to %s:%d: %v", fromNS, addr, port, err)
+		return netip.Addr{}, fmt.Errorf("TCP from %s to %s:%d: %w", fromNS, addr, port, err)
 	}
 	select {
 	case a := <-from:
-		return a
+		return a, nil
 	case <-time.After(5 * time.Second):
-		t.Fatalf("the listener in %s saw no connection", toNS)
-		return netip.Addr{}
+		return netip.Addr{}, fmt.Errorf("the listener in %s saw no connection", toNS)
 	}
 }
 

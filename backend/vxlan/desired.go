@@ -165,25 +165,24 @@ func ObjectsFor(l Local, p subnet.Lease, mac net.HardwareAddr, macErr error) (Pe
 		o.Overlay = true
 	}
 	if v4 {
-		if d4 {
-			o.Route = nl.Route{Dst: p.Subnet, Gw: p.Attrs.PublicIP, LinkIndex: l.Ext.Link.Index}
-		} else {
-			vtep := p.Subnet.Addr()
-			o.Route = nl.Route{Dst: p.Subnet, Gw: vtep, LinkIndex: l.Dev, OnLink: true}
-			o.Neigh = nl.Neigh{LinkIndex: l.Dev, IP: vtep, HardwareAddr: mac, Permanent: true}
-		}
+		o.Route, o.Neigh = l.family(p.Subnet, p.Attrs.PublicIP, d4, mac)
 	}
 	if v6 {
-		if d6 {
-			o.Route6 = nl.Route{Dst: p.IPv6Subnet, Gw: p.Attrs.PublicIPv6, LinkIndex: l.Ext.Link.Index}
-		} else {
-			vtep := p.IPv6Subnet.Addr()
-			o.Route6 = nl.Route{Dst: p.IPv6Subnet, Gw: vtep, LinkIndex: l.Dev, OnLink: true}
-			o.Neigh6 = nl.Neigh{LinkIndex: l.Dev, IP: vtep, HardwareAddr: mac, Permanent: true}
-		}
+		o.Route6, o.Neigh6 = l.family(p.IPv6Subnet, p.Attrs.PublicIPv6, d6, mac)
 	}
 	o.OK = true
 	return o, nil
+}
+
+// family is the route (and for the overlay the neighbour) to a peer's
+// subnet of one family: via its public address of that family when direct,
+// else via its VTEP IP, the subnet's network address, on the VTEP.
+func (l Local) family(sub netip.Prefix, pub netip.Addr, direct bool, mac net.HardwareAddr) (nl.Route, nl.Neigh) {
+	if direct {
+		return nl.Route{Dst: sub, Gw: pub, LinkIndex: l.Ext.Link.Index}, nl.Neigh{}
+	}
+	vtep := sub.Addr()
+	return nl.Route{Dst: sub, Gw: vtep, LinkIndex: l.Dev, OnLink: true}, nl.Neigh{LinkIndex: l.Dev, IP: vtep, HardwareAddr: mac, Permanent: true}
 }
 
 // emit hands o's objects to out: neighbours and FDB entry before routes.

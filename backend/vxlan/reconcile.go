@@ -116,8 +116,7 @@ func (n *Network) compute(dev int, p subnet.Lease) *peerRec {
 // programs reports whether this node programs anything for p: it has a
 // subnet in a family the node has.
 func (n *Network) programs(p subnet.Lease) bool {
-	v4, v6 := n.view(0).families(p)
-	return v4 || v6
+	return (n.local.Subnet.IsValid() && p.Subnet.IsValid()) || (n.local.IPv6Subnet.IsValid() && p.IPv6Subnet.IsValid())
 }
 
 // Reconcile makes the device, neighbours, FDB and routes match peers.

@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"time"
 
@@ -242,6 +243,26 @@ type Pod struct {
 	// IPv6 is a dual-stack pod's IPv6 address (IP is its IPv4 one).
 	IPv6 netip.Addr `json:"ipv6,omitzero"`
 	UID  string     `json:"uid,omitempty"`
+}
+
+// addrList is the pod's addresses, comma-separated.
+func (p Pod) addrList() string {
+	var ips []string
+	for _, a := range p.Addrs() {
+		ips = append(ips, a.String())
+	}
+	return strings.Join(ips, ",")
+}
+
+// subnets is the node's pod subnets, comma-separated.
+func (n Node) subnets() string {
+	var out []string
+	for _, s := range []netip.Prefix{n.Subnet, n.IPv6Subnet} {
+		if s.IsValid() {
+			out = append(out, s.String())
+		}
+	}
+	return strings.Join(out, ",")
 }
 
 // Addrs are the pod's addresses, one per family it has.

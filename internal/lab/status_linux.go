@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -39,14 +38,7 @@ func PrintStatus(ctx context.Context, s *State, out io.Writer) error {
 	if !s.Kubernetes {
 		fmt.Fprintln(w, "NODE\tNETNS\tADDRESS\tSUBNET\tTWILLD")
 		for _, n := range s.Nodes {
-			sub := n.Subnet.String()
-			switch {
-			case !n.Subnet.IsValid():
-				sub = n.IPv6Subnet.String()
-			case n.IPv6Subnet.IsValid():
-				sub += "," + n.IPv6Subnet.String()
-			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.NS, n.Addr, sub, running(n.NS, "twilld"))
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.NS, n.Addr, n.subnets(), running(n.NS, "twilld"))
 		}
 	} else {
 		nodes, err := s.kubeNodes(ctx)
@@ -87,11 +79,7 @@ func PrintStatus(ctx context.Context, s *State, out io.Writer) error {
 	}
 	fmt.Fprintln(w, "\nPOD\tNODE\tIP")
 	for _, p := range s.Pods {
-		ips := make([]string, 0, 2)
-		for _, a := range p.Addrs() {
-			ips = append(ips, a.String())
-		}
-		fmt.Fprintf(w, "%s\t%s\t%s\n", p.Name, p.Node, strings.Join(ips, ","))
+		fmt.Fprintf(w, "%s\t%s\t%s\n", p.Name, p.Node, p.addrList())
 	}
 	return w.Flush()
 }
