@@ -110,10 +110,26 @@ func isNull(raw []byte) bool {
 // PeerObjects is what one peer calls for: a route per family, and for the
 // families carried by the overlay a neighbour each and one FDB entry.
 type PeerObjects struct {
-	Route, Route6 nl.Route // Dst invalid: none in that family
-	Neigh, Neigh6 nl.Neigh // IP invalid: none in that family
-	FDB           nl.Neigh // set when Overlay
-	Overlay, OK   bool
+	Route       nl.Route // IPv4; Dst invalid: none
+	Neigh       nl.Neigh // IPv4, through the overlay; IP invalid: none
+	V6          *Family  // nil: nothing in IPv6 (kept apart: most clusters have no IPv6, and a record is kept per peer)
+	FDB         nl.Neigh // set when Overlay
+	Overlay, OK bool
+}
+
+// Family is a peer's route, and neighbour when through the overlay, in
+// one family.
+type Family struct {
+	Route nl.Route
+	Neigh nl.Neigh
+}
+
+// v6 is the peer's IPv6 objects, zero when it has none.
+func (o PeerObjects) v6() Family {
+	if o.V6 == nil {
+		return Family{}
+	}
+	return *o.V6
 }
 
 // direct reports, per family, whether DirectRouting sends the peer's pods'
@@ -168,7 +184,9 @@ func ObjectsFor(l Local, p subnet.Lease, mac net.HardwareAddr, macErr error) (Pe
 		o.Route, o.Neigh = l.family(p.Subnet, p.Attrs.PublicIP, d4, mac)
 	}
 	if v6 {
-		o.Route6, o.Neigh6 = l.family(p.IPv6Subnet, p.Attrs.PublicIPv6, d6, mac)
+		var f Family
+		f.Route, f.Neigh = l.family(p.IPv6Subnet, p.Attrs.PublicIPv6, d6, mac)
+		o.V6 = &f
 	}
 	o.OK = true
 	return o, nil
@@ -190,7 +208,8 @@ func (o PeerObjects) emit(out Emitters) {
 	if !o.OK {
 		return
 	}
-	for _, n := range []nl.Neigh{o.Neigh, o.Neigh6} {
+	v6 := o.v6()
+	for _, n := range [2]nl.Neigh{o.Neigh, v6.Neigh} {
 		if n.IP.IsValid() && out.Neigh != nil {
 			out.Neigh(n)
 		}
@@ -198,7 +217,7 @@ func (o PeerObjects) emit(out Emitters) {
 	if o.Overlay && out.FDB != nil {
 		out.FDB(o.FDB)
 	}
-	for _, r := range []nl.Route{o.Route, o.Route6} {
+	for _, r := range [2]nl.Route{o.Route, v6.Route} {
 		if r.Dst.IsValid() && out.Route != nil {
 			out.Route(r)
 		}

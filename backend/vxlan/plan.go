@@ -33,11 +33,12 @@ func (n *Network) planAll(dev int, peers []subnet.Lease) (changes, error) {
 		Neigh: func(e nl.Neigh) { neighs = append(neighs, e) },
 		FDB:   func(e nl.Neigh) { fdbs = append(fdbs, e) },
 	}
+	l := n.view(dev)
 	for _, p := range peers {
 		if !n.programs(p) {
 			continue
 		}
-		rec := n.compute(dev, p)
+		rec := n.compute(l, p)
 		recs[recKey(p)] = rec
 		if rec.err != nil {
 			refused = append(refused, rec.name+": "+rec.err.Error())
@@ -78,6 +79,7 @@ func emitAll[V any](vs []V) func(emit func(V)) {
 // whole desired state, so the result is planAll's.
 func (n *Network) planChanges(dev int, peers []subnet.Lease) (changes, error) {
 	var d delta
+	l := n.view(dev)
 	for _, p := range peers {
 		if !n.programs(p) {
 			continue
@@ -87,7 +89,7 @@ func (n *Network) planChanges(dev int, peers []subnet.Lease) (changes, error) {
 			old.gen = n.gen
 			continue
 		}
-		n.planPeer(dev, p, &d)
+		n.planPeer(l, p, &d)
 	}
 	for k, rec := range n.recs {
 		if rec.gen != n.gen {
@@ -100,6 +102,7 @@ func (n *Network) planChanges(dev int, peers []subnet.Lease) (changes, error) {
 // planDelta plans the objects of the peers Update was handed.
 func (n *Network) planDelta(dev int, upserted, removed []subnet.Lease) (changes, error) {
 	var d delta
+	l := n.view(dev)
 	for _, p := range removed {
 		if rec := n.recs[recKey(p)]; rec != nil {
 			n.planGone(recKey(p), rec, &d)
@@ -107,7 +110,7 @@ func (n *Network) planDelta(dev int, upserted, removed []subnet.Lease) (changes,
 	}
 	for _, p := range upserted {
 		if n.programs(p) {
-			n.planPeer(dev, p, &d)
+			n.planPeer(l, p, &d)
 		} else if rec := n.recs[recKey(p)]; rec != nil {
 			n.planGone(recKey(p), rec, &d) // it lost the subnets this node programs
 		}
@@ -130,10 +133,10 @@ type delta struct {
 
 // planPeer computes a new or changed peer's objects, and plans the
 // upserts and what the peer had and no longer has.
-func (n *Network) planPeer(dev int, p subnet.Lease, d *delta) {
+func (n *Network) planPeer(l Local, p subnet.Lease, d *delta) {
 	k := recKey(p)
 	old := n.recs[k]
-	rec := n.compute(dev, p)
+	rec := n.compute(l, p)
 	o := rec.objects
 	if old != nil {
 		// What the peer had and no longer has goes; what it keeps is
@@ -142,12 +145,12 @@ func (n *Network) planPeer(dev int, p subnet.Lease, d *delta) {
 		if was.Overlay && (!o.Overlay || !slices.Equal(was.FDB.HardwareAddr, o.FDB.HardwareAddr)) {
 			d.fdbRm = append(d.fdbRm, was.FDB)
 		}
-		for _, pair := range [][2]nl.Neigh{{was.Neigh, o.Neigh}, {was.Neigh6, o.Neigh6}} {
+		for _, pair := range [][2]nl.Neigh{{was.Neigh, o.Neigh}, {was.v6().Neigh, o.v6().Neigh}} {
 			if pair[0].IP.IsValid() && pair[0].IP != pair[1].IP {
 				d.neighRm = append(d.neighRm, pair[0])
 			}
 		}
-		for _, pair := range [][2]nl.Route{{was.Route, o.Route}, {was.Route6, o.Route6}} {
+		for _, pair := range [][2]nl.Route{{was.Route, o.Route}, {was.v6().Route, o.v6().Route}} {
 			if pair[0].Dst.IsValid() && pair[0].Dst != pair[1].Dst {
 				d.routeRm = append(d.routeRm, pair[0].Dst)
 			}

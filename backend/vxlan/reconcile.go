@@ -72,20 +72,33 @@ func (n *Network) macOf(raw []byte) (net.HardwareAddr, error) {
 
 // peerRec is what Reconcile last computed for one peer.
 type peerRec struct {
-	raw, raw6 string // BackendData and BackendV6Data as published
-	pub, pub6 netip.Addr
-	sub6      netip.Prefix // the IPv6 subnet (the IPv4 one is the key)
-	objects   PeerObjects
-	err       error
-	name      string
-	gen       uint64
+	raw     string // BackendData as published
+	pub     netip.Addr
+	v6      *recV6 // nil when the lease has nothing of IPv6
+	objects PeerObjects
+	err     error
+	name    string
+	gen     uint64
+}
+
+// recV6 is what a peer's record holds of its IPv6 side, kept apart: most
+// clusters have none, and there is a record per peer.
+type recV6 struct {
+	raw string // BackendV6Data as published
+	pub netip.Addr
+	sub netip.Prefix
 }
 
 // same reports whether p is what rec was computed from.
 func (rec *peerRec) same(p subnet.Lease) bool {
 	a := &p.Attrs
-	return rec.pub == a.PublicIP && rec.pub6 == a.PublicIPv6 && rec.sub6 == p.IPv6Subnet &&
-		rec.raw == string(a.BackendData) && rec.raw6 == string(a.BackendV6Data)
+	if rec.pub != a.PublicIP || rec.raw != string(a.BackendData) {
+		return false
+	}
+	if rec.v6 == nil {
+		return !a.PublicIPv6.IsValid() && !p.IPv6Subnet.IsValid() && len(a.BackendV6Data) == 0
+	}
+	return rec.v6.pub == a.PublicIPv6 && rec.v6.sub == p.IPv6Subnet && rec.v6.raw == string(a.BackendV6Data)
 }
 
 // view is what peers' objects depend on, on the device with index dev.
@@ -97,9 +110,8 @@ func (n *Network) view(dev int) Local {
 // peerMAC is a peer's VTEP MAC, its data parsed once per distinct value.
 func (n *Network) peerMAC(p subnet.Lease) (net.HardwareAddr, error) { return PeerMAC(p, n.macOf) }
 
-// compute is a peer's desired objects on the device with index dev.
-func (n *Network) compute(dev int, p subnet.Lease) *peerRec {
-	l := n.view(dev)
+// compute is a peer's desired objects as l sees them.
+func (n *Network) compute(l Local, p subnet.Lease) *peerRec {
 	var (
 		mac    net.HardwareAddr
 		macErr error
@@ -109,8 +121,11 @@ func (n *Network) compute(dev int, p subnet.Lease) *peerRec {
 	}
 	o, err := ObjectsFor(l, p, mac, macErr)
 	a := &p.Attrs
-	return &peerRec{raw: string(a.BackendData), raw6: string(a.BackendV6Data), pub: a.PublicIP, pub6: a.PublicIPv6, sub6: p.IPv6Subnet,
-		objects: o, err: err, name: p.String(), gen: n.gen}
+	rec := &peerRec{raw: string(a.BackendData), pub: a.PublicIP, objects: o, err: err, name: p.String(), gen: n.gen}
+	if a.PublicIPv6.IsValid() || p.IPv6Subnet.IsValid() || len(a.BackendV6Data) > 0 {
+		rec.v6 = &recV6{raw: string(a.BackendV6Data), pub: a.PublicIPv6, sub: p.IPv6Subnet}
+	}
+	return rec
 }
 
 // programs reports whether this node programs anything for p: it has a
