@@ -229,3 +229,29 @@ func TestFakeDirectRoutingPerFamily(t *testing.T) {
 		t.Errorf("fdb %q: want one, over the IPv4 underlay", s.fdb)
 	}
 }
+
+// TestFakeUnderlayFamilyKept: an interface that loses its IPv4 address
+// (the underlay) keeps its VTEP on IPv4, not moved to IPv6 behind the
+// peers' backs: they reach this node at the PublicIP it published, and its
+// pods' MTU counts IPv4's overhead.
+func TestFakeUnderlayFamilyKept(t *testing.T) {
+	local := subnet.Lease{Subnet: netip.MustParsePrefix("10.244.1.0/24"), IPv6Subnet: netip.MustParsePrefix("fd00:10:0:1::/64")}
+	f := newV6Node(t, dualConf, `{"Type":"vxlan"}`, local, netip.MustParsePrefix("192.168.1.1/24"), netip.MustParsePrefix("fd99::1/64"))
+	peer := peer6("10.244.2.0/24", "fd00:10:0:2::/64", "10.0.0.2", "fd98::2", "0a:00:00:00:00:02")
+	if s := reconcile(t, f, peer); !strings.Contains(s.device, "mtu 1450") || !strings.Contains(s.device, "local 192.168.1.1") {
+		t.Fatalf("device %s: want the IPv4 underlay", s.device)
+	}
+	ext := f.b.opts.ExtIface
+	ext.Addr, ext.PublicIP, ext.OnLink = netip.Addr{}, netip.Addr{}, []netip.Prefix{netip.MustParsePrefix("fd99::/64")}
+	f.nw.ExternalChanged(ext)
+	s := reconcile(t, f, peer)
+	if !strings.Contains(s.device, "mtu 1450") || !strings.Contains(s.device, "local 192.168.1.1") {
+		t.Errorf("device %s: the underlay moved to IPv6 with the IPv4 address gone", s.device)
+	}
+	if len(s.fdb) != 1 || s.fdb[0] != "0a:00:00:00:00:02 dst 10.0.0.2" {
+		t.Errorf("fdb %q: want the entry to the peer's IPv4 address kept", s.fdb)
+	}
+	if !strings.Contains(f.log.String(), "lost the address the overlay runs over") {
+		t.Errorf("no warning in the log:\n%s", f.log.String())
+	}
+}

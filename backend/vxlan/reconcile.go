@@ -273,13 +273,24 @@ func (n *Network) invalidate() {
 
 // ExternalChanged takes the external interface as it is now. A VTEP bound
 // to a deleted link went with it; one bound to an old index is re-created
-// on the new one, and every peer replayed.
+// on the new one, and every peer replayed. The underlay family stays the
+// one chosen at start: peers reach this node at the public address it
+// published then, and the MTU pods were given counts that family's
+// overhead. An interface that lost its address of that family leaves the
+// VTEP bound to the old one until the address is back or twilld restarts.
 func (n *Network) ExternalChanged(ext backend.ExternalInterface) {
 	b := n.b
 	b.opts.ExtIface = ext
 	b.dev.VtepDevIndex = ext.Link.Index
-	if a, _ := underlay(b.opts.Config, ext); a.IsValid() {
+	a := ext.Addr
+	if b.dev.SrcAddr.Is6() {
+		a = ext.AddrV6
+	}
+	if a.IsValid() {
 		b.dev.SrcAddr = a
+	} else {
+		b.log.Warn("the external interface has lost the address the overlay runs over; the VTEP keeps the old one until it is back or twilld restarts",
+			"interface", ext.Link.Name, "address", b.dev.SrcAddr)
 	}
 	n.invalidate()
 }
