@@ -103,14 +103,18 @@ func (a Annotations) NodeLease(n *corev1.Node) (l subnet.Lease, ok bool, err err
 	if l.Attrs.BackendV6Data, err = a.jsonObject(n, AnnBackendV6Data); err != nil {
 		return l, false, err
 	}
-	// An IPv4 pod subnet needs the IPv4 address; either may carry a vxlan
-	// overlay, so one set without its pod family is read too.
-	if _, set := ann[a.Key(AnnPublicIP)]; set || l.Subnet.IsValid() {
+	// An address of a pod family the node has is read (an IPv4 subnet
+	// needs one). An address of the other family is read only when it is
+	// the node's only one, as twilld publishes it (a vxlan overlay over
+	// it): a stale one left from another configuration refuses no node.
+	_, has4 := ann[a.Key(AnnPublicIP)]
+	_, has6 := ann[a.Key(AnnPublicIPv6)]
+	if l.Subnet.IsValid() || (has4 && !has6) {
 		if l.Attrs.PublicIP, err = a.publicIP(n, AnnPublicIP, AnnPublicIPOverwrite, false); err != nil {
 			return l, false, err
 		}
 	}
-	if _, set := ann[a.Key(AnnPublicIPv6)]; set {
+	if has6 && (l.IPv6Subnet.IsValid() || !has4) {
 		if l.Attrs.PublicIPv6, err = a.publicIP(n, AnnPublicIPv6, AnnPublicIPv6Overwrite, true); err != nil {
 			return l, false, err
 		}

@@ -232,6 +232,13 @@ func TestNodeLeaseIPv6(t *testing.T) {
 	if _, _, err := a.NodeLease(n); err == nil || !strings.Contains(err.Error(), "twill.io/public-ipv6") {
 		t.Errorf("a public-ipv6 not the node's: err %v", err)
 	}
+	// An IPv4 Node with a public-ipv6 left from a dual-stack past (no
+	// longer among its addresses) is not refused for it.
+	stale := node("n2", "10.244.2.0/24", "192.168.0.2", published("192.168.0.2"))
+	stale.Annotations["twill.io/public-ipv6"] = "fd99::2"
+	if l, ok, err := a.NodeLease(stale); err != nil || !ok || l.Attrs.PublicIPv6.IsValid() {
+		t.Errorf("IPv4 node with a stale public-ipv6: %+v %v %v; want it a peer, the address unread", l, ok, err)
+	}
 	// vxlan's IPv6 data is published with no IPv6 public address.
 	pub := a.Publish(subnet.LeaseAttrs{BackendType: "vxlan", PublicIP: netip.MustParseAddr("192.168.0.1"),
 		BackendData: []byte(`{"VNI":1}`), BackendV6Data: []byte(`{"VNI":1}`)})
