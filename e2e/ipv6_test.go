@@ -108,7 +108,11 @@ func (c *cluster) podsTalk(t *testing.T, mtu int, wantV4, wantV6 bool) {
 		if !pair[0].IsValid() {
 			continue
 		}
-		t.Run(fmt.Sprintf("TCP and DF ping at MTU %d, IPv%d", mtu, map[bool]int{true: 4, false: 6}[pair[0].Is4()]), func(t *testing.T) {
+		family := "IPv6"
+		if pair[0].Is4() {
+			family = "IPv4"
+		}
+		t.Run(fmt.Sprintf("TCP and DF ping at MTU %d, %s", mtu, family), func(t *testing.T) {
 			dfPing(t, p1, pair[1], mtu)
 			dfPing(t, p2, pair[0], mtu)
 			c.tcp(p2, pair[1], p1)

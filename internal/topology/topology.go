@@ -96,7 +96,10 @@ func Build(o Options) (_ *Topology, err error) {
 	if o.Nodes < 1 || o.Nodes > 200 {
 		return nil, fmt.Errorf("topology: %d nodes: want 1..200", o.Nodes)
 	}
-	if o.Underlay.IsValid() && (o.Underlay.Addr().Is6() || o.Underlay.Bits() > 24) || !o.Underlay.IsValid() && !o.UnderlayV6.IsValid() {
+	if !o.Underlay.IsValid() && !o.UnderlayV6.IsValid() {
+		return nil, errors.New("topology: no underlay: set Underlay (IPv4), UnderlayV6, or both")
+	}
+	if o.Underlay.IsValid() && (o.Underlay.Addr().Is6() || o.Underlay.Bits() > 24) {
 		return nil, fmt.Errorf("topology: underlay %s: want an IPv4 /24 or larger", o.Underlay)
 	}
 	if o.UnderlayV6.IsValid() && (!o.UnderlayV6.Addr().Is6() || o.UnderlayV6.Bits() != 64) {
@@ -210,26 +213,17 @@ func (t *Topology) buildRouter(o Options) (*segment, error) {
 	segs := []segment{{ns: t.Underlay, prefix: o.Underlay, prefix6: o.UnderlayV6}, *segB}
 	for i, seg := range segs {
 		port, dev := fmt.Sprintf("rt%d", i), fmt.Sprintf("seg%d", i)
-		steps := []struct {
-			ns   string
-			args []string
-		}{
+		steps := []nsStep{
 			{t.Router, []string{"link", "add", dev, "type", "veth", "peer", "name", port, "netns", seg.ns}},
 			{t.Router, []string{"link", "set", dev, "up"}},
 			{seg.ns, []string{"link", "set", port, "master", "br0"}},
 			{seg.ns, []string{"link", "set", port, "up"}},
 		}
 		if seg.prefix.IsValid() {
-			steps = append(steps, struct {
-				ns   string
-				args []string
-			}{t.Router, []string{"addr", "add", netip.PrefixFrom(routerV4(seg.prefix), 24).String(), "dev", dev}})
+			steps = append(steps, nsStep{t.Router, []string{"addr", "add", netip.PrefixFrom(routerV4(seg.prefix), 24).String(), "dev", dev}})
 		}
 		if seg.prefix6.IsValid() {
-			steps = append(steps, struct {
-				ns   string
-				args []string
-			}{t.Router, []string{"-6", "addr", "add", netip.PrefixFrom(hostV6(seg.prefix6, routerV6), 64).String(), "dev", dev, "nodad"}})
+			steps = append(steps, nsStep{t.Router, []string{"-6", "addr", "add", netip.PrefixFrom(hostV6(seg.prefix6, routerV6), 64).String(), "dev", dev, "nodad"}})
 		}
 		for _, st := range steps {
 			if err := IP(st.ns, st.args...); err != nil {
@@ -254,6 +248,12 @@ func (t *Topology) buildRouter(o Options) (*segment, error) {
 		}
 	}
 	return segB, nil
+}
+
+// nsStep is an `ip` command to run in a namespace.
+type nsStep struct {
+	ns   string
+	args []string
 }
 
 // routerV4 is the router's address on an IPv4 segment: .253 of a /24.
