@@ -73,9 +73,9 @@ type Options struct {
 }
 
 // The lab's IPv6 underlay and pod network.
-var (
-	UnderlayV6  = netip.MustParsePrefix("fd99:0:0:1::/64")
-	IPv6Network = netip.MustParsePrefix("fd00:10::/56")
+const (
+	underlayV6  = "fd99:0:0:1::/64"
+	ipv6Network = "fd00:10::/56"
 )
 
 var nameRE = regexp.MustCompile(`^[a-z0-9]{1,8}$`)

@@ -113,11 +113,11 @@ func (s *State) buildTopology(o Options) (*topology.Topology, string, error) {
 	conf := fmt.Sprintf(`{"Network":"10.244.0.0/16","Backend":{"Type":%q}}`, o.Backend)
 	switch o.IPFamily {
 	case "ipv6":
-		topts.Underlay, topts.UnderlayV6 = netip.Prefix{}, UnderlayV6
-		conf = fmt.Sprintf(`{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":%q,"Backend":{"Type":%q}}`, IPv6Network, o.Backend)
+		topts.Underlay, topts.UnderlayV6 = netip.Prefix{}, netip.MustParsePrefix(underlayV6)
+		conf = fmt.Sprintf(`{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":%q,"Backend":{"Type":%q}}`, ipv6Network, o.Backend)
 	case "dual":
-		topts.UnderlayV6 = UnderlayV6
-		conf = fmt.Sprintf(`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":%q,"Backend":{"Type":%q}}`, IPv6Network, o.Backend)
+		topts.UnderlayV6 = netip.MustParsePrefix(underlayV6)
+		conf = fmt.Sprintf(`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":%q,"Backend":{"Type":%q}}`, ipv6Network, o.Backend)
 	}
 	if o.Backend == "eni" {
 		// A simulated VPC 10.10.0.0/16: primary NICs on 10.10.0.0/24, ENIs
