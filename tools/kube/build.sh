@@ -2,19 +2,24 @@
 # Build the Kubernetes binaries the tests and the lab run, from the Go module
 # proxy, and cache them by version: build/kube/<version>/ holds
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
-# kube-proxy, kubectl and crictl (tools/cri, its own version in the name of
-# its stamp file). A second run with the same versions does nothing.
+# kube-proxy, kubectl, and for Kubernetes' own end-to-end suite e2e.test
+# and agnhost (its test image's binary), all at the pinned version; crictl
+# (tools/cri) and CoreDNS (tools/coredns, the lab's cluster DNS) are built
+# at their own versions, named in stamp files next to them. A second run
+# with the same versions does nothing.
 #
-# The first build on a machine with an empty Go build cache takes 10 to 15
+# The first build on a machine with an empty Go build cache takes 15 to 25
 # minutes on 2 cores; later builds of a new version reuse most of the cache.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$here/go.mod")
 crictl_version=$(awk '$1 == "require" && $2 == "sigs.k8s.io/cri-tools" {print $3}' "$root/tools/cri/go.mod")
+coredns_version=$(awk '$1 == "require" && $2 == "github.com/coredns/coredns" {print $3}' "$root/tools/coredns/go.mod")
 out=${KUBE_BIN_DIR:-$root/build/kube/$version}
 kube_bins="kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl"
 
+ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$version"
 missing=""
 for b in $kube_bins; do [ -x "$out/$b" ] || missing="$missing $b"; done
 if [ -n "$missing" ]; then
@@ -22,7 +27,6 @@ if [ -n "$missing" ]; then
 	mkdir -p "$out"
 	tmp=$(mktemp -d "$out/.build.XXXXXX")
 	trap 'rm -rf "$tmp"' EXIT
-	ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$version"
 	pkgs=""
 	for b in $missing; do pkgs="$pkgs k8s.io/kubernetes/cmd/$b"; done
 	(cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "$ldflags" -o "$tmp/" $pkgs)
@@ -31,13 +35,27 @@ if [ -n "$missing" ]; then
 	rm -rf "$tmp"
 	trap - EXIT
 fi
-if [ ! -x "$out/crictl" ] || [ "$(cat "$out/crictl.version" 2>/dev/null)" != "$crictl_version" ]; then
-	echo "kube tools: building crictl $crictl_version into $out"
+# e2e.test is a test binary (go test -c); agnhost goes into the e2e images.
+if [ ! -x "$out/e2e.test" ] || [ ! -x "$out/agnhost" ]; then
+	echo "kube tools: building e2e.test and agnhost $version into $out"
 	mkdir -p "$out"
-	(cd "$root/tools/cri" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$out/crictl.tmp" sigs.k8s.io/cri-tools/cmd/crictl)
-	mv "$out/crictl.tmp" "$out/crictl"
-	echo "$crictl_version" > "$out/crictl.version"
+	(cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=mod go test -c -trimpath -ldflags "$ldflags" -o "$out/.e2e.test.$$" k8s.io/kubernetes/test/e2e)
+	(cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$out/.agnhost.$$" k8s.io/kubernetes/test/images/agnhost)
+	mv "$out/.e2e.test.$$" "$out/e2e.test"
+	mv "$out/.agnhost.$$" "$out/agnhost"
 fi
+# tool_at_version builds a tool of its own module at the version its go.mod
+# pins, when the stamp next to the binary names another.
+tool_at_version() { # name version module-dir package
+	if [ -x "$out/$1" ] && [ "$(cat "$out/$1.version" 2>/dev/null)" = "$2" ]; then return; fi
+	echo "kube tools: building $1 $2 into $out"
+	mkdir -p "$out"
+	(cd "$3" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$out/.$1.$$" "$4")
+	mv "$out/.$1.$$" "$out/$1"
+	echo "$2" > "$out/$1.version"
+}
+tool_at_version crictl "$crictl_version" "$root/tools/cri" sigs.k8s.io/cri-tools/cmd/crictl
+tool_at_version coredns "$coredns_version" "$root/tools/coredns" .
 # build/kube/current names the version in use, for the lab (twillctl lab up
 # --kubernetes finds its binaries there next to bin/).
 ln -sfn "$version" "$(dirname "$out")/current" 2>/dev/null || true

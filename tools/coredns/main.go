@@ -1,0 +1,21 @@
+// Command coredns is CoreDNS with only the plugins the lab's cluster DNS
+// uses (the kube-dns Service the e2e suite's DNS specs query): no cloud
+// provider plugins, so it builds from the Go module proxy in a minute.
+package main
+
+import (
+	"github.com/coredns/coredns/coremain"
+
+	// The plugins the lab's Corefile names (internal/lab/coredns.go).
+	_ "github.com/coredns/coredns/plugin/cache"
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/health"
+	_ "github.com/coredns/coredns/plugin/kubernetes"
+	_ "github.com/coredns/coredns/plugin/loadbalance"
+	_ "github.com/coredns/coredns/plugin/log"
+	_ "github.com/coredns/coredns/plugin/ready"
+)
+
+func main() {
+	coremain.Run()
+}
