@@ -55,40 +55,61 @@ type Spec struct {
 
 // Write builds the image and writes it to out as a docker-archive tarball
 // tagged spec.Ref. The file appears complete or not at all.
-func Write(out string, spec Spec) error {
-	tag, err := name.NewTag(spec.Ref, name.WeakValidation)
-	if err != nil {
-		return fmt.Errorf("image reference %q: %w", spec.Ref, err)
-	}
-	img := empty.Image
-	var layers []v1.Layer
-	for _, deb := range spec.Debs {
-		l, err := debLayer(deb)
+func Write(out string, spec Spec) error { return WriteAll(out, []Spec{spec}) }
+
+// WriteAll builds the images and writes them to out as one docker-archive
+// tarball, each tagged with its Ref: a Debian package several images hold
+// is one layer, unpacked once and stored once.
+func WriteAll(out string, specs []Spec) error {
+	debLayers := map[string]v1.Layer{}
+	images := map[name.Reference]v1.Image{}
+	for _, spec := range specs {
+		tag, err := name.NewTag(spec.Ref, name.WeakValidation)
+		if err != nil {
+			return fmt.Errorf("image reference %q: %w", spec.Ref, err)
+		}
+		img, err := build(spec, debLayers)
 		if err != nil {
 			return err
+		}
+		images[tag] = img
+	}
+	return atomicfile.WriteFrom(out, func(w io.Writer) error { return tarball.MultiRefWrite(images, w) }, 0o644)
+}
+
+// build assembles one image, its Debian layers from debLayers when an
+// earlier image made them.
+func build(spec Spec, debLayers map[string]v1.Layer) (v1.Image, error) {
+	var layers []v1.Layer
+	for _, deb := range spec.Debs {
+		l, ok := debLayers[deb]
+		if !ok {
+			var err error
+			if l, err = debLayer(deb); err != nil {
+				return nil, err
+			}
+			debLayers[deb] = l
 		}
 		layers = append(layers, l)
 	}
 	top, err := filesLayer(spec.Files, spec.Symlinks, spec.Dirs)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	layers = append(layers, top)
-	if img, err = mutate.AppendLayers(img, layers...); err != nil {
-		return fmt.Errorf("assembling %s: %w", spec.Ref, err)
+	img, err := mutate.AppendLayers(empty.Image, layers...)
+	if err != nil {
+		return nil, fmt.Errorf("assembling %s: %w", spec.Ref, err)
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cf = cf.DeepCopy()
 	cf.Architecture, cf.OS = "amd64", "linux"
 	cf.Config.Entrypoint, cf.Config.Cmd = spec.Entrypoint, spec.Cmd
 	cf.Config.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, spec.Env...)
-	if img, err = mutate.ConfigFile(img, cf); err != nil {
-		return err
-	}
-	return atomicfile.WriteFrom(out, func(w io.Writer) error { return tarball.Write(tag, img, w) }, 0o644)
+	return mutate.ConfigFile(img, cf)
 }
 
 // Ref reads the tag a tarball written by Write carries.

@@ -3,6 +3,11 @@
 //
 //	go run ./tools/mkimage -bin bin -pause build/images/pause -debs build/debs -out build/images -tag v0.2.0
 //
+// With -coredns (make kube-images) it also writes the Kubernetes lab's
+// CoreDNS image (coredns.tar), and with -e2e (make e2e-images) stand-ins
+// for the e2e suite's test images (e2e-images.tar), from the binaries
+// tools/kube/build.sh built.
+//
 // The tarballs load with `ctr -n k8s.io images import` or `docker load`.
 package main
 
@@ -29,6 +34,8 @@ func run() error {
 	out := flag.String("out", "build/images", "directory to write twill.tar (and pause.tar) to")
 	tag := flag.String("tag", "dev", "image tag")
 	repo := flag.String("repo", "twill.local/twill", "image repository")
+	coredns := flag.String("coredns", "", "also write coredns.tar from this directory's coredns (build/kube/current)")
+	e2e := flag.String("e2e", "", "with -pause: also write e2e-images.tar from this directory's e2e.test, agnhost and coredns")
 	flag.Parse()
 	files, err := ociimage.FetchDebs(*debs, ociimage.TwillDebs)
 	if err != nil {
@@ -48,5 +55,29 @@ func run() error {
 		}
 		fmt.Printf("%s: %s\n", path, ref)
 	}
+	if *coredns != "" {
+		path := filepath.Join(*out, "coredns.tar")
+		ref, err := ociimage.WriteCoreDNS(path, *coredns)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%s: %s\n", path, ref)
+	}
+	if *e2e != "" {
+		return e2eImages(*e2e, *pause, *debs, *out)
+	}
+	return nil
+}
+
+func e2eImages(kubeBin, pause, debs, out string) error {
+	if pause == "" {
+		return fmt.Errorf("-e2e %s: the e2e images need -pause too", kubeBin)
+	}
+	path := filepath.Join(out, "e2e-images.tar")
+	missing, err := ociimage.WriteE2EImages(path, kubeBin, pause, debs)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%s: stand-ins for the e2e suite's images (%d others have none: Documentation/conformance.md)\n", path, len(missing))
 	return nil
 }
