@@ -25,7 +25,7 @@ import (
 )
 
 // kubeLabImages builds twill's image (from this tree's binaries, as make
-// image does) and the pause image into a fresh directory.
+// image does), the pause image and CoreDNS's into a fresh directory.
 func kubeLabImages(t testing.TB, bin, tag string) string {
 	t.Helper()
 	root := kubetest.Root(t)
@@ -39,6 +39,9 @@ func kubeLabImages(t testing.TB, bin, tag string) string {
 		t.Fatal(err)
 	}
 	if err := ociimage.Write(filepath.Join(dir, "pause.tar"), ociimage.PauseImage("twill.local/pause:"+tag, filepath.Join(pause, "pause"))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ociimage.WriteCoreDNS(filepath.Join(dir, "coredns.tar"), kubeBinDir(t)); err != nil {
 		t.Fatal(err)
 	}
 	return dir

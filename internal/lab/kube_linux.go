@@ -80,6 +80,11 @@ func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, 
 	}); err != nil {
 		return err
 	}
+	if err := cluster.Poll(ctx, 60*time.Second, "every Node's pod subnet routed from the control plane", func() error {
+		return s.routePodCIDRs(ctx)
+	}); err != nil {
+		return err
+	}
 
 	step("twill: kubectl apply -f dist/kube-twill.yml (image %s)", s.TwillImage)
 	manifest, err := InstallManifest(s.TwillImage, o.Backend)
@@ -92,7 +97,22 @@ func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, 
 	if err := s.waitTwill(ctx); err != nil {
 		return err
 	}
+	step("CoreDNS, the cluster DNS at %s (image %s)", ClusterDNS, s.CoreDNSImage)
+	if err := s.deployDNS(ctx); err != nil {
+		return err
+	}
 	return s.save()
+}
+
+// nodeImages are the image tarballs every node's containerd imports:
+// twill's, pause and CoreDNS, and the stand-ins for the e2e suite's images
+// when make kube-images wrote them.
+func nodeImages(dir string) []string {
+	imgs := []string{"twill.tar", "pause.tar", "coredns.tar"}
+	if _, err := os.Stat(filepath.Join(dir, "e2e-images.tar")); err == nil {
+		imgs = append(imgs, "e2e-images.tar")
+	}
+	return imgs
 }
 
 // startControlPlane runs kube-apiserver, kube-controller-manager and
@@ -241,7 +261,7 @@ func (s *State) startNode(ctx context.Context, i int, nodeCrt, nodeKey string) e
 	}); err != nil {
 		return err
 	}
-	for _, img := range []string{"twill.tar", "pause.tar"} {
+	for _, img := range nodeImages(s.ImageDir) {
 		if out, err := s.NodeExec(ctx, n.Name, nil, "/usr/bin/ctr", "-a", "/run/containerd/containerd.sock", "-n", "k8s.io",
 			"images", "import", filepath.Join(s.ImageDir, img)); err != nil {
 			return fmt.Errorf("importing %s into %s's containerd: %w\n%s", img, n.Name, err, out)

@@ -71,7 +71,7 @@ protectKernelDefaults: true
 failSwapOn: false
 volumePluginDir: /var/lib/kubelet/volumeplugins
 clusterDomain: cluster.local
-clusterDNS: [10.96.0.10]
+clusterDNS: [%s]
 readOnlyPort: 0
 serializeImagePulls: false
 # The lab never pulls: images are imported. Disk-pressure eviction would
@@ -79,7 +79,7 @@ serializeImagePulls: false
 imageGCHighThresholdPercent: 100
 evictionHard: {memory.available: "50Mi", nodefs.available: "1%%", imagefs.available: "1%%"}
 rotateCertificates: false
-`, caFile, cgroupRoot)
+`, caFile, cgroupRoot, ClusterDNS)
 }
 
 // kubeProxyConfig is a node's kube-proxy in iptables mode. The conntrack

@@ -183,6 +183,10 @@ func NetnsPrefix(prefix, name string) string {
 
 func (s *State) prefix() string { return NetnsPrefix(s.NetnsPrefix, s.Name) }
 
+// underlayNS is the namespace of the lab's underlay: its bridge, etcd and a
+// Kubernetes lab's control plane.
+func (s *State) underlayNS() string { return s.prefix() + "-ul" }
+
 // Dir is the lab's state directory.
 func Dir(stateRoot, name string) string { return filepath.Join(stateRoot, name) }
 
@@ -217,6 +221,7 @@ type State struct {
 	AdminKubeconfig string `json:"adminKubeconfig,omitempty"`
 	TwillImage      string `json:"twillImage,omitempty"`
 	PauseImage      string `json:"pauseImage,omitempty"`
+	CoreDNSImage    string `json:"corednsImage,omitempty"`
 
 	// mu guards Processes and saving while nodes start in parallel.
 	mu sync.Mutex

@@ -101,6 +101,9 @@ func newState(o Options) (*State, error) {
 		if s.PauseImage, err = ociimage.Ref(filepath.Join(o.ImageDir, "pause.tar")); err != nil {
 			return nil, err
 		}
+		if s.CoreDNSImage, err = ociimage.Ref(filepath.Join(o.ImageDir, "coredns.tar")); err != nil {
+			return nil, err
+		}
 	}
 	return s, s.save()
 }

@@ -47,7 +47,7 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 	cmd.PersistentFlags().StringVar(&o.NetnsPrefix, "netns-prefix", env("TWILL_LAB_NETNS_PREFIX", lab.DefaultNetnsPrefix),
 		"first part of the lab's namespace names, <prefix>-<name>-n1 (env TWILL_LAB_NETNS_PREFIX)")
 	cmd.AddCommand(labUpCommand(&o), labCheckCommand(&o), labStatusCommand(&o), labExecCommand(&o), labDownCommand(&o),
-		labKubectlCommand(&o), labEchoCommand(), labProbeCommand(), labNodeRootCommand())
+		labKubectlCommand(&o), labConformanceCommand(&o), labEchoCommand(), labProbeCommand(), labNodeRootCommand())
 	return cmd
 }
 
@@ -105,7 +105,7 @@ func labUpCommand(o *labOptions) *cobra.Command {
 	up.Flags().BoolVar(&o.KeepOnFailure, "keep-on-failure", false, "leave what was built in place when up fails, to inspect it (lab down removes it)")
 	up.Flags().BoolVar(&o.Kubernetes, "kubernetes", false, "a Kubernetes cluster: control plane, containerd, kubelet and kube-proxy per node, twill installed from dist/kube-twill.yml")
 	up.Flags().StringVar(&o.KubeBinDir, "kube-bin-dir", "", "with --kubernetes: the Kubernetes binaries (default: build/kube/current next to bin/, made by make setup)")
-	up.Flags().StringVar(&o.ImageDir, "image-dir", "", "with --kubernetes: twill.tar and pause.tar (default: build/images next to bin/, made by make image)")
+	up.Flags().StringVar(&o.ImageDir, "image-dir", "", "with --kubernetes: twill.tar, pause.tar, coredns.tar and optionally e2e-images.tar (default: build/images next to bin/, made by make kube-images)")
 
 	return up
 }
