@@ -1,0 +1,68 @@
+package app
+
+import (
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/twill-net/twill/internal/lab"
+)
+
+func labConformanceCommand(o *labOptions) *cobra.Command {
+	var (
+		fast, listSkips, markdown bool
+		reportDir                 string
+		focus                     []string
+		timeout                   time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "conformance",
+		Short: "Run Kubernetes' own network conformance specs (e2e.test) against a Kubernetes lab; exit 1 if any fails",
+		Long: `Runs e2e.test, built at the lab's Kubernetes version by make kube-tools, in the
+lab's underlay namespace as the lab's admin: by default every [sig-network]
+[Conformance] spec, with --fast the pod-networking subset make test runs.
+The skip list (--list-skips) is the one place specs are left out, each with
+its reason.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			w := cmd.OutOrStdout()
+			if listSkips {
+				for _, s := range lab.ConformanceSkips {
+					fmt.Fprintf(w, "%s\t%s\n", s.Pattern, s.Reason)
+				}
+				return nil
+			}
+			s, err := lab.Load(o.StateRoot, o.Name)
+			if err != nil {
+				return err
+			}
+			c := lab.Conformance{Focus: lab.ConformanceFocus, Skips: lab.ConformanceSkips, Out: w, Timeout: timeout,
+				ReportDir: reportDir}
+			if fast {
+				c.Focus = lab.ConformanceFast
+			}
+			if len(focus) > 0 {
+				c.Focus = focus
+			}
+			if c.ReportDir == "" {
+				c.ReportDir = filepath.Join(s.Dir, "conformance-"+time.Now().Format("20060102-150405"))
+			}
+			out, err := s.RunConformance(cmd.Context(), c)
+			fmt.Fprintf(w, "\nconformance (%s, %d nodes): %d passed, %d failed, %d skipped; report in %s\n",
+				s.Backend, len(s.Nodes), out.Passed, out.Failed, out.Skipped, c.ReportDir)
+			if markdown {
+				fmt.Fprint(w, "\n"+out.Markdown(s.Backend))
+			}
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&fast, "fast", false, "run only the pod-networking subset (what make test runs)")
+	cmd.Flags().StringArrayVar(&focus, "focus", nil, "run the specs matching this regular expression instead (repeatable)")
+	cmd.Flags().BoolVar(&listSkips, "list-skips", false, "print every skip pattern and its reason, and exit")
+	cmd.Flags().BoolVar(&markdown, "markdown", false, "also print the specs that ran as a Markdown table")
+	cmd.Flags().StringVar(&reportDir, "report-dir", "", "where e2e.test writes its JUnit report (default: a new directory in the lab's state)")
+	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Hour, "the suite's own time limit")
+	return cmd
+}

@@ -1,0 +1,141 @@
+package lab
+
+import (
+	"encoding/xml"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+)
+
+// ConformanceFocus selects Kubernetes' own network conformance specs, what
+// `make conformance` runs.
+var ConformanceFocus = []string{`\[sig-network\].*\[Conformance\]`}
+
+// ConformanceFast is the pod-networking subset `make test` runs: pod to
+// pod and node to pod over HTTP and UDP, a Service's endpoints, a NodePort
+// and a pod reaching itself through its own Service (hairpin).
+var ConformanceFast = []string{
+	`\[sig-network\] Networking Granular Checks: Pods should function for intra-pod communication: (http|udp)`,
+	`\[sig-network\] Networking Granular Checks: Pods should function for node-pod communication: (http|udp)`,
+	`\[sig-network\] Services should serve a basic endpoint from pods`,
+	`\[sig-network\] Services should be able to create a functioning NodePort service`,
+	`\[sig-network\] Services should allow pods to hairpin back to themselves through services`,
+}
+
+// Skip leaves specs matching Pattern out of a run, for Reason.
+type Skip struct {
+	Pattern, Reason string
+}
+
+// ConformanceSkips are every spec the lab's runs leave out, and why: only
+// what needs something this machine cannot give. Documentation/
+// conformance.md lists them (twillctl lab conformance --list-skips).
+var ConformanceSkips = []Skip{
+	{`\[Feature:IPv6DualStack\]|IPv6`, "the Kubernetes lab is IPv4-only (IPv6 is proven in etcd mode and by the Kubernetes-mode e2e tests)"},
+	{`\[Disruptive\]|\[Serial\]`, "the suite runs against a shared lab; none of the selected network specs is either"},
+	{`\[Feature:Networking-IPv6\]|\[Feature:Networking-DNS\]|\[Provider:`, "need the internet or a cloud provider"},
+}
+
+// SkipRegexp joins skips into one --ginkgo.skip expression.
+func SkipRegexp(skips []Skip) string {
+	parts := make([]string, len(skips))
+	for i, s := range skips {
+		parts[i] = s.Pattern
+	}
+	return strings.Join(parts, "|")
+}
+
+// SpecResult is one spec of a run, from its JUnit report.
+type SpecResult struct {
+	Name   string
+	Status string // passed, failed, skipped, pending, ...
+}
+
+// Outcome sums a run up.
+type Outcome struct {
+	Specs                   []SpecResult // those that ran, by name
+	Passed, Failed, Skipped int
+}
+
+// suiteNode names Ginkgo's suite-level nodes ([BeforeSuite],
+// [SynchronizedAfterSuite], [ReportBeforeSuite], ...).
+var suiteNode = regexp.MustCompile(`^\[[A-Za-z]*Suite\]`)
+
+// ReadJUnit reads the outcome of a run from the JUnit XML report e2e.test
+// wrote (--report-dir): every spec that ran, and how many were skipped.
+func ReadJUnit(r io.Reader) (Outcome, error) {
+	var doc struct {
+		Suites []struct {
+			Cases []struct {
+				Name    string    `xml:"name,attr"`
+				Status  string    `xml:"status,attr"`
+				Failure *struct{} `xml:"failure"`
+				Error   *struct{} `xml:"error"`
+				Skipped *struct{} `xml:"skipped"`
+			} `xml:"testcase"`
+		} `xml:"testsuite"`
+	}
+	if err := xml.NewDecoder(r).Decode(&doc); err != nil {
+		return Outcome{}, fmt.Errorf("reading the JUnit report: %w", err)
+	}
+	var o Outcome
+	for _, s := range doc.Suites {
+		for _, c := range s.Cases {
+			status := c.Status
+			switch {
+			case c.Failure != nil || c.Error != nil:
+				status = "failed"
+			case status == "" && c.Skipped != nil:
+				status = "skipped"
+			case status == "":
+				status = "passed"
+			}
+			name := strings.TrimSpace(strings.TrimPrefix(c.Name, "[It]"))
+			switch {
+			case status == "skipped" || status == "pending":
+				o.Skipped++
+				continue
+			case status == "passed":
+				o.Passed++
+			default:
+				o.Failed++
+			}
+			// Ginkgo's own setup and teardown nodes are not specs.
+			if suiteNode.MatchString(name) {
+				if status == "passed" {
+					o.Passed--
+				}
+				continue
+			}
+			o.Specs = append(o.Specs, SpecResult{Name: name, Status: status})
+		}
+	}
+	sort.Slice(o.Specs, func(i, j int) bool { return o.Specs[i].Name < o.Specs[j].Name })
+	return o, nil
+}
+
+// ReadJUnitDir reads the JUnit report in a run's report directory.
+func ReadJUnitDir(dir string) (Outcome, error) {
+	f, err := os.Open(filepath.Join(dir, "junit_01.xml"))
+	if err != nil {
+		return Outcome{}, fmt.Errorf("the run's JUnit report: %w", err)
+	}
+	defer f.Close()
+	return ReadJUnit(f)
+}
+
+// Markdown renders the specs that ran as a Markdown table, for
+// Documentation/conformance.md.
+func (o Outcome) Markdown(backend string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "| spec (%s) | result |\n|---|---|\n", backend)
+	for _, s := range o.Specs {
+		fmt.Fprintf(&b, "| %s | %s |\n", strings.ReplaceAll(s.Name, "|", `\|`), s.Status)
+	}
+	fmt.Fprintf(&b, "\n%d passed, %d failed, %d skipped\n", o.Passed, o.Failed, o.Skipped)
+	return b.String()
+}

@@ -1,0 +1,66 @@
+package lab
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+)
+
+func TestReadJUnit(t *testing.T) {
+	report := `<?xml version="1.0" encoding="UTF-8"?>
+<testsuites tests="5" disabled="0" errors="0" failures="1" time="10">
+  <testsuite name="Kubernetes e2e suite" package="/" tests="5" skipped="2" failures="1">
+    <testcase name="[SynchronizedBeforeSuite]" classname="Kubernetes e2e suite" status="passed" time="1"></testcase>
+    <testcase name="[ReportBeforeSuite]" classname="Kubernetes e2e suite" status="passed" time="0"></testcase>
+    <testcase name="[It] [sig-network] DNS should provide DNS for services [Conformance]" classname="Kubernetes e2e suite" status="passed" time="3"></testcase>
+    <testcase name="[It] [sig-network] Services should serve a basic endpoint from pods [Conformance]" classname="Kubernetes e2e suite" status="failed" time="3">
+      <failure message="timed out" type="failed">timed out</failure>
+    </testcase>
+    <testcase name="[It] [sig-apps] Deployment should run" classname="Kubernetes e2e suite" status="skipped" time="0"><skipped message="skipped"></skipped></testcase>
+    <testcase name="[It] [sig-network] HostPort validates | pipes" classname="Kubernetes e2e suite" status="pending" time="0"><skipped message="pending"></skipped></testcase>
+  </testsuite>
+</testsuites>`
+	o, err := ReadJUnit(strings.NewReader(report))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Passed != 1 || o.Failed != 1 || o.Skipped != 2 || len(o.Specs) != 2 {
+		t.Fatalf("outcome %+v: want 1 passed, 1 failed, 2 skipped, 2 specs (suite setup not counted)", o)
+	}
+	if o.Specs[0].Name != "[sig-network] DNS should provide DNS for services [Conformance]" || o.Specs[1].Status != "failed" {
+		t.Fatalf("specs %+v", o.Specs)
+	}
+	md := o.Markdown("vxlan")
+	if !strings.Contains(md, "| [sig-network] Services should serve a basic endpoint from pods [Conformance] | failed |") ||
+		!strings.Contains(md, "1 passed, 1 failed, 2 skipped") {
+		t.Fatalf("markdown:\n%s", md)
+	}
+	if _, err := ReadJUnit(strings.NewReader("not xml")); err == nil || !strings.Contains(err.Error(), "JUnit") {
+		t.Fatalf("a broken report: err = %v", err)
+	}
+}
+
+// Every pattern compiles (ginkgo reads them as Go regular expressions) and
+// has its reason; the skips leave the fast subset's specs alone.
+func TestConformancePatterns(t *testing.T) {
+	for _, s := range ConformanceSkips {
+		if _, err := regexp.Compile(s.Pattern); err != nil || s.Reason == "" {
+			t.Errorf("skip %q: %v, reason %q", s.Pattern, err, s.Reason)
+		}
+	}
+	skip := regexp.MustCompile(SkipRegexp(ConformanceSkips))
+	for _, f := range append(ConformanceFocus, ConformanceFast...) {
+		if _, err := regexp.Compile(f); err != nil {
+			t.Errorf("focus %q: %v", f, err)
+		}
+	}
+	for _, name := range []string{
+		"[sig-network] Networking Granular Checks: Pods should function for intra-pod communication: http [NodeConformance] [Conformance]",
+		"[sig-network] Services should serve a basic endpoint from pods [Conformance]",
+		"[sig-network] DNS should provide DNS for services [Conformance]",
+	} {
+		if skip.MatchString(name) {
+			t.Errorf("the skip list leaves out %q", name)
+		}
+	}
+}
