@@ -28,8 +28,10 @@ var userlandLinks = map[string]string{
 // the lab's specs run, each under the exact reference the suite asks for
 // (refs, as `e2e.test --list-images` prints them), so no pull is ever
 // attempted. All but pause share one Debian userland (debs) holding
-// agnhost, the suite's test server, as /agnhost and CoreDNS as /coredns,
-// as the upstream agnhost image does:
+// agnhost, the suite's test server, as /agnhost (and the TLS pair its
+// porter serves, agnhost-localhost.crt and .key next to it, as
+// /localhost.crt and .key) and CoreDNS as /coredns, as the upstream agnhost
+// image does:
 //
 //   - agnhost: entrypoint /agnhost, pause by default (as upstream);
 //   - busybox and glibc-dns-testing: the userland, sh by default (the
@@ -41,7 +43,9 @@ var userlandLinks = map[string]string{
 // Other references are returned in missing: the specs that need them
 // cannot run here.
 func E2EImages(refs []string, agnhost, coredns, pauseBin string, debs []string) (specs []Spec, missing []string) {
-	files := []File{{Src: agnhost, Dst: "/agnhost"}, {Src: coredns, Dst: "/coredns"}}
+	// agnhost porter's TLS pair, in its working directory as upstream's.
+	files := []File{{Src: agnhost, Dst: "/agnhost"}, {Src: coredns, Dst: "/coredns"},
+		{Src: agnhost + "-localhost.crt", Dst: "/localhost.crt", Mode: 0o644}, {Src: agnhost + "-localhost.key", Dst: "/localhost.key", Mode: 0o644}}
 	dirs := []string{"/tmp", "/uploads", "/results"}
 	userland := func(ref string, entrypoint, cmd []string) Spec {
 		return Spec{Ref: ref, Entrypoint: entrypoint, Cmd: cmd, Debs: debs, Files: files, Symlinks: userlandLinks, Dirs: dirs}

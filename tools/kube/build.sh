@@ -35,12 +35,16 @@ if [ -n "$missing" ]; then
 	rm -rf "$tmp"
 	trap - EXIT
 fi
-# e2e.test is a test binary (go test -c); agnhost goes into the e2e images.
-if [ ! -x "$out/e2e.test" ] || [ ! -x "$out/agnhost" ]; then
+# e2e.test is a test binary (go test -c); agnhost goes into the e2e images,
+# with the TLS pair its porter serves from its working directory (upstream's
+# image has them in /).
+if [ ! -x "$out/e2e.test" ] || [ ! -x "$out/agnhost" ] || [ ! -f "$out/agnhost-localhost.key" ]; then
 	echo "kube tools: building e2e.test and agnhost $version into $out"
 	mkdir -p "$out"
 	(cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=mod go test -c -trimpath -ldflags "$ldflags" -o "$out/.e2e.test.$$" k8s.io/kubernetes/test/e2e)
 	(cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$out/.agnhost.$$" k8s.io/kubernetes/test/images/agnhost)
+	src=$(cd "$here" && GOFLAGS=-mod=mod go list -m -f '{{.Dir}}' k8s.io/kubernetes)
+	for f in crt key; do cp "$src/test/images/agnhost/porter/localhost.$f" "$out/agnhost-localhost.$f"; done
 	mv "$out/.e2e.test.$$" "$out/e2e.test"
 	mv "$out/.agnhost.$$" "$out/agnhost"
 fi
