@@ -42,7 +42,8 @@ BACKEND ?= vxlan
 conformance: setup e2e-images ## Kubernetes' own [sig-network] [Conformance] specs on a 3-node Kubernetes lab (BACKEND=vxlan|host-gw); fails if any spec does
 	@name=cf$$(echo '$(BACKEND)' | tr -dc a-z); \
 	bin/twillctl lab up --name $$name --kubernetes --nodes 3 --pods-per-node 1 --backend '$(BACKEND)'; rc=$$?; \
-	if [ $$rc = 0 ]; then bin/twillctl lab conformance --name $$name --markdown; rc=$$?; fi; \
+	if [ $$rc = 0 ]; then rm -rf build/conformance/$$name; \
+		bin/twillctl lab conformance --name $$name --markdown --report-dir build/conformance/$$name; rc=$$?; fi; \
 	bin/twillctl lab down --name $$name; exit $$rc
 
 .PHONY: build

@@ -33,6 +33,12 @@ func (s *State) RunConformance(ctx context.Context, c Conformance) (Outcome, err
 	if _, err := os.Stat(e2e); err != nil {
 		return Outcome{}, fmt.Errorf("no e2e.test (make kube-tools builds it): %w", err)
 	}
+	// Absolute: e2e.test runs in the report directory.
+	dir, err := filepath.Abs(c.ReportDir)
+	if err != nil {
+		return Outcome{}, err
+	}
+	c.ReportDir = dir
 	if err := os.MkdirAll(c.ReportDir, 0o755); err != nil {
 		return Outcome{}, err
 	}

@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -61,6 +62,21 @@ func TestConformancePatterns(t *testing.T) {
 	} {
 		if skip.MatchString(name) {
 			t.Errorf("the skip list leaves out %q", name)
+		}
+	}
+}
+
+// Documentation/conformance.md lists every skip with its reason, as the
+// code has them.
+func TestConformanceSkipsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../Documentation/conformance.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range ConformanceSkips {
+		row := "| `" + strings.ReplaceAll(s.Pattern, "|", `\|`) + "` | " + s.Reason + " |"
+		if !strings.Contains(string(doc), row) {
+			t.Errorf("Documentation/conformance.md has no row\n%s", row)
 		}
 	}
 }

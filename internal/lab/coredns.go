@@ -13,12 +13,11 @@ import (
 // kubelet puts in its pods' resolv.conf (kubeletConfig's clusterDNS).
 const ClusterDNS = "10.96.0.10"
 
-// corednsManifest is the lab's DNS add-on, as a cluster installs it: CoreDNS
+// corednsYAML is the lab's DNS add-on, as a cluster installs it: CoreDNS
 // in kube-system answering for cluster.local from the API (the kubernetes
 // plugin), behind the kube-dns Service at ClusterDNS. It has no upstream:
 // the lab has no internet, so other names are refused.
-func corednsManifest(image string) string {
-	return strings.NewReplacer("IMAGE", image, "CLUSTERDNS", ClusterDNS).Replace(`apiVersion: v1
+const corednsYAML = `apiVersion: v1
 kind: ServiceAccount
 metadata: {name: coredns, namespace: kube-system}
 ---
@@ -100,7 +99,11 @@ spec:
   ports:
   - {name: dns, port: 53, protocol: UDP}
   - {name: dns-tcp, port: 53, protocol: TCP}
-`)
+`
+
+// corednsManifest is corednsYAML running image.
+func corednsManifest(image string) string {
+	return strings.NewReplacer("IMAGE", image, "CLUSTERDNS", ClusterDNS).Replace(corednsYAML)
 }
 
 // deployDNS installs CoreDNS and waits until its pods are ready: the pods
