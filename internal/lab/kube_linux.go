@@ -106,7 +106,7 @@ func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, 
 
 // nodeImages are the image tarballs every node's containerd imports:
 // twill's, pause and CoreDNS, and the stand-ins for the e2e suite's images
-// when make kube-images wrote them.
+// when make e2e-images wrote them.
 func nodeImages(dir string) []string {
 	imgs := []string{"twill.tar", "pause.tar", "coredns.tar"}
 	if _, err := os.Stat(filepath.Join(dir, "e2e-images.tar")); err == nil {
