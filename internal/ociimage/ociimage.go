@@ -58,17 +58,17 @@ type Spec struct {
 func Write(out string, spec Spec) error { return WriteAll(out, []Spec{spec}) }
 
 // WriteAll builds the images and writes them to out as one docker-archive
-// tarball, each tagged with its Ref: a Debian package several images hold
-// is one layer, unpacked once and stored once.
+// tarball, each tagged with its Ref: a layer several images hold (a Debian
+// package, or the same files) is built once and stored once.
 func WriteAll(out string, specs []Spec) error {
-	debLayers := map[string]v1.Layer{}
+	layers := map[string]v1.Layer{}
 	images := map[name.Reference]v1.Image{}
 	for _, spec := range specs {
 		tag, err := name.NewTag(spec.Ref, name.WeakValidation)
 		if err != nil {
 			return fmt.Errorf("image reference %q: %w", spec.Ref, err)
 		}
-		img, err := build(spec, debLayers)
+		img, err := build(spec, layers)
 		if err != nil {
 			return err
 		}
@@ -77,22 +77,32 @@ func WriteAll(out string, specs []Spec) error {
 	return atomicfile.WriteFrom(out, func(w io.Writer) error { return tarball.MultiRefWrite(images, w) }, 0o644)
 }
 
-// build assembles one image, its Debian layers from debLayers when an
-// earlier image made them.
-func build(spec Spec, debLayers map[string]v1.Layer) (v1.Image, error) {
+// build assembles one image, taking its layers from made when an earlier
+// image made them (keyed by a Debian package's path, or by the top layer's
+// files, links and directories) and adding those it makes.
+func build(spec Spec, made map[string]v1.Layer) (v1.Image, error) {
+	layer := func(key string, make func() (v1.Layer, error)) (v1.Layer, error) {
+		if l, ok := made[key]; ok {
+			return l, nil
+		}
+		l, err := make()
+		if err == nil {
+			made[key] = l
+		}
+		return l, err
+	}
 	var layers []v1.Layer
 	for _, deb := range spec.Debs {
-		l, ok := debLayers[deb]
-		if !ok {
-			var err error
-			if l, err = debLayer(deb); err != nil {
-				return nil, err
-			}
-			debLayers[deb] = l
+		l, err := layer("deb "+deb, func() (v1.Layer, error) { return debLayer(deb) })
+		if err != nil {
+			return nil, err
 		}
 		layers = append(layers, l)
 	}
-	top, err := filesLayer(spec.Files, spec.Symlinks, spec.Dirs)
+	// fmt prints the map of links sorted, so equal tops have one key.
+	top, err := layer(fmt.Sprint("files ", spec.Files, spec.Symlinks, spec.Dirs), func() (v1.Layer, error) {
+		return filesLayer(spec.Files, spec.Symlinks, spec.Dirs)
+	})
 	if err != nil {
 		return nil, err
 	}
