@@ -95,21 +95,19 @@ func ReadJUnit(r io.Reader) (Outcome, error) {
 				status = "passed"
 			}
 			name := strings.TrimSpace(strings.TrimPrefix(c.Name, "[It]"))
-			switch {
-			case status == "skipped" || status == "pending":
+			// Ginkgo's own setup and teardown nodes are not specs, but
+			// one that failed failed the run.
+			if suiteNode.MatchString(name) && status != "failed" {
+				continue
+			}
+			switch status {
+			case "skipped", "pending":
 				o.Skipped++
 				continue
-			case status == "passed":
+			case "passed":
 				o.Passed++
 			default:
 				o.Failed++
-			}
-			// Ginkgo's own setup and teardown nodes are not specs.
-			if suiteNode.MatchString(name) {
-				if status == "passed" {
-					o.Passed--
-				}
-				continue
 			}
 			o.Specs = append(o.Specs, SpecResult{Name: name, Status: status})
 		}

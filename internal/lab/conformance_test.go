@@ -13,6 +13,7 @@ func TestReadJUnit(t *testing.T) {
   <testsuite name="Kubernetes e2e suite" package="/" tests="5" skipped="2" failures="1">
     <testcase name="[SynchronizedBeforeSuite]" classname="Kubernetes e2e suite" status="passed" time="1"></testcase>
     <testcase name="[ReportBeforeSuite]" classname="Kubernetes e2e suite" status="passed" time="0"></testcase>
+    <testcase name="[SynchronizedAfterSuite]" classname="Kubernetes e2e suite" status="skipped" time="0"><skipped message="skipped"></skipped></testcase>
     <testcase name="[It] [sig-network] DNS should provide DNS for services [Conformance]" classname="Kubernetes e2e suite" status="passed" time="3"></testcase>
     <testcase name="[It] [sig-network] Services should serve a basic endpoint from pods [Conformance]" classname="Kubernetes e2e suite" status="failed" time="3">
       <failure message="timed out" type="failed">timed out</failure>
@@ -35,6 +36,12 @@ func TestReadJUnit(t *testing.T) {
 	if !strings.Contains(md, "| [sig-network] Services should serve a basic endpoint from pods [Conformance] | failed |") ||
 		!strings.Contains(md, "1 passed, 1 failed, 2 skipped") {
 		t.Fatalf("markdown:\n%s", md)
+	}
+	// A failed suite node failed the run: it counts, and is listed.
+	failedSetup := strings.Replace(report, `<testcase name="[SynchronizedBeforeSuite]" classname="Kubernetes e2e suite" status="passed" time="1"></testcase>`,
+		`<testcase name="[SynchronizedBeforeSuite]" classname="Kubernetes e2e suite" status="failed" time="1"><failure message="no nodes">no nodes</failure></testcase>`, 1)
+	if o, err := ReadJUnit(strings.NewReader(failedSetup)); err != nil || o.Failed != 2 || o.Specs[0].Name != "[SynchronizedBeforeSuite]" {
+		t.Fatalf("a failed [SynchronizedBeforeSuite]: %+v %v; want it counted and listed", o, err)
 	}
 	if _, err := ReadJUnit(strings.NewReader("not xml")); err == nil || !strings.Contains(err.Error(), "JUnit") {
 		t.Fatalf("a broken report: err = %v", err)
