@@ -50,19 +50,22 @@ conformance: setup e2e-images ## Kubernetes' own [sig-network] [Conformance] spe
 build: ## Build twilld, twillctl and the twill CNI plugin into bin/
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
+# mkimage writes twill's image and the pause image; the targets below add
+# to what it writes in the same run.
+MKIMAGE = CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o build/images/.pause ./tools/pause && \
+	$(GO) run ./tools/mkimage -bin $(BIN) -pause build/images/.pause -debs build/debs -out build/images -tag $(VERSION)
+
 .PHONY: image
 image: build ## Build twill's image and the lab's pause image as tarballs in build/images (no Docker needed; ctr images import reads them)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o build/images/.pause ./tools/pause
-	$(GO) run ./tools/mkimage -bin $(BIN) -pause build/images/.pause -debs build/debs -out build/images -tag $(VERSION)
+	$(MKIMAGE)
 
 .PHONY: kube-images
 kube-images: build kube-tools ## make image, and the Kubernetes lab's CoreDNS image (build/images/coredns.tar)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o build/images/.pause ./tools/pause
-	$(GO) run ./tools/mkimage -bin $(BIN) -pause build/images/.pause -debs build/debs -out build/images -tag $(VERSION) -coredns build/kube/current
+	$(MKIMAGE) -coredns build/kube/current
 
 .PHONY: e2e-images
-e2e-images: kube-images ## Stand-ins for the images Kubernetes' e2e suite runs, under the names it asks for (build/images/e2e-images.tar)
-	$(GO) run ./tools/mkimage -bin $(BIN) -pause build/images/.pause -debs build/debs -out build/images -tag $(VERSION) -e2e build/kube/current
+e2e-images: build kube-tools ## make kube-images, and stand-ins for the images Kubernetes' e2e suite runs, under the names it asks for (build/images/e2e-images.tar)
+	$(MKIMAGE) -coredns build/kube/current -e2e build/kube/current
 
 .PHONY: setup
 setup: setup-base kube-tools ## Install what a fresh machine lacks: Debian packages (iproute2, iptables, containerd, ...), Go modules, the Kubernetes binaries; only what is missing
