@@ -16,7 +16,10 @@ import (
 // interrupted (the table changed while it was being read).
 const dumpAttempts = 8
 
-// Handle is a netlink socket set bound to one network namespace.
+// Handle is a netlink socket bound to one network namespace. It speaks
+// rtnetlink only (links, addresses, routes, neighbours, rules): one socket
+// rather than the three (rtnetlink, xfrm, netfilter) netlink opens by
+// default, each of which costs a pair of setns calls in another namespace.
 type Handle struct {
 	h     *netlink.Handle
 	ns    netns.NsHandle // -1 when bound to the caller's namespace
@@ -27,7 +30,7 @@ type Handle struct {
 // `ip netns`), or for the namespace of the calling process when name is "".
 func Open(name string) (*Handle, error) {
 	if name == "" {
-		h, err := netlink.NewHandle()
+		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 		if err != nil {
 			return nil, fmt.Errorf("opening netlink handle: %w", err)
 		}
@@ -51,7 +54,7 @@ func OpenPath(path string) (*Handle, error) {
 }
 
 func openAt(ns netns.NsHandle, name string) (*Handle, error) {
-	h, err := netlink.NewHandleAt(ns)
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		ns.Close()
 		return nil, fmt.Errorf("opening netlink handle in %q: %w", name, err)
