@@ -71,6 +71,9 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	}
 	defer pod.Close()
 	defer host.Close()
+	if err := refuseAttached(host, args); err != nil {
+		return err
+	}
 	var undo undoStack
 	defer func() {
 		if err != nil {
@@ -91,6 +94,21 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		result.DNS = ipamResult.DNS
 	}
 	return types.PrintResult(result, in.conf.CNIVersion)
+}
+
+// refuseAttached fails an ADD for an attachment that exists (its host
+// interface does): the runtime must DEL it first (CNI forbids a second
+// ADD), and going on would take a second address for it.
+func refuseAttached(host *nl.Handle, args *skel.CmdArgs) error {
+	name := HostVethName(args.ContainerID, args.IfName)
+	exists, err := host.LinkExists(name)
+	if err != nil {
+		return fmt.Errorf("twill: %w", err)
+	}
+	if exists {
+		return fmt.Errorf("twill: container %s already has %s on this network (host interface %s exists): a second ADD needs a DEL first", args.ContainerID, args.IfName, name)
+	}
+	return nil
 }
 
 // allocateFor takes the pod's addresses: from the eni warm pool in

@@ -2,16 +2,17 @@ package plugin
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
 	"slices"
 	"strings"
 
+	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
-	"github.com/containernetworking/plugins/pkg/ipam"
 
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/backend/owned"
@@ -51,7 +52,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 		return fmt.Errorf("twill: CHECK: %w", err)
 	}
 	if c.IPAM.Type != "" {
-		if err := ipam.ExecCheck(c.IPAM.Type, args.StdinData); err != nil {
+		if err := invoke.DelegateCheck(context.TODO(), c.IPAM.Type, args.StdinData, nil); err != nil {
 			return fmt.Errorf("twill: delegated IPAM %q: %w", c.IPAM.Type, err)
 		}
 	}

@@ -1,18 +1,17 @@
 package plugin
 
 import (
+	"context"
+	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"path/filepath"
-	"strings"
+	"strconv"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/plugins/pkg/ipam"
-	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/allocator"
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 	"github.com/twill-net/twill/internal/allocations"
 	"github.com/twill-net/twill/subnet"
@@ -28,13 +27,73 @@ func store(c *NetConf) (*disk.Store, error) {
 	return s, nil
 }
 
-func rangeSet(subnet netip.Prefix) (*allocator.RangeSet, error) {
-	r := allocator.Range{Subnet: types.IPNet{IP: subnet.Addr().AsSlice(), Mask: net.CIDRMask(subnet.Bits(), subnet.Addr().BitLen())}}
-	if err := r.Canonicalize(); err != nil {
-		return nil, fmt.Errorf("twill: subnet %s: %w", subnet, err)
+// errNoAddress is returned when every address of a subnet is taken.
+var errNoAddress = errors.New("no IP addresses available")
+
+// maxProbes bounds the addresses one allocation tries: more than an IPv4
+// /16 holds, far fewer than an IPv6 /64 (whose store never fills).
+const maxProbes = 1 << 17
+
+// hostRange is the span host-local hands out in subnet: from the address
+// after the first (the first is the gateway, which it skips) to the last,
+// an IPv4 subnet's broadcast address excluded.
+func hostRange(subnet netip.Prefix) (first, last netip.Addr, err error) {
+	p := subnet.Masked()
+	bits := p.Addr().BitLen()
+	if p.Bits() > bits-2 {
+		return first, last, fmt.Errorf("subnet %s is too small to allocate from", subnet)
 	}
-	rs := allocator.RangeSet{r}
-	return &rs, nil
+	b := p.Addr().As16()
+	for i := range bits - p.Bits() {
+		b[15-i/8] |= 1 << (i % 8)
+	}
+	last = netip.AddrFrom16(b)
+	if p.Addr().Is4() {
+		last = last.Unmap().Prev()
+	}
+	return p.Addr().Next().Next(), last, nil
+}
+
+// reserveNext reserves the first free address of subnet after the one
+// reserved last (host-local's order and on-disk record, rangeID being the
+// subnet's index, so that stores written by either stay usable by both).
+// The caller holds the store's lock. Unlike host-local it does not read
+// every allocation to refuse a second one for the attachment (a cost that
+// grew with the pods on the node); ADD refuses an attachment whose host
+// interface exists before it allocates.
+func reserveNext(s *disk.Store, containerID, ifName string, subnet netip.Prefix, rangeID int) (netip.Addr, error) {
+	first, last, err := hostRange(subnet)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	inRange := func(a netip.Addr) bool { return a.IsValid() && first.Compare(a) <= 0 && a.Compare(last) <= 0 }
+	next := func(a netip.Addr) netip.Addr {
+		if a == last {
+			return first
+		}
+		return a.Next()
+	}
+	id := strconv.Itoa(rangeID)
+	start := first
+	if ip, err := s.LastReservedIP(id); err == nil {
+		if a, ok := netip.AddrFromSlice(ip); ok && inRange(a.Unmap()) {
+			start = next(a.Unmap())
+		}
+	}
+	a := start
+	for range maxProbes {
+		ok, err := s.Reserve(containerID, ifName, a.AsSlice(), id)
+		if err != nil {
+			return netip.Addr{}, err
+		}
+		if ok {
+			return a, nil
+		}
+		if a = next(a); a == start {
+			break
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("%w in %s", errNoAddress, subnet.Masked())
 }
 
 // allocate reserves one address in each subnet for the attachment. On
@@ -58,15 +117,11 @@ func allocate(c *NetConf, containerID, ifName string, linkExists func(string) (b
 		}
 	}()
 	for i, subnet := range subnets {
-		rs, err := rangeSet(subnet)
-		if err != nil {
-			return nil, err
-		}
-		ipc, err := allocator.NewIPAllocator(rs, s, i).Get(containerID, ifName, nil)
-		if err != nil && strings.Contains(err.Error(), "no IP addresses available") {
+		a, err := reserveNext(s, containerID, ifName, subnet, i)
+		if errors.Is(err, errNoAddress) {
 			gone, rerr := allocations.Reclaim(filepath.Join(c.DataDir, c.Name), allocations.Grace, time.Now(), linkExists)
 			if len(gone) > 0 {
-				ipc, err = allocator.NewIPAllocator(rs, s, i).Get(containerID, ifName, nil)
+				a, err = reserveNext(s, containerID, ifName, subnet, i)
 			} else if rerr != nil {
 				err = fmt.Errorf("%w (and reclaiming addresses of pods that are gone: %v)", err, rerr)
 			}
@@ -74,8 +129,7 @@ func allocate(c *NetConf, containerID, ifName string, linkExists func(string) (b
 		if err != nil {
 			return nil, fmt.Errorf("twill: allocating an address in %s: %w", subnet, err)
 		}
-		a, _ := netip.AddrFromSlice(ipc.Address.IP)
-		out = append(out, a.Unmap())
+		out = append(out, a)
 	}
 	return out, nil
 }
@@ -110,13 +164,13 @@ func reservations(c *NetConf) ([]reservation, error) {
 // configured IPAM plugin.
 func addAddresses(c *NetConf, args *skel.CmdArgs, env subnet.Env, linkExists func(string) (bool, error)) ([]netip.Addr, *current.Result, error) {
 	if c.IPAM.Type != "" {
-		r, err := ipam.ExecAdd(c.IPAM.Type, args.StdinData)
+		r, err := invoke.DelegateAdd(context.TODO(), c.IPAM.Type, args.StdinData, nil)
 		if err != nil {
 			return nil, nil, fmt.Errorf("twill: delegated IPAM %q: %w", c.IPAM.Type, err)
 		}
 		res, err := current.NewResultFromResult(r)
 		if err != nil {
-			_ = ipam.ExecDel(c.IPAM.Type, args.StdinData)
+			_ = invoke.DelegateDel(context.TODO(), c.IPAM.Type, args.StdinData, nil)
 			return nil, nil, fmt.Errorf("twill: delegated IPAM %q result: %w", c.IPAM.Type, err)
 		}
 		var ips []netip.Addr
@@ -125,7 +179,7 @@ func addAddresses(c *NetConf, args *skel.CmdArgs, env subnet.Env, linkExists fun
 			ips = append(ips, a.Unmap())
 		}
 		if len(ips) == 0 {
-			_ = ipam.ExecDel(c.IPAM.Type, args.StdinData)
+			_ = invoke.DelegateDel(context.TODO(), c.IPAM.Type, args.StdinData, nil)
 			return nil, nil, fmt.Errorf("twill: delegated IPAM %q returned no address", c.IPAM.Type)
 		}
 		return ips, res, nil
@@ -143,7 +197,7 @@ func addAddresses(c *NetConf, args *skel.CmdArgs, env subnet.Env, linkExists fun
 
 func delAddresses(c *NetConf, args *skel.CmdArgs) error {
 	if c.IPAM.Type != "" {
-		if err := ipam.ExecDel(c.IPAM.Type, args.StdinData); err != nil {
+		if err := invoke.DelegateDel(context.TODO(), c.IPAM.Type, args.StdinData, nil); err != nil {
 			return fmt.Errorf("twill: delegated IPAM %q: %w", c.IPAM.Type, err)
 		}
 		return nil

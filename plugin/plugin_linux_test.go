@@ -177,6 +177,29 @@ func TestPrivilegedFaults(t *testing.T) {
 		mustOK(t, "DEL", n.run(cnidriver.Request{Op: "del", ConfList: list, Attachments: []cnidriver.Attachment{first, second}}))
 		n.requireClean()
 	})
+	t.Run("second ADD of an attachment", func(t *testing.T) {
+		n := newNode(t, "10.244.7.0/24")
+		list := n.conflist("1.1.0")
+		p := n.pod("twice")
+		resp := n.run(cnidriver.Request{Op: "add", ConfList: list, Attachments: []cnidriver.Attachment{p}})
+		mustOK(t, "ADD", resp)
+		ip := podIP(t, resp.Outcomes[0])
+		again := n.run(cnidriver.Request{Op: "add", ConfList: list, Attachments: []cnidriver.Attachment{p}})
+		if e := again.Outcomes[0].Error; !strings.Contains(e, "already has eth0") || !strings.Contains(e, "DEL first") {
+			t.Fatalf("second ADD: error %q, want it refused as already attached", e)
+		}
+		// The refused ADD took no second address and left the first pod
+		// wired: one allocation, and the pod still reaches its node.
+		files, _ := filepath.Glob(filepath.Join(n.dataDir, "twillnet", "10.*"))
+		if len(files) != 1 || filepath.Base(files[0]) != ip.String() {
+			t.Fatalf("allocations after the refused ADD: %v, want only %s", files, ip)
+		}
+		if err := pingFrom(nsName(p.Netns), n.addr); err != nil {
+			t.Fatalf("first pod after the refused ADD: %v", err)
+		}
+		mustOK(t, "DEL", n.run(cnidriver.Request{Op: "del", ConfList: list, Attachments: []cnidriver.Attachment{p}}))
+		n.requireClean()
+	})
 	t.Run("corrupt allocation files", func(t *testing.T) {
 		n := newNode(t, "10.244.7.0/24")
 		dir := filepath.Join(n.dataDir, "twillnet")

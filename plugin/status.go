@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -30,15 +29,11 @@ func cmdStatus(args *skel.CmdArgs) error {
 		}
 		return poolStatus(em.PoolDir)
 	}
-	rs, err := rangeSet(env.Subnet)
+	first, last, err := hostRange(env.Subnet)
 	if err != nil {
-		return err
+		return fmt.Errorf("twill: %w", err)
 	}
-	r := (*rs)[0]
-	capacity := rangeSize(r.RangeStart, r.RangeEnd)
-	if r.Gateway != nil && r.Contains(r.Gateway) {
-		capacity--
-	}
+	capacity := rangeSize(first, last)
 	res, err := reservations(c)
 	if err != nil {
 		return err
@@ -56,11 +51,10 @@ func cmdStatus(args *skel.CmdArgs) error {
 	return nil
 }
 
-func rangeSize(start, end net.IP) int {
-	a, _ := netip.AddrFromSlice(start)
-	b, _ := netip.AddrFromSlice(end)
+// rangeSize counts the addresses from first to last, up to 2^24.
+func rangeSize(first, last netip.Addr) int {
 	n := 0
-	for x := a.Unmap(); x.IsValid() && !b.Unmap().Less(x) && n < 1<<24; x = x.Next() {
+	for x := first; x.IsValid() && !last.Less(x) && n < 1<<24; x = x.Next() {
 		n++
 	}
 	return n
