@@ -91,28 +91,12 @@ func retryDump[T any](dump func() (T, error)) (T, error) {
 // Routes lists the routes of one table, optionally narrowed by protocol and
 // link. Only unicast routes are returned.
 func (h *Handle) Routes(family Family, f RouteFilter) ([]Route, error) {
-	filter := &netlink.Route{Table: f.Table, Protocol: netlink.RouteProtocol(f.Protocol), LinkIndex: f.LinkIndex}
-	mask := netlink.RT_FILTER_TABLE
-	switch {
-	case f.AllTables:
-		filter.Table = unix.RT_TABLE_UNSPEC
-	case filter.Table == 0:
-		filter.Table = unix.RT_TABLE_MAIN
-	}
-	if f.Protocol != 0 {
-		mask |= netlink.RT_FILTER_PROTOCOL
-	}
-	if f.LinkIndex != 0 {
-		mask |= netlink.RT_FILTER_OIF
-	}
 	return retryDump(func() ([]Route, error) {
 		var out []Route
-		err := h.h.RouteListFilteredIter(int(family), filter, mask, func(r netlink.Route) bool {
-			if r.Type != unix.RTN_UNICAST || r.Dst == nil {
-				return true
+		err := h.dump(unix.RTM_GETROUTE, routeDumpRequest(family), func(p []byte) {
+			if r, ok := parseRoute(p, family, f); ok {
+				out = append(out, r)
 			}
-			out = append(out, fromNetlinkRoute(r))
-			return true
 		})
 		return out, err
 	})

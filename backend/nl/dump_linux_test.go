@@ -1,0 +1,175 @@
+package nl
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/twill-net/twill/internal/netnstest"
+)
+
+// referenceRoutes is what Routes returned when it read routes through the
+// netlink package: the reference its own decoder must agree with.
+func referenceRoutes(h *Handle, family Family, f RouteFilter) ([]Route, error) {
+	filter := &netlink.Route{Table: f.Table, Protocol: netlink.RouteProtocol(f.Protocol), LinkIndex: f.LinkIndex}
+	mask := netlink.RT_FILTER_TABLE
+	switch {
+	case f.AllTables:
+		filter.Table = unix.RT_TABLE_UNSPEC
+	case filter.Table == 0:
+		filter.Table = unix.RT_TABLE_MAIN
+	}
+	if f.Protocol != 0 {
+		mask |= netlink.RT_FILTER_PROTOCOL
+	}
+	if f.LinkIndex != 0 {
+		mask |= netlink.RT_FILTER_OIF
+	}
+	var out []Route
+	err := h.h.RouteListFilteredIter(int(family), filter, mask, func(r netlink.Route) bool {
+		if r.Type == unix.RTN_UNICAST && r.Dst != nil {
+			out = append(out, fromNetlinkRoute(r))
+		}
+		return true
+	})
+	return out, err
+}
+
+// TestRoutesMatchNetlinkPackage fills a namespace with routes of every
+// shape twill and its neighbours make (both families, default routes,
+// onlink, link scope, preferred sources, metrics, other tables and
+// protocols, a multipath route, thousands of twill's) and checks that the
+// dump decoder returns what the netlink package's decoder did, for every
+// filter twill uses.
+func TestRoutesMatchNetlinkPackage(t *testing.T) {
+	netnstest.RequireRoot(t)
+	ns := netnstest.New(t, "dump")
+	netnstest.Uplink(t, ns, "192.168.0.1/16")
+	netnstest.IP(t, ns, "-6", "addr", "add", "fd00::1/64", "dev", "eth0", "nodad")
+	netnstest.IP(t, ns, "link", "add", "dummy0", "type", "veth", "peer", "name", "dummy1")
+	netnstest.IP(t, ns, "link", "set", "dummy0", "up")
+	for _, args := range [][]string{
+		{"route", "add", "default", "via", "192.168.0.254"},
+		{"-6", "route", "add", "default", "via", "fd00::fe"},
+		{"route", "add", "10.1.0.0/24", "via", "192.168.1.1", "proto", "167", "metric", "1048832"},
+		{"route", "add", "10.2.0.0/24", "via", "10.2.0.0", "dev", "dummy0", "onlink", "proto", "167"},
+		{"route", "add", "10.3.0.0/24", "dev", "dummy0", "scope", "link", "src", "192.168.0.1"},
+		{"route", "add", "10.4.0.0/24", "via", "192.168.1.4", "table", "100", "proto", "167"},
+		{"route", "add", "10.5.0.0/24", "via", "192.168.1.5", "table", "1000"},
+		{"route", "add", "10.6.0.0/24", "nexthop", "via", "192.168.1.6", "nexthop", "via", "192.168.1.7"},
+		{"route", "add", "blackhole", "10.7.0.0/24"},
+		{"-6", "route", "add", "fd00:10:1::/64", "via", "fd00::11", "proto", "167", "metric", "7"},
+		{"-6", "route", "add", "fd00:10:2::/64", "dev", "dummy0", "table", "100"},
+	} {
+		netnstest.IP(t, ns, args...)
+	}
+	var batch []RouteOp
+	h, err := Open(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3000 {
+		dst := fmt.Sprintf("10.%d.%d.0/24", 100+i>>8, i&0xff)
+		batch = append(batch, RouteOp{Op: OpAdd, Route: Route{Dst: mustPrefix(t, dst), Gw: mustAddr(t, fmt.Sprintf("192.168.2.%d", 1+i%250)), LinkIndex: eth.Index, Protocol: 167, Priority: 1<<20 + i}})
+	}
+	for i, err := range h.RouteBatch(batch) {
+		if err != nil {
+			t.Fatalf("route %d: %v", i, err)
+		}
+	}
+	for _, fam := range []Family{FamilyAll, FamilyV4, FamilyV6} {
+		for _, f := range []RouteFilter{{}, {AllTables: true}, {Table: 100}, {Table: 1000}, {Protocol: 167}, {LinkIndex: eth.Index}, {Table: 100, Protocol: 167}} {
+			got, err := h.Routes(fam, f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := referenceRoutes(h, fam, f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) == 0 && f == (RouteFilter{}) {
+				t.Fatalf("family %d: no routes in the main table", fam)
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("family %d filter %+v: %d routes, netlink package %d; first difference: %v", fam, f, len(got), len(want), firstDiff(got, want))
+			}
+		}
+	}
+}
+
+func firstDiff(a, b []Route) string {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return fmt.Sprintf("#%d %+v vs %+v", i, a[i], b[i])
+		}
+	}
+	return "one list is longer"
+}
+
+func mustPrefix(t *testing.T, s string) netip.Prefix {
+	t.Helper()
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func mustAddr(t *testing.T, s string) netip.Addr {
+	t.Helper()
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// BenchmarkRoutesDump20000 reads 20,000 routes back, as the route watch's
+// check and every --resync do, with twill's decoder and, for reference,
+// with the netlink package's.
+func BenchmarkRoutesDump20000(b *testing.B) {
+	netnstest.RequireRoot(b)
+	ns := netnstest.New(b, "dump")
+	netnstest.Uplink(b, ns, "192.168.0.1/16")
+	h, err := Open(ns)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.Close()
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var batch []RouteOp
+	for i := range 20000 {
+		dst := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24)
+		batch = append(batch, RouteOp{Op: OpAdd, Route: Route{Dst: dst, Gw: netip.AddrFrom4([4]byte{192, 168, byte(1 + i/250), byte(1 + i%250)}), LinkIndex: eth.Index, Protocol: 167, Priority: 1<<20 + i}})
+	}
+	for i, err := range h.RouteBatch(batch) {
+		if err != nil {
+			b.Fatalf("route %d: %v", i, err)
+		}
+	}
+	for name, list := range map[string]func(*Handle, Family, RouteFilter) ([]Route, error){
+		"twill": (*Handle).Routes, "netlink-package": referenceRoutes,
+	} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				rs, err := list(h, FamilyAll, RouteFilter{})
+				if err != nil || len(rs) < 20000 {
+					b.Fatalf("%d routes, %v", len(rs), err)
+				}
+			}
+		})
+	}
+}
