@@ -34,6 +34,7 @@ type ownedSet[K comparable, V any] struct {
 	known    map[K]V        // guarded by mu; nil until read from the kernel
 	lastDump time.Time      // guarded by mu
 	touched  map[K]struct{} // guarded by mu; keys recorded while verify reads, else nil
+	epoch    uint64         // guarded by mu; counts the records read from the kernel
 
 	// Touched only by the goroutine that plans changes (the reconcile
 	// loop): never concurrently.
@@ -191,6 +192,7 @@ func (s *ownedSet[K, V]) diff(keys []K, dropped map[K]bool, gen uint64) (*change
 		}
 		s.mu.Lock()
 		s.known, s.lastDump = known, s.now()
+		s.epoch++
 		s.mu.Unlock()
 		c.dumped = true
 		keys = nil // the record was just rebuilt: compare everything
@@ -386,39 +388,88 @@ func (s *ownedSet[K, V]) verify() bool {
 	s.touched = map[K]struct{}{}
 	s.mu.Unlock()
 	vs, err := s.kind.list()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	touched := s.touched
-	s.touched = nil
-	if err != nil || s.known == nil {
-		s.known = nil
+	defer func() {
+		s.mu.Lock()
+		s.touched = nil
+		s.mu.Unlock()
+	}()
+	if err != nil {
+		s.Invalidate()
 		return true
 	}
-	seen := make(map[K]struct{}, len(vs))
-	differs := false
-	for _, v := range vs {
-		k := s.kind.key(v)
-		seen[k] = struct{}{}
-		if _, ok := touched[k]; ok {
-			continue
+	// Compared a chunk at a time, so that a sync waits for the lock no
+	// longer than one chunk takes (tens of thousands of objects take
+	// milliseconds), counting rather than collecting the objects read.
+	for range verifyRestarts {
+		differs, replaced := s.compareRecord(vs)
+		if !replaced {
+			if differs {
+				s.Invalidate()
+			}
+			return differs
 		}
-		if have, ok := s.known[k]; !ok || !s.kind.same(have, v) {
-			differs = true
-			break
+		// A sync read the kernel meanwhile and replaced the record: compare
+		// with the new one.
+	}
+	s.Invalidate()
+	return true
+}
+
+// verifyRestarts bounds how often verify compares again because the
+// record was replaced while it compared.
+const verifyRestarts = 3
+
+// verifyChunk is how many objects verify compares per hold of the lock.
+const verifyChunk = 512
+
+// compareRecord compares vs, read from the kernel, with the record, leaving
+// out the keys touched since the read began. replaced reports that the
+// record was replaced (by a sync's dump) while it compared.
+func (s *ownedSet[K, V]) compareRecord(vs []V) (differs, replaced bool) {
+	s.mu.Lock()
+	epoch := s.epoch
+	s.mu.Unlock()
+	matched := 0 // objects read that the record has, untouched
+	for i := 0; i < len(vs); i += verifyChunk {
+		s.mu.Lock()
+		if s.known == nil {
+			s.mu.Unlock()
+			return true, false
+		}
+		if s.epoch != epoch {
+			s.mu.Unlock()
+			return false, true
+		}
+		for _, v := range vs[i:min(i+verifyChunk, len(vs))] {
+			k := s.kind.key(v)
+			if _, ok := s.touched[k]; ok {
+				continue
+			}
+			if have, ok := s.known[k]; !ok || !s.kind.same(have, v) {
+				s.mu.Unlock()
+				return true, false
+			}
+			matched++
+		}
+		s.mu.Unlock()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.known == nil {
+		return true, false
+	}
+	if s.epoch != epoch {
+		return false, true
+	}
+	// Every object read is in the record; the record holds more (an
+	// object the kernel lost) unless its untouched keys number as many.
+	untouched := len(s.known)
+	for k := range s.touched {
+		if _, ok := s.known[k]; ok {
+			untouched--
 		}
 	}
-	for k := range s.known {
-		if differs {
-			break
-		}
-		_, read := seen[k]
-		_, ok := touched[k]
-		differs = !read && !ok
-	}
-	if differs {
-		s.known = nil
-	}
-	return differs
+	return matched != untouched, false
 }
 
 // Invalidate forces the next sync to read the kernel.
