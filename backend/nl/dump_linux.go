@@ -184,3 +184,43 @@ func addrOf(fam byte, v []byte) (netip.Addr, bool) {
 	}
 	return netip.Addr{}, false
 }
+
+// neighDumpRequest is the struct ndmsg of a neighbour (or, with
+// AF_BRIDGE, FDB) dump: the one the netlink package sends. Without strict
+// checking the kernel answers with every link's entries.
+func neighDumpRequest(family byte, index int) []byte {
+	b := make([]byte, unix.SizeofNdMsg)
+	b[0] = family
+	binary.NativeEndian.PutUint32(b[4:8], uint32(index))
+	return b
+}
+
+// parseNeigh decodes an RTM_NEWNEIGH payload (struct ndmsg and its
+// attributes) and reports whether it is an entry of link index in family
+// (0: any) with an address (NDA_DST: a neighbour's IP, an FDB entry's
+// remote), as the netlink package's list and twill's use of it did.
+func parseNeigh(p []byte, family byte, index int) (Neigh, bool) {
+	if len(p) < unix.SizeofNdMsg {
+		return Neigh{}, false
+	}
+	fam := p[0]
+	n := Neigh{LinkIndex: int(binary.NativeEndian.Uint32(p[4:8]))}
+	state := binary.NativeEndian.Uint16(p[8:10])
+	if (index != 0 && n.LinkIndex != index) || (family != 0 && fam != family) {
+		return Neigh{}, false
+	}
+	n.Permanent = state&unix.NUD_PERMANENT != 0
+	attrs(p[unix.SizeofNdMsg:], func(typ uint16, v []byte) {
+		switch typ {
+		case unix.NDA_DST:
+			if a, ok := netip.AddrFromSlice(v); ok {
+				n.IP = a.Unmap()
+			}
+		case unix.NDA_LLADDR:
+			if len(v) != 4 {
+				n.HardwareAddr = append([]byte(nil), v...)
+			}
+		}
+	})
+	return n, n.IP.IsValid()
+}

@@ -173,3 +173,92 @@ func BenchmarkRoutesDump20000(b *testing.B) {
 		})
 	}
 }
+
+// referenceNeighs is what Neighs and FDB returned when they read entries
+// through the netlink package.
+func referenceNeighs(h *Handle, index, family int, fdb bool) ([]Neigh, error) {
+	ns, err := h.h.NeighList(index, family)
+	if err != nil {
+		return nil, err
+	}
+	var out []Neigh
+	for _, n := range ns {
+		ip, ok := netip.AddrFromSlice(n.IP)
+		if !ok || (fdb && n.LinkIndex != index) {
+			continue
+		}
+		out = append(out, Neigh{LinkIndex: n.LinkIndex, IP: ip.Unmap(), HardwareAddr: append([]byte(nil), n.HardwareAddr...), Permanent: n.State&netlink.NUD_PERMANENT != 0})
+	}
+	return out, nil
+}
+
+// TestNeighsMatchNetlinkPackage checks the neighbour and FDB decoder
+// against the netlink package's, on a VXLAN device with thousands of
+// permanent entries of both families beside entries on another link.
+func TestNeighsMatchNetlinkPackage(t *testing.T) {
+	netnstest.RequireRoot(t)
+	ns := netnstest.New(t, "dump")
+	netnstest.Uplink(t, ns, "192.168.0.1/16")
+	netnstest.IP(t, ns, "link", "add", "twill.1", "type", "vxlan", "id", "1", "dev", "eth0", "local", "192.168.0.1", "dstport", "8472", "nolearning")
+	netnstest.IP(t, ns, "link", "set", "twill.1", "up")
+	netnstest.IP(t, ns, "neigh", "add", "192.168.7.7", "lladdr", "02:00:00:00:07:07", "dev", "eth0", "nud", "reachable")
+	netnstest.IP(t, ns, "-6", "neigh", "add", "fd00::7", "lladdr", "02:00:00:00:07:08", "dev", "eth0", "nud", "permanent")
+	h, err := Open(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	vx, err := h.LinkByName("twill.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ops []NeighOp
+	for i := range 2000 {
+		mac := []byte{0x0a, 0xb0, 0, 0, byte(i >> 8), byte(i)}
+		ops = append(ops,
+			NeighOp{Op: OpAdd, Neigh: Neigh{LinkIndex: vx.Index, IP: netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), HardwareAddr: mac, Permanent: true}},
+			NeighOp{Op: OpAdd, FDB: true, Neigh: Neigh{LinkIndex: vx.Index, IP: netip.AddrFrom4([4]byte{192, 168, byte(1 + i/250), byte(1 + i%250)}), HardwareAddr: mac, Permanent: true}})
+		if i%10 == 0 {
+			ops = append(ops, NeighOp{Op: OpAdd, Neigh: Neigh{LinkIndex: vx.Index, IP: netip.MustParseAddr(fmt.Sprintf("fd00:10:%x::", i)), HardwareAddr: mac, Permanent: true}})
+		}
+	}
+	for i, err := range h.NeighBatch(ops) {
+		if err != nil {
+			t.Fatalf("entry %d: %v", i, err)
+		}
+	}
+	for _, index := range []int{vx.Index, eth.Index} {
+		for _, fam := range []Family{FamilyAll, FamilyV4, FamilyV6} {
+			got, err := h.Neighs(index, fam)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := referenceNeighs(h, index, int(fam), false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.EqualFunc(got, want, sameNeigh) || len(got) == 0 {
+				t.Errorf("neighbours of #%d family %d: %d, netlink package %d", index, fam, len(got), len(want))
+			}
+		}
+		got, err := h.FDB(index)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := referenceNeighs(h, index, unix.AF_BRIDGE, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.EqualFunc(got, want, sameNeigh) || (index == vx.Index && len(got) != 2000) {
+			t.Errorf("fdb of #%d: %d, netlink package %d", index, len(got), len(want))
+		}
+	}
+}
+
+func sameNeigh(a, b Neigh) bool {
+	return a.LinkIndex == b.LinkIndex && a.IP == b.IP && slices.Equal(a.HardwareAddr, b.HardwareAddr) && a.Permanent == b.Permanent
+}

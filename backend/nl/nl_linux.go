@@ -419,19 +419,24 @@ func (h *Handle) NeighSet(n Neigh) error {
 
 // Neighs lists the neighbour entries of a link.
 func (h *Handle) Neighs(index int, family Family) ([]Neigh, error) {
-	ns, err := retryDump(func() ([]netlink.Neigh, error) { return h.h.NeighList(index, int(family)) })
+	out, err := h.neighDump(byte(family), index)
 	if err != nil {
 		return nil, fmt.Errorf("listing neighbours of link #%d: %w", index, err)
 	}
-	out := make([]Neigh, 0, len(ns))
-	for _, n := range ns {
-		ip, ok := netip.AddrFromSlice(n.IP)
-		if !ok {
-			continue
-		}
-		out = append(out, Neigh{LinkIndex: n.LinkIndex, IP: ip.Unmap(), HardwareAddr: append([]byte(nil), n.HardwareAddr...), Permanent: n.State&netlink.NUD_PERMANENT != 0})
-	}
 	return out, nil
+}
+
+// neighDump lists the neighbour (AF_BRIDGE: FDB) entries of a link.
+func (h *Handle) neighDump(family byte, index int) ([]Neigh, error) {
+	return retryDump(func() ([]Neigh, error) {
+		var out []Neigh
+		err := h.dump(unix.RTM_GETNEIGH, neighDumpRequest(family, index), func(p []byte) {
+			if n, ok := parseNeigh(p, family, index); ok {
+				out = append(out, n)
+			}
+		})
+		return out, err
+	})
 }
 
 // VXLANAdd creates a VXLAN device (learning off unless v.Learning).
@@ -474,17 +479,9 @@ func (h *Handle) VXLANByName(name string) (Link, VXLAN, bool, error) {
 // FDB lists the permanent forwarding entries (MAC -> remote IP) of a
 // VXLAN device.
 func (h *Handle) FDB(index int) ([]Neigh, error) {
-	ns, err := retryDump(func() ([]netlink.Neigh, error) { return h.h.NeighList(index, unix.AF_BRIDGE) })
+	out, err := h.neighDump(unix.AF_BRIDGE, index)
 	if err != nil {
 		return nil, fmt.Errorf("listing fdb of link #%d: %w", index, err)
-	}
-	out := make([]Neigh, 0, len(ns))
-	for _, n := range ns {
-		ip, ok := netip.AddrFromSlice(n.IP)
-		if !ok || n.LinkIndex != index {
-			continue
-		}
-		out = append(out, Neigh{LinkIndex: n.LinkIndex, IP: ip.Unmap(), HardwareAddr: append([]byte(nil), n.HardwareAddr...), Permanent: n.State&netlink.NUD_PERMANENT != 0})
 	}
 	return out, nil
 }
