@@ -95,6 +95,8 @@ type Options struct {
 	Resync time.Duration
 	// HealthAddr serves /healthz, /readyz and /metrics; empty disables.
 	HealthAddr string
+	// Ready, when set, is called once, when the node first becomes ready.
+	Ready func()
 }
 
 // Daemon is one twilld.
@@ -464,6 +466,9 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 				return err
 			}
 			d.log.Info("ready", "peers", peers, "took_reconcile", took.Round(time.Millisecond), "since_start", time.Since(d.started).Round(time.Millisecond))
+			if d.o.Ready != nil {
+				d.o.Ready()
+			}
 		}
 	}
 }
