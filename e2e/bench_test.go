@@ -330,12 +330,26 @@ func requireVXLANObjects(b *testing.B, ns string, n int) {
 	}
 }
 
-// kernelFloor times `ip -batch` (and for vxlan `bridge -batch`) adding the
+// floorRuns is how often the kernel floor is measured; the fastest run
+// counts (the floor is what the kernel needs at least; a run that shares
+// the machine with a namespace being torn down takes up to twice as long).
+const floorRuns = 3
+
+// kernelFloor is the fastest of floorRuns runs of kernelFloorOnce.
+func kernelFloor(b *testing.B, backendType string, n int) time.Duration {
+	best := kernelFloorOnce(b, backendType, n)
+	for range floorRuns - 1 {
+		best = min(best, kernelFloorOnce(b, backendType, n))
+	}
+	return best
+}
+
+// kernelFloorOnce times `ip -batch` (and for vxlan `bridge -batch`) adding the
 // same objects in a fresh namespace: what the kernel alone costs. The
 // routes carry twill's metrics (without them the kernel's cost per route
 // grows with the routes through the device, see owned.RouteMetric, and
 // the floor would be no floor).
-func kernelFloor(b *testing.B, backendType string, n int) time.Duration {
+func kernelFloorOnce(b *testing.B, backendType string, n int) time.Duration {
 	ns := netnstest.New(b, "floor")
 	netnstest.Uplink(b, ns, "192.168.0.1/16")
 	var routes, fdb strings.Builder
