@@ -49,22 +49,17 @@ const (
 	startupGCPercent = 60
 )
 
-// gcPercentSet is whether GOGC is set in the environment.
-var _, gcPercentSet = os.LookupEnv("GOGC")
-
-// readyGC drops the GC percent to its steady value once the node is ready.
-func readyGC() {
-	if !gcPercentSet {
-		debug.SetGCPercent(defaultGCPercent)
+// setGCPercent sets the GC percent unless GOGC is set in the environment.
+func setGCPercent(percent int) {
+	if _, set := os.LookupEnv("GOGC"); !set {
+		debug.SetGCPercent(percent)
 	}
 }
 
 // Main runs twilld with the backends in reg and returns the process exit
 // code.
 func Main(reg *backend.Registry) int {
-	if !gcPercentSet {
-		debug.SetGCPercent(startupGCPercent)
-	}
+	setGCPercent(startupGCPercent)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := newRootCommand(reg).ExecuteContext(ctx); err != nil {
@@ -327,7 +322,7 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 		IPTablesResync:  o.iptablesResync,
 		Resync:          o.resync,
 		HealthAddr:      health,
-		Ready:           readyGC,
+		Ready:           func() { setGCPercent(defaultGCPercent) },
 	})
 	if err := d.Run(ctx); err != nil {
 		return err
