@@ -67,25 +67,7 @@ func TestRoutesMatchNetlinkPackage(t *testing.T) {
 	} {
 		netnstest.IP(t, ns, args...)
 	}
-	var batch []RouteOp
-	h, err := Open(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	eth, err := h.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 3000 {
-		dst := fmt.Sprintf("10.%d.%d.0/24", 100+i>>8, i&0xff)
-		batch = append(batch, RouteOp{Op: OpAdd, Route: Route{Dst: mustPrefix(t, dst), Gw: mustAddr(t, fmt.Sprintf("192.168.2.%d", 1+i%250)), LinkIndex: eth.Index, Protocol: 167, Priority: 1<<20 + i}})
-	}
-	for i, err := range h.RouteBatch(batch) {
-		if err != nil {
-			t.Fatalf("route %d: %v", i, err)
-		}
-	}
+	h, eth := openWithRoutes(t, ns, 100, 3000)
 	for _, fam := range []Family{FamilyAll, FamilyV4, FamilyV6} {
 		for _, f := range []RouteFilter{{}, {AllTables: true}, {Table: 100}, {Table: 1000}, {Protocol: 167}, {LinkIndex: eth.Index}, {Table: 100, Protocol: 167}} {
 			got, err := h.Routes(fam, f)
@@ -115,22 +97,32 @@ func firstDiff(a, b []Route) string {
 	return "one list is longer"
 }
 
-func mustPrefix(t *testing.T, s string) netip.Prefix {
-	t.Helper()
-	p, err := netip.ParsePrefix(s)
+// openWithRoutes opens a handle in ns (closed at the end of the test) and
+// adds n twill routes through its eth0: 10.<from+i/256>.<i%256>.0/24, each
+// via its own node address on 192.168.0.0/16, with twill's metrics.
+func openWithRoutes(tb testing.TB, ns string, from, n int) (*Handle, Link) {
+	tb.Helper()
+	h, err := Open(ns)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	return p
-}
-
-func mustAddr(t *testing.T, s string) netip.Addr {
-	t.Helper()
-	a, err := netip.ParseAddr(s)
+	tb.Cleanup(h.Close)
+	eth, err := h.LinkByName("eth0")
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	return a
+	batch := make([]RouteOp, n)
+	for i := range batch {
+		dst := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(from + i>>8), byte(i), 0}), 24)
+		gw := netip.AddrFrom4([4]byte{192, 168, byte(1 + i/250), byte(1 + i%250)})
+		batch[i] = RouteOp{Op: OpAdd, Route: Route{Dst: dst, Gw: gw, LinkIndex: eth.Index, Protocol: 167, Priority: 1<<20 + i}}
+	}
+	for i, err := range h.RouteBatch(batch) {
+		if err != nil {
+			tb.Fatalf("route %d: %v", i, err)
+		}
+	}
+	return h, eth
 }
 
 // BenchmarkRoutesDump20000 reads 20,000 routes back, as the route watch's
@@ -140,25 +132,7 @@ func BenchmarkRoutesDump20000(b *testing.B) {
 	netnstest.RequireRoot(b)
 	ns := netnstest.New(b, "dump")
 	netnstest.Uplink(b, ns, "192.168.0.1/16")
-	h, err := Open(ns)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer h.Close()
-	eth, err := h.LinkByName("eth0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	var batch []RouteOp
-	for i := range 20000 {
-		dst := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24)
-		batch = append(batch, RouteOp{Op: OpAdd, Route: Route{Dst: dst, Gw: netip.AddrFrom4([4]byte{192, 168, byte(1 + i/250), byte(1 + i%250)}), LinkIndex: eth.Index, Protocol: 167, Priority: 1<<20 + i}})
-	}
-	for i, err := range h.RouteBatch(batch) {
-		if err != nil {
-			b.Fatalf("route %d: %v", i, err)
-		}
-	}
+	h, _ := openWithRoutes(b, ns, 0, 20000)
 	for name, list := range map[string]func(*Handle, Family, RouteFilter) ([]Route, error){
 		"twill": (*Handle).Routes, "netlink-package": referenceRoutes,
 	} {
