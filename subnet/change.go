@@ -12,7 +12,9 @@ type Entry struct {
 // record there is (after the first listing, a relisting, a resync);
 // otherwise Set holds the records added or changed since the last Change,
 // and Deleted the keys of the records gone. A consumer that folds Changes
-// into a map by Key has the manager's current set at every step.
+// into a map by Key has the manager's current set at every step. Once
+// published, a Change belongs to its consumer, which may keep pointers
+// into Set: the manager never touches it again.
 type Change struct {
 	Full    bool
 	Set     []Entry

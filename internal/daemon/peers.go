@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 
@@ -15,8 +16,11 @@ import (
 type peerSet struct {
 	log *slog.Logger
 
-	mu      sync.Mutex
-	entries map[string]subnet.Entry // guarded by mu; by key
+	mu sync.Mutex
+	// entries is every record by key (guarded by mu). Records are shared
+	// with the Change that brought them, never copied: at start-up a full
+	// set is tens of thousands of them.
+	entries map[string]*subnet.Entry
 	// dirty holds the keys changed since the last take, each with the
 	// record it had then (absent: none).
 	dirty map[string]prior // guarded by mu
@@ -29,18 +33,15 @@ type peerSet struct {
 	buf        []subnet.Lease
 }
 
-// prior is a record as it was at the last take.
-type prior struct {
-	entry subnet.Entry
-	ok    bool
-}
+// prior is a record as it was at the last take (nil: none).
+type prior struct{ entry *subnet.Entry }
 
 // refusal is a record that is not a peer: name is how logs call it (the
 // lease, or the record's key when it is not even a lease).
 type refusal struct{ name, why string }
 
 func newPeerSet(log *slog.Logger) *peerSet {
-	return &peerSet{log: log, entries: map[string]subnet.Entry{}, dirty: map[string]prior{},
+	return &peerSet{log: log, entries: map[string]*subnet.Entry{}, dirty: map[string]prior{},
 		programmed: map[string]struct{}{}, refused: map[string]refusal{}}
 }
 
@@ -49,13 +50,18 @@ func (s *peerSet) apply(c subnet.Change) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c.Full {
-		clear(s.entries)
+		// The next take is all(), which needs no priors.
+		s.entries = make(map[string]*subnet.Entry, len(c.Set))
 		clear(s.dirty)
 		s.full, s.have = true, true
-	}
-	for _, e := range c.Set {
-		s.touch(e.Key)
-		s.entries[e.Key] = e
+		for i := range c.Set {
+			s.entries[c.Set[i].Key] = &c.Set[i]
+		}
+	} else {
+		for i := range c.Set {
+			s.touch(c.Set[i].Key)
+			s.entries[c.Set[i].Key] = &c.Set[i]
+		}
 	}
 	for _, k := range c.Deleted {
 		s.touch(k)
@@ -67,8 +73,7 @@ func (s *peerSet) apply(c subnet.Change) {
 // take. s.mu is held.
 func (s *peerSet) touch(k string) {
 	if _, ok := s.dirty[k]; !ok {
-		e, had := s.entries[k]
-		s.dirty[k] = prior{e, had}
+		s.dirty[k] = prior{s.entries[k]}
 	}
 }
 
@@ -108,16 +113,16 @@ func (s *peerSet) all(cfg *subnet.Config, local subnet.Lease) []subnet.Lease {
 	s.mu.Lock()
 	clear(s.dirty)
 	s.full = false
-	entries := make([]subnet.Entry, 0, len(s.entries))
+	entries := make([]*subnet.Entry, 0, len(s.entries))
 	for _, e := range s.entries {
 		entries = append(entries, e)
 	}
 	s.mu.Unlock()
-	peers := s.buf[:0]
+	peers := slices.Grow(s.buf[:0], len(entries))
 	programmed := make(map[string]struct{}, len(entries))
 	refused := map[string]refusal{}
 	for _, e := range entries {
-		peer, r, self := classify(cfg, local, e)
+		peer, r, self := classify(cfg, local, *e)
 		switch {
 		case peer:
 			peers = append(peers, e.Lease)
@@ -136,16 +141,14 @@ func (s *peerSet) all(cfg *subnet.Config, local subnet.Lease) []subnet.Lease {
 // handed to the backend).
 func (s *peerSet) delta(cfg *subnet.Config, local subnet.Lease) (upserted, removed []subnet.Lease) {
 	type change struct {
-		key      string
-		was      prior
-		now      subnet.Entry
-		nowValid bool
+		key string
+		was prior
+		now *subnet.Entry // nil: gone
 	}
 	s.mu.Lock()
 	changes := make([]change, 0, len(s.dirty))
 	for k, p := range s.dirty {
-		e, ok := s.entries[k]
-		changes = append(changes, change{k, p, e, ok})
+		changes = append(changes, change{k, p, s.entries[k]})
 	}
 	clear(s.dirty)
 	s.mu.Unlock()
@@ -157,12 +160,12 @@ func (s *peerSet) delta(cfg *subnet.Config, local subnet.Lease) (upserted, remov
 		_, had := s.programmed[c.key]
 		delete(refused, c.key)
 		peer, r, self := false, refusal{}, false
-		if c.nowValid {
-			peer, r, self = classify(cfg, local, c.now)
+		if c.now != nil {
+			peer, r, self = classify(cfg, local, *c.now)
 		}
 		switch {
 		case peer:
-			if !had || !c.was.ok || !c.was.entry.Lease.Same(c.now.Lease) {
+			if !had || c.was.entry == nil || !c.was.entry.Lease.Same(c.now.Lease) {
 				upserted = append(upserted, c.now.Lease)
 			}
 			s.programmed[c.key] = struct{}{}
@@ -171,7 +174,7 @@ func (s *peerSet) delta(cfg *subnet.Config, local subnet.Lease) (upserted, remov
 				removed = append(removed, c.was.entry.Lease)
 				delete(s.programmed, c.key)
 			}
-			if c.nowValid && !self {
+			if c.now != nil && !self {
 				refused[c.key] = r
 			}
 		}
