@@ -171,48 +171,56 @@ var (
 	ErrLeaseRevoked = errors.New("this node's lease was deleted from etcd")
 )
 
-type entry struct {
-	lease subnet.Lease
-	err   error
-	kvRev int64
+// meta is what etcd says about a lease key besides its value.
+type meta struct {
+	kvRev int64 // the key's ModRevision
 	etcd  int64 // etcd lease ID; 0 for a reservation
 }
 
-func (m *Manager) parse(key string, value []byte, etcdLease int64) entry {
+func (m *Manager) parse(key string, value []byte, etcdLease int64) subnet.Entry {
 	name := strings.TrimPrefix(key, m.SubnetsPrefix())
 	v4, v6, err := subnet.ParseSubnetKey(name)
 	if err != nil {
-		return entry{err: err}
+		return subnet.Entry{Key: key, Err: err}
 	}
 	attrs, err := subnet.ParseLeaseAttrs(value)
 	if err != nil {
-		return entry{err: fmt.Errorf("etcd key %s: %w", key, err), lease: subnet.Lease{Subnet: v4, IPv6Subnet: v6}}
+		return subnet.Entry{Key: key, Err: fmt.Errorf("etcd key %s: %w", key, err), Lease: subnet.Lease{Subnet: v4, IPv6Subnet: v6}}
 	}
-	return entry{lease: subnet.Lease{Subnet: v4, IPv6Subnet: v6, Attrs: attrs, Reserved: etcdLease == 0}, etcd: etcdLease}
+	return subnet.Entry{Key: key, Lease: subnet.Lease{Subnet: v4, IPv6Subnet: v6, Attrs: attrs, Reserved: etcdLease == 0}}
+}
+
+// listing is a range read of every lease, at a revision: the key of set[i]
+// has meta[i]. The set is handed on as it is (at start-up it is tens of
+// thousands of records: no copy, no map).
+type listing struct {
+	set  []subnet.Entry
+	meta []meta
+	rev  int64
 }
 
 // list reads every lease key in one range request.
-func (m *Manager) list(ctx context.Context) (map[string]entry, int64, error) {
+func (m *Manager) list(ctx context.Context) (*listing, error) {
 	resp, err := m.cli.Get(ctx, m.SubnetsPrefix(), clientv3.WithPrefix())
 	if err != nil {
-		return nil, 0, fmt.Errorf("listing %s: %w", m.SubnetsPrefix(), err)
+		return nil, fmt.Errorf("listing %s: %w", m.SubnetsPrefix(), err)
 	}
-	out := make(map[string]entry, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		e := m.parse(string(kv.Key), kv.Value, kv.Lease)
-		e.kvRev = kv.ModRevision
-		out[string(kv.Key)] = e
+	l := &listing{set: make([]subnet.Entry, len(resp.Kvs)), meta: make([]meta, len(resp.Kvs)), rev: resp.Header.Revision}
+	for i, kv := range resp.Kvs {
+		l.set[i] = m.parse(string(kv.Key), kv.Value, kv.Lease)
+		l.meta[i] = meta{kvRev: kv.ModRevision, etcd: kv.Lease}
 	}
-	return out, resp.Header.Revision, nil
+	return l, nil
+
 }
 
 // Leases lists every lease in one range read.
 func (m *Manager) Leases(ctx context.Context) (subnet.Snapshot, error) {
-	entries, _, err := m.list(ctx)
+	l, err := m.list(ctx)
 	if err != nil {
 		return subnet.Snapshot{}, err
 	}
-	return snapshot(entries), nil
+	return subnet.SnapshotOf(l.set), nil
 }
 
 // maxAcquireAttempts bounds allocation retries lost to other nodes' races.
@@ -228,11 +236,11 @@ func (m *Manager) AcquireLease(ctx context.Context, cfg *subnet.Config, attrs su
 		return subnet.Lease{}, fmt.Errorf("encoding lease attributes: %w", err)
 	}
 	for range maxAcquireAttempts {
-		entries, rev, err := m.list(ctx)
+		listed, err := m.list(ctx)
 		if err != nil {
 			return subnet.Lease{}, err
 		}
-		l, ok, err := m.tryAcquire(ctx, cfg, attrs, value, hint, entries)
+		l, ok, err := m.tryAcquire(ctx, cfg, attrs, value, hint, listed)
 		if err != nil {
 			return subnet.Lease{}, err
 		}
@@ -240,7 +248,7 @@ func (m *Manager) AcquireLease(ctx context.Context, cfg *subnet.Config, attrs su
 			// Run starts from this listing (its watch then sees our own
 			// key created): one range read of every lease fewer at start.
 			m.mu.Lock()
-			m.listed = &listing{entries: entries, rev: rev}
+			m.listed = listed
 			m.mu.Unlock()
 			return l, nil
 		}
@@ -249,30 +257,30 @@ func (m *Manager) AcquireLease(ctx context.Context, cfg *subnet.Config, attrs su
 	return subnet.Lease{}, fmt.Errorf("acquiring a subnet: lost %d allocation races in a row", maxAcquireAttempts)
 }
 
-func (m *Manager) tryAcquire(ctx context.Context, cfg *subnet.Config, attrs subnet.LeaseAttrs, value []byte, hint subnet.Lease, entries map[string]entry) (subnet.Lease, bool, error) {
-	mine := func(e entry) bool {
-		if e.err != nil || !inRange(cfg, e.lease) {
+func (m *Manager) tryAcquire(ctx context.Context, cfg *subnet.Config, attrs subnet.LeaseAttrs, value []byte, hint subnet.Lease, listed *listing) (subnet.Lease, bool, error) {
+	mine := func(e *subnet.Entry) bool {
+		if e.Err != nil || !inRange(cfg, e.Lease) {
 			return false
 		}
-		a := e.lease.Attrs
+		a := e.Lease.Attrs
 		return (attrs.PublicIP.IsValid() && a.PublicIP == attrs.PublicIP) || (!attrs.PublicIP.IsValid() && a.PublicIPv6 == attrs.PublicIPv6)
 	}
 	// A reservation for this node, then a lease from before a restart.
 	for _, reserved := range []bool{true, false} {
-		for key, e := range entries {
-			if e.lease.Reserved == reserved && mine(e) {
-				return m.rebind(ctx, key, e, value)
+		for i := range listed.set {
+			if e := &listed.set[i]; e.Lease.Reserved == reserved && mine(e) {
+				return m.rebind(ctx, e, listed.meta[i], value)
 			}
 		}
 	}
 	used4 := map[netip.Addr]bool{}
 	used6 := map[netip.Addr]bool{}
-	for _, e := range entries {
-		if e.lease.Subnet.IsValid() {
-			used4[e.lease.Subnet.Addr()] = true
+	for i := range listed.set {
+		if l := &listed.set[i].Lease; l.Subnet.IsValid() {
+			used4[l.Subnet.Addr()] = true
 		}
-		if e.lease.IPv6Subnet.IsValid() {
-			used6[e.lease.IPv6Subnet.Addr()] = true
+		if l := &listed.set[i].Lease; l.IPv6Subnet.IsValid() {
+			used6[l.IPv6Subnet.Addr()] = true
 		}
 	}
 	var want subnet.Lease
@@ -328,13 +336,14 @@ func (m *Manager) tryAcquire(ctx context.Context, cfg *subnet.Config, attrs subn
 
 // rebind takes over an existing key with our attributes: a reservation
 // stays without TTL, a lease gets a fresh etcd lease.
-func (m *Manager) rebind(ctx context.Context, key string, e entry, value []byte) (subnet.Lease, bool, error) {
+func (m *Manager) rebind(ctx context.Context, e *subnet.Entry, km meta, value []byte) (subnet.Lease, bool, error) {
+	key := e.Key
 	var (
 		opts []clientv3.OpOption
 		id   clientv3.LeaseID
 		ttl  time.Duration
 	)
-	if !e.lease.Reserved {
+	if !e.Lease.Reserved {
 		grant, err := m.cli.Grant(ctx, int64(m.ttl/time.Second))
 		if err != nil {
 			return subnet.Lease{}, false, fmt.Errorf("granting an etcd lease: %w", err)
@@ -343,7 +352,7 @@ func (m *Manager) rebind(ctx context.Context, key string, e entry, value []byte)
 		opts = append(opts, clientv3.WithLease(id))
 	}
 	resp, err := m.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(key), "=", e.kvRev)).
+		If(clientv3.Compare(clientv3.ModRevision(key), "=", km.kvRev)).
 		Then(clientv3.OpPut(key, string(value), opts...)).
 		Commit()
 	if err != nil {
@@ -355,12 +364,12 @@ func (m *Manager) rebind(ctx context.Context, key string, e entry, value []byte)
 		}
 		return subnet.Lease{}, false, nil
 	}
-	if e.etcd != 0 && !e.lease.Reserved {
+	if km.etcd != 0 && !e.Lease.Reserved {
 		// The previous etcd lease now holds nothing; let it go now rather
 		// than at its expiry.
-		_, _ = m.cli.Revoke(ctx, clientv3.LeaseID(e.etcd))
+		_, _ = m.cli.Revoke(ctx, clientv3.LeaseID(km.etcd))
 	}
-	l := e.lease
+	l := e.Lease
 	l.Attrs, _ = subnet.ParseLeaseAttrs(value)
 	m.log.Info("reusing subnet", "subnet", l.String(), "reservation", l.Reserved)
 	return m.hold(key, l, value, id, ttl, l.Reserved), true, nil
@@ -489,7 +498,7 @@ func (m *Manager) watch(ctx context.Context, publish func(subnet.Change)) error 
 	)
 	for ctx.Err() == nil {
 		if !listed {
-			entries, r, err := m.takeListing(ctx)
+			l, err := m.takeListing(ctx)
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil
@@ -500,8 +509,8 @@ func (m *Manager) watch(ctx context.Context, publish func(subnet.Change)) error 
 			}
 			// The daemon keeps the set; the manager keeps only the
 			// revision it follows.
-			listed, rev = true, r
-			publish(full(entries))
+			listed, rev = true, l.rev
+			publish(subnet.Change{Full: true, Set: l.set})
 		}
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		wch := m.cli.Watch(wctx, m.SubnetsPrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithProgressNotify())
@@ -543,7 +552,7 @@ func (m *Manager) consume(wch clientv3.WatchChan, rev *int64, publish func(subne
 		ownKey := m.own.key
 		m.mu.Unlock()
 		// Each key's state after the batch, whatever happened to it within.
-		batch := make(map[string]*entry, len(resp.Events))
+		batch := make(map[string]*subnet.Entry, len(resp.Events))
 		touched := make([]string, 0, len(resp.Events))
 		for _, ev := range resp.Events {
 			key := string(ev.Kv.Key)
@@ -558,7 +567,6 @@ func (m *Manager) consume(wch clientv3.WatchChan, rev *int64, publish func(subne
 				}
 			default:
 				e := m.parse(key, ev.Kv.Value, ev.Kv.Lease)
-				e.kvRev = ev.Kv.ModRevision
 				batch[key] = &e
 			}
 			*rev = ev.Kv.ModRevision
@@ -568,48 +576,31 @@ func (m *Manager) consume(wch clientv3.WatchChan, rev *int64, publish func(subne
 	return false, nil
 }
 
-// listing is a range read of every lease, at a revision.
-type listing struct {
-	entries map[string]entry
-	rev     int64
-}
-
 // takeListing returns the listing AcquireLease made, once, or a new one.
-func (m *Manager) takeListing(ctx context.Context) (map[string]entry, int64, error) {
+func (m *Manager) takeListing(ctx context.Context) (*listing, error) {
 	m.mu.Lock()
 	l := m.listed
 	m.listed = nil
 	m.mu.Unlock()
 	if l != nil {
-		return l.entries, l.rev, nil
+		return l, nil
 	}
 	return m.list(ctx)
 }
 
 // changeOf is the Change a batch of events makes: touched in order, each
 // key's last state (nil: deleted).
-func changeOf(batch map[string]*entry, touched []string) subnet.Change {
+func changeOf(batch map[string]*subnet.Entry, touched []string) subnet.Change {
 	var c subnet.Change
 	for _, key := range touched {
 		if e := batch[key]; e != nil {
-			c.Set = append(c.Set, subnet.Entry{Key: key, Lease: e.lease, Err: e.err})
+			c.Set = append(c.Set, *e)
 		} else {
 			c.Deleted = append(c.Deleted, key)
 		}
 	}
 	return c
 }
-
-// full is the whole set, as a Change.
-func full(entries map[string]entry) subnet.Change {
-	c := subnet.Change{Full: true, Set: make([]subnet.Entry, 0, len(entries))}
-	for key, e := range entries {
-		c.Set = append(c.Set, subnet.Entry{Key: key, Lease: e.lease, Err: e.err})
-	}
-	return c
-}
-
-func snapshot(entries map[string]entry) subnet.Snapshot { return subnet.SnapshotOf(full(entries).Set) }
 
 // renew keeps this node's etcd lease alive, renewing it RenewMargin before
 // it would expire. If etcd lost the lease (expired while unreachable), the
