@@ -117,7 +117,7 @@ e2e: setup ## Multi-node clusters in network namespaces with the built binaries 
 
 .PHONY: fuzz
 fuzz: ## Fuzz every parser of untrusted input for FUZZTIME each (default 30s)
-	@for f in FuzzParseConfig FuzzParseLeaseAttrs FuzzParseEnv FuzzParseSubnetKey; do \
+	@for f in FuzzParseConfig FuzzParseLeaseAttrs FuzzScanLeaseAttrs FuzzParseEnv FuzzParseSubnetKey; do \
 		$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $${FUZZTIME:-30s} ./subnet/ || exit 1; done
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConf$$' -fuzztime $${FUZZTIME:-30s} ./plugin/
 	$(GO) test -run '^$$' -fuzz '^FuzzNodeLease$$' -fuzztime $${FUZZTIME:-30s} ./subnet/kube/

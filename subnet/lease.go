@@ -66,11 +66,15 @@ func SubnetKey(v4, v6 netip.Prefix) string {
 
 // ParseSubnetKey parses a registry name made by SubnetKey.
 func ParseSubnetKey(key string) (v4, v6 netip.Prefix, err error) {
-	parts := strings.Split(key, "&")
-	if len(parts) > 2 || key == "" {
+	first, second, two := strings.Cut(key, "&")
+	if key == "" || strings.Contains(second, "&") {
 		return v4, v6, fmt.Errorf("subnet key %q: want <ip>-<len> or <ip>-<len>&<ipv6>-<len>", key)
 	}
-	for _, part := range parts {
+	parts := [2]string{first, second}
+	for n, part := range parts {
+		if n == 1 && !two {
+			break
+		}
 		i := strings.LastIndexByte(part, '-')
 		if i < 0 {
 			return v4, v6, fmt.Errorf("subnet key %q: %q has no -<len>", key, part)
@@ -133,11 +137,24 @@ func (a *LeaseAttrs) UnmarshalJSON(data []byte) error {
 
 // ParseLeaseAttrs decodes and checks lease JSON written by any node. Unknown
 // keys are tolerated (a newer node may add some); wrong values are not.
-func ParseLeaseAttrs(data []byte) (LeaseAttrs, error) {
+func ParseLeaseAttrs(data []byte) (LeaseAttrs, error) { return parseLeaseAttrs(data, true) }
+
+// parseLeaseAttrs is ParseLeaseAttrs; fast tries scanLeaseAttrs first.
+func parseLeaseAttrs(data []byte, fast bool) (LeaseAttrs, error) {
+	if fast {
+		if j, ok := scanLeaseAttrs(data); ok {
+			return j.check()
+		}
+	}
 	var j leaseAttrsJSON
 	if err := json.Unmarshal(data, &j); err != nil {
 		return LeaseAttrs{}, fmt.Errorf("lease attributes: decoding: %w", err)
 	}
+	return j.check()
+}
+
+// check turns decoded lease JSON into attributes, or says what is wrong.
+func (j *leaseAttrsJSON) check() (LeaseAttrs, error) {
 	var a LeaseAttrs
 	if j.PublicIP != "" {
 		ip, err := netip.ParseAddr(j.PublicIP)
@@ -162,21 +179,27 @@ func ParseLeaseAttrs(data []byte) (LeaseAttrs, error) {
 		return LeaseAttrs{}, errors.New(`lease attributes: BackendType "": must not be empty`)
 	}
 	a.BackendType = j.BackendType
-	for _, d := range []struct {
-		name string
-		raw  json.RawMessage
-		dst  *json.RawMessage
-	}{{"BackendData", j.BackendData, &a.BackendData}, {"BackendV6Data", j.BackendV6Data, &a.BackendV6Data}} {
-		raw := bytes.TrimSpace(d.raw)
-		if len(raw) == 0 || string(raw) == "null" {
-			continue
-		}
-		if raw[0] != '{' {
-			return LeaseAttrs{}, fmt.Errorf("lease attributes: %s %s: must be a JSON object", d.name, truncate(string(raw)))
-		}
-		*d.dst = append(json.RawMessage(nil), raw...)
+	var err error
+	if a.BackendData, err = backendData("BackendData", j.BackendData); err != nil {
+		return LeaseAttrs{}, err
+	}
+	if a.BackendV6Data, err = backendData("BackendV6Data", j.BackendV6Data); err != nil {
+		return LeaseAttrs{}, err
 	}
 	return a, nil
+}
+
+// backendData is a copy of a BackendData value: an object, or nothing for
+// null or absent.
+func backendData(name string, raw json.RawMessage) (json.RawMessage, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	if raw[0] != '{' {
+		return nil, fmt.Errorf("lease attributes: %s %s: must be a JSON object", name, truncate(string(raw)))
+	}
+	return append(json.RawMessage(nil), raw...), nil
 }
 
 func truncate(s string) string {
