@@ -186,7 +186,10 @@ func (s *ownedSet[K, V]) diff(keys []K, dropped map[K]bool, gen uint64) (*change
 		if err != nil {
 			return nil, err
 		}
-		known = make(map[K]V, len(have))
+		// Sized for what the record will hold after this change: at
+		// start-up the kernel has nothing and every desired object is
+		// recorded as it is written.
+		known = make(map[K]V, max(len(have), len(s.desired)))
 		for _, v := range have {
 			known[s.kind.key(v)] = v
 		}
@@ -232,6 +235,9 @@ func (s *ownedSet[K, V]) diff(keys []K, dropped map[K]bool, gen uint64) (*change
 			one(k)
 		}
 		return c, nil
+	}
+	if len(known) == 0 {
+		c.add = make([]V, 0, len(s.desired))
 	}
 	for k := range s.desired {
 		one(k)
