@@ -16,10 +16,10 @@ import (
 //
 // Programming thousands of routes one request at a time through the netlink
 // library costs a round trip and a 64 KiB receive buffer per route. A batch
-// instead writes many route messages, each asking for its own ack, in one
-// sendto, and reads the acks back into one reused buffer. The kernel still
-// applies each message on its own, so one failing route does not stop the
-// others, and each gets its own error.
+// instead writes many route messages in one sendto, only the last asking
+// for an ack, and reads what comes back into one reused buffer. The kernel
+// still applies each message on its own, so one failing route does not stop
+// the others, and each failure gets its own error.
 
 // batchSize bounds the messages in flight, keeping well under the socket's
 // receive buffer for the acks.
@@ -161,8 +161,18 @@ func (b *batcher) runLocked(start, end int, encode func(int, []byte, uint32) []b
 	count := end - start
 	for i := start; i < end; i++ {
 		b.seq++
+		at := len(b.buf)
 		b.buf = encode(i, b.buf, b.seq)
+		if i < end-1 {
+			// Only the last message asks for an ack: the kernel applies
+			// them in order and reports every failure whether asked or
+			// not, so once the last one's ack is read, every failure
+			// before it has been too.
+			flags := binary.NativeEndian.Uint16(b.buf[at+6:])
+			binary.NativeEndian.PutUint16(b.buf[at+6:], flags&^unix.NLM_F_ACK)
+		}
 	}
+	last := b.seq
 	if err := unix.Sendto(b.fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		for i := range errs {
 			errs[i] = fmt.Errorf("sending route batch: %w", err)
@@ -172,8 +182,7 @@ func (b *batcher) runLocked(start, end int, encode func(int, []byte, uint32) []b
 	if cap(b.rcv) == 0 {
 		b.rcv = make([]byte, 64<<10)
 	}
-	pending := count
-	for pending > 0 {
+	for acked := false; !acked; {
 		n, _, err := unix.Recvfrom(b.fd, b.rcv[:cap(b.rcv)], 0)
 		if err != nil {
 			if errors.Is(err, unix.EINTR) {
@@ -200,7 +209,7 @@ func (b *batcher) runLocked(start, end int, encode func(int, []byte, uint32) []b
 				if code := int32(binary.NativeEndian.Uint32(msg[unix.NLMSG_HDRLEN:])); code != 0 {
 					errs[i] = fail(start+i, unix.Errno(-code))
 				}
-				pending--
+				acked = acked || seq == last
 			}
 			adv := (l + unix.NLMSG_ALIGNTO - 1) &^ (unix.NLMSG_ALIGNTO - 1)
 			if adv > len(msg) {

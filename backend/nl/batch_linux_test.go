@@ -1,0 +1,66 @@
+package nl
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/twill-net/twill/internal/netnstest"
+)
+
+// TestRouteBatchErrorsPerOp runs batches of route changes, some of which the
+// kernel refuses, at the first, a middle and the last place of a batch
+// (only the last message of a batch asks for an ack): each refused change
+// gets its own error, every other change is applied, and deleting a route
+// that is gone is not an error.
+func TestRouteBatchErrorsPerOp(t *testing.T) {
+	netnstest.RequireRoot(t)
+	ns := netnstest.New(t, "batch")
+	netnstest.Uplink(t, ns, "192.168.0.1/16")
+	h, eth := openWithRoutes(t, ns, 200, 1) // 10.200.0.0/24 exists already
+	existing := netip.MustParsePrefix("10.200.0.0/24")
+	n := 2*batchSize + 10
+	ops := make([]RouteOp, n)
+	refused := map[int]bool{0: true, 100: true, batchSize - 1: true, batchSize: true, 2*batchSize - 1: true, n - 1: true}
+	for i := range ops {
+		dst := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24)
+		r := Route{Dst: dst, Gw: netip.AddrFrom4([4]byte{192, 168, 1, byte(1 + i%250)}), LinkIndex: eth.Index, Protocol: 167}
+		switch {
+		case refused[i] && i%2 == 0:
+			r.Gw = netip.MustParseAddr("172.31.0.1") // not on-link: ENETUNREACH
+		case refused[i]:
+			r.Dst, r.Gw, r.Priority = existing, netip.MustParseAddr("192.168.1.1"), 1<<20 // there already: EEXIST
+		}
+		ops[i] = RouteOp{Op: OpAdd, Route: r}
+	}
+	ops[7] = RouteOp{Op: OpDel, Route: Route{Dst: netip.MustParsePrefix("10.250.0.0/24"), LinkIndex: eth.Index, Protocol: 167}}
+	errs := h.RouteBatch(ops)
+	for i, err := range errs {
+		switch {
+		case refused[i] && err == nil:
+			t.Errorf("op %d (%v): no error, but the kernel refused it", i, ops[i].Route)
+		case refused[i] && !errors.Is(err, unix.ENETUNREACH) && !errors.Is(err, unix.EEXIST):
+			t.Errorf("op %d: error %v, want ENETUNREACH or EEXIST", i, err)
+		case !refused[i] && err != nil:
+			t.Errorf("op %d (%v): %v", i, ops[i].Route, err)
+		}
+	}
+	rs, err := h.Routes(FamilyV4, RouteFilter{Protocol: 167})
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[netip.Prefix]bool{}
+	for _, r := range rs {
+		have[r.Dst] = true
+	}
+	for i, op := range ops {
+		if op.Op == OpAdd && !refused[i] && !have[op.Route.Dst] {
+			t.Errorf("op %d: route %s not in the kernel", i, op.Route.Dst)
+		}
+	}
+	if want := n - len(refused) - 1 + 1; len(rs) != want { // the adds applied, less the delete, plus the route there before
+		t.Errorf("%d twill routes in the kernel, want %d", len(rs), want)
+	}
+}
