@@ -338,6 +338,9 @@ func (m *Manager) tryAcquire(ctx context.Context, cfg *subnet.Config, attrs subn
 // stays without TTL, a lease gets a fresh etcd lease.
 func (m *Manager) rebind(ctx context.Context, e *subnet.Entry, km meta, value []byte) (subnet.Lease, bool, error) {
 	key := e.Key
+	if l, ok := m.keep(ctx, e, km, value); ok {
+		return l, true, nil
+	}
 	var (
 		opts []clientv3.OpOption
 		id   clientv3.LeaseID
@@ -373,6 +376,30 @@ func (m *Manager) rebind(ctx context.Context, e *subnet.Entry, km meta, value []
 	l.Attrs, _ = subnet.ParseLeaseAttrs(value)
 	m.log.Info("reusing subnet", "subnet", l.String(), "reservation", l.Reserved)
 	return m.hold(key, l, value, id, ttl, l.Reserved), true, nil
+}
+
+// keep holds a key that already says what this node would write, without
+// writing it: a node's restart sends no other node a lease event. A
+// reservation is held as it is, a lease by renewing its etcd lease; keep
+// reports false when the key says something else or its etcd lease is
+// gone or of another TTL, and the key must be written. The watch starts
+// from the listing the key was read in, so a key deleted since is seen.
+func (m *Manager) keep(ctx context.Context, e *subnet.Entry, km meta, value []byte) (subnet.Lease, bool) {
+	want, err := subnet.ParseLeaseAttrs(value)
+	if err != nil || e.Err != nil || !e.Lease.Attrs.Equal(want) {
+		return subnet.Lease{}, false
+	}
+	l := e.Lease
+	if l.Reserved {
+		m.log.Info("reusing subnet, unchanged", "subnet", l.String(), "reservation", true)
+		return m.hold(e.Key, l, value, 0, 0, true), true
+	}
+	resp, err := m.cli.KeepAliveOnce(ctx, clientv3.LeaseID(km.etcd))
+	if err != nil || resp.TTL != int64(m.ttl/time.Second) {
+		return subnet.Lease{}, false
+	}
+	m.log.Info("reusing subnet, unchanged", "subnet", l.String(), "reservation", false)
+	return m.hold(e.Key, l, value, clientv3.LeaseID(km.etcd), time.Duration(resp.TTL)*time.Second, false), true
 }
 
 func (m *Manager) hold(key string, l subnet.Lease, value []byte, id clientv3.LeaseID, ttl time.Duration, reserved bool) subnet.Lease {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -132,12 +133,29 @@ func TestAcquireReusesSubnetAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	key := m.SubnetsPrefix() + first.Key()
+	before := getKV(t, c, key)
 	again, err := newManager(t, c, 99).AcquireLease(ctx, cfg, attrs("192.168.9.1"), subnet.Lease{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if again.Subnet != first.Subnet {
 		t.Fatalf("restart with the same public IP got %s, had %s", again.Subnet, first.Subnet)
+	}
+	// Nothing changed: the key is not written again (no lease event for
+	// every other node), and its etcd lease is renewed, not replaced.
+	if after := getKV(t, c, key); after.ModRevision != before.ModRevision || after.Lease != before.Lease {
+		t.Fatalf("a restart with unchanged attributes rewrote %s: revision %d -> %d, etcd lease %x -> %x",
+			key, before.ModRevision, after.ModRevision, before.Lease, after.Lease)
+	}
+	// Changed attributes are written, under a fresh etcd lease.
+	changed := attrs("192.168.9.1")
+	changed.BackendData = json.RawMessage(`{"x":1}`)
+	if _, err := newManager(t, c, 98).AcquireLease(ctx, cfg, changed, subnet.Lease{}); err != nil {
+		t.Fatal(err)
+	}
+	if after := getKV(t, c, key); after.ModRevision == before.ModRevision || !strings.Contains(string(after.Value), `"x":1`) || after.Lease == before.Lease {
+		t.Fatalf("a restart with new backend data left %s as it was: %s (etcd lease %x)", key, after.Value, after.Lease)
 	}
 	// A node whose public IP changed finds its subnet through subnet.env.
 	hint := subnet.Lease{Subnet: netip.MustParsePrefix("10.51.77.0/24")}
@@ -173,6 +191,7 @@ func TestReservationsAndExhaustion(t *testing.T) {
 	if !errors.Is(err, ErrExhausted) || !strings.Contains(err.Error(), "10.52.0.0/16") || !strings.Contains(err.Error(), "SubnetMax 10.52.2.0") {
 		t.Fatalf("error %v: want ErrExhausted naming the Network and range", err)
 	}
+	before := getKV(t, c, resKey)
 	owner, err := newManager(t, c, 7).AcquireLease(ctx, cfg, attrs("192.168.9.50"), subnet.Lease{})
 	if err != nil || owner.Subnet.String() != "10.52.1.0/24" || !owner.Reserved {
 		t.Fatalf("the reserved node got %+v (%v)", owner, err)
@@ -180,6 +199,9 @@ func TestReservationsAndExhaustion(t *testing.T) {
 	resp, err := c.Get(ctx, resKey)
 	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Lease != 0 {
 		t.Fatalf("taking a reservation must keep it a reservation (no TTL): %+v %v", resp, err)
+	}
+	if resp.Kvs[0].ModRevision != before.ModRevision {
+		t.Fatalf("taking a reservation that already says what the node would write rewrote it (revision %d -> %d)", before.ModRevision, resp.Kvs[0].ModRevision)
 	}
 }
 
@@ -333,4 +355,14 @@ func TestRenewBeforeExpiry(t *testing.T) {
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("lease key gone after its TTL: renewal did not happen (%v)", err)
 	}
+}
+
+// getKV reads one key, failing the test when it is not there.
+func getKV(t *testing.T, c *clientv3.Client, key string) *mvccpb.KeyValue {
+	t.Helper()
+	resp, err := c.Get(context.Background(), key)
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("key %s: %v (%d keys)", key, err, len(resp.Kvs))
+	}
+	return resp.Kvs[0]
 }
