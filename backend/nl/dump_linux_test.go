@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -207,26 +208,14 @@ func TestNeighsMatchNetlinkPackage(t *testing.T) {
 	}
 	for _, index := range []int{vx.Index, eth.Index} {
 		for _, fam := range []Family{FamilyAll, FamilyV4, FamilyV6} {
-			got, err := h.Neighs(index, fam)
-			if err != nil {
-				t.Fatal(err)
-			}
-			want, err := referenceNeighs(h, index, int(fam), false)
-			if err != nil {
-				t.Fatal(err)
-			}
+			got, want := settled(t, func() ([]Neigh, error) { return h.Neighs(index, fam) },
+				func() ([]Neigh, error) { return referenceNeighs(h, index, int(fam), false) })
 			if !slices.EqualFunc(got, want, sameNeigh) || len(got) == 0 {
 				t.Errorf("neighbours of #%d family %d: %d, netlink package %d", index, fam, len(got), len(want))
 			}
 		}
-		got, err := h.FDB(index)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want, err := referenceNeighs(h, index, unix.AF_BRIDGE, true)
-		if err != nil {
-			t.Fatal(err)
-		}
+		got, want := settled(t, func() ([]Neigh, error) { return h.FDB(index) },
+			func() ([]Neigh, error) { return referenceNeighs(h, index, unix.AF_BRIDGE, true) })
 		if !slices.EqualFunc(got, want, sameNeigh) || (index == vx.Index && len(got) != 2000) {
 			t.Errorf("fdb of #%d: %d, netlink package %d", index, len(got), len(want))
 		}
@@ -235,4 +224,30 @@ func TestNeighsMatchNetlinkPackage(t *testing.T) {
 
 func sameNeigh(a, b Neigh) bool {
 	return a.LinkIndex == b.LinkIndex && a.IP == b.IP && slices.Equal(a.HardwareAddr, b.HardwareAddr) && a.Permanent == b.Permanent
+}
+
+// settled reads entries with ours between two reads with the reference
+// that agree: the kernel adds entries of its own now and then (a multicast
+// neighbour when a device sends its first IPv6 packets), and one arriving
+// between two reads is no disagreement of the decoders.
+func settled(t *testing.T, ours, reference func() ([]Neigh, error)) (got, want []Neigh) {
+	t.Helper()
+	for range 10 {
+		before, err := reference()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err = ours(); err != nil {
+			t.Fatal(err)
+		}
+		if want, err = reference(); err != nil {
+			t.Fatal(err)
+		}
+		if slices.EqualFunc(before, want, sameNeigh) {
+			return got, want
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("the kernel's entries kept changing for 10 reads")
+	return nil, nil
 }
