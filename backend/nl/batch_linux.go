@@ -88,11 +88,17 @@ func (h *Handle) batchRun(n int, encode func(i int, buf []byte, seq uint32) []by
 	return errs
 }
 
-// socket opens a NETLINK_ROUTE socket in the handle's namespace. Creating a
-// socket binds it to the namespace of the creating thread, so the thread
-// switches there and back while locked; if it cannot switch back, the
-// goroutine exits locked and the runtime discards the thread.
-func (h *Handle) socket() (int, error) {
+// socket opens a NETLINK_ROUTE socket in the handle's namespace, for
+// requests. Creating a socket binds it to the namespace of the creating
+// thread, so the thread switches there and back while locked; if it cannot
+// switch back, the goroutine exits locked and the runtime discards the
+// thread.
+func (h *Handle) socket() (int, error) { return h.socketGroups(0) }
+
+// socketGroups is socket subscribed to the multicast groups given (a
+// bitmask of RTMGRP_*), with a receive buffer of watchReceiveBuffer when
+// it subscribes to any.
+func (h *Handle) socketGroups(groups uint32) (int, error) {
 	type result struct {
 		fd  int
 		err error
@@ -118,13 +124,19 @@ func (h *Handle) socket() (int, error) {
 		}
 		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
 		if err == nil {
-			err = unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
-			if err == nil {
+			err = unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: groups})
+			switch {
+			case err == nil && groups != 0:
+				err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, watchReceiveBuffer)
+				if err != nil {
+					unix.Close(fd)
+				}
+			case err == nil:
 				// Acks without the echoed request, and room for a full
 				// batch of them.
 				_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1)
 				_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 1<<20)
-			} else {
+			default:
 				unix.Close(fd)
 			}
 		}

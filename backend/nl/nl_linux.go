@@ -273,24 +273,6 @@ func (h *Handle) Addrs(linkIndex int, family Family) ([]Addr, error) {
 	return out, nil
 }
 
-// WatchRoutes calls subscribed once the subscription is in place, then fn
-// for every route change in the handle's namespace, until ctx is done.
-// Neither may block: they are meant to poke a reconciler.
-func (h *Handle) WatchRoutes(ctx context.Context, subscribed func(), fn func(RouteEvent)) error {
-	return watch(ctx, "route", subscribed, func(ch chan netlink.RouteUpdate, done chan struct{}, errCb func(error)) error {
-		opts := netlink.RouteSubscribeOptions{ErrorCallback: errCb, ReceiveBufferSize: watchReceiveBuffer, ReceiveBufferForceSize: true}
-		if h.ns >= 0 {
-			ns := h.ns
-			opts.Namespace = &ns
-		}
-		return netlink.RouteSubscribeWithOptions(ch, done, opts)
-	}, func(u netlink.RouteUpdate) {
-		if u.Dst != nil {
-			fn(RouteEvent{Deleted: u.Type == unix.RTM_DELROUTE, Route: fromNetlinkRoute(u.Route)})
-		}
-	})
-}
-
 // watch runs one netlink subscription until ctx is done, handing each update
 // to fn; it returns an error when the subscription breaks.
 func watch[U any](ctx context.Context, what string, subscribed func(),

@@ -1,0 +1,87 @@
+package nl
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// WatchRoutes calls subscribed once subscribed, then fn for every change to
+// a unicast route with a destination (default routes aside) in the
+// handle's namespace, until ctx is done; neither may block. Events are
+// decoded as dumps are (parseRoute), on a socket of their own: a burst of
+// thousands (a start-up, a mass lease change) costs no allocation per
+// route. It returns an error when the subscription breaks (ENOBUFS: events
+// were lost, and the caller must read the kernel again).
+func (h *Handle) WatchRoutes(ctx context.Context, subscribed func(), fn func(RouteEvent)) error {
+	fd, err := h.socketGroups(unix.RTMGRP_IPV4_ROUTE | unix.RTMGRP_IPV6_ROUTE)
+	if err != nil {
+		return fmt.Errorf("subscribing to route updates: %w", err)
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("subscribing to route updates: %w", err)
+	}
+	// Non-blocking, the file waits in the runtime's poller, and closing it
+	// (when ctx is done) ends a wait.
+	f := os.NewFile(uintptr(fd), "route events")
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("subscribing to route updates: %w", err)
+	}
+	defer context.AfterFunc(ctx, func() { f.Close() })()
+	if subscribed != nil {
+		subscribed()
+	}
+	buf := make([]byte, dumpBufSize)
+	for {
+		var (
+			n    int
+			from unix.Sockaddr
+			rerr error
+		)
+		err := rc.Read(func(fd uintptr) bool {
+			n, from, rerr = unix.Recvfrom(int(fd), buf, 0)
+			return !errors.Is(rerr, unix.EAGAIN)
+		})
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err == nil {
+			err = rerr
+		}
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return fmt.Errorf("receiving route updates: %w", err)
+		}
+		if nl, ok := from.(*unix.SockaddrNetlink); !ok || nl.Pid != 0 {
+			continue // only the kernel speaks for the kernel
+		}
+		routeEvents(buf[:n], fn)
+	}
+}
+
+// routeEvents hands fn the route changes in one read of a subscription.
+func routeEvents(msg []byte, fn func(RouteEvent)) {
+	for len(msg) >= unix.NLMSG_HDRLEN {
+		l := int(binary.NativeEndian.Uint32(msg[0:4]))
+		if l < unix.NLMSG_HDRLEN || l > len(msg) {
+			return
+		}
+		switch typ := binary.NativeEndian.Uint16(msg[4:6]); typ {
+		case unix.RTM_NEWROUTE, unix.RTM_DELROUTE:
+			p := msg[unix.NLMSG_HDRLEN:l]
+			if r, ok := parseRoute(p, FamilyAll, RouteFilter{AllTables: true}); ok && p[1] != 0 {
+				fn(RouteEvent{Deleted: typ == unix.RTM_DELROUTE, Route: r})
+			}
+		}
+		msg = msg[min((l+unix.NLMSG_ALIGNTO-1)&^(unix.NLMSG_ALIGNTO-1), len(msg)):]
+	}
+}
