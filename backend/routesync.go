@@ -130,6 +130,12 @@ func (s *RouteSync) Observe(ev nl.RouteEvent) bool {
 		return false
 	}
 	e := s.engine()
+	if ev.NonUnicast {
+		// A blackhole (say) put in place of twill's route replaces it
+		// whatever its protocol: to the record, twill's route is gone.
+		// Dumps leave such routes out, and so does the foreign count.
+		return !ev.Deleted && e.observe(ev.Route, true)
+	}
 	if ev.Route.Protocol != owned.RouteProtocol {
 		// twill's route stands beside someone else's, so one going needs
 		// nothing, unless it had twill's metric: then twill's add failed

@@ -171,6 +171,17 @@ func TestRouteSyncRepairsWhatItIsToldOf(t *testing.T) {
 	if s.Observe(nl.RouteEvent{Route: gone}) {
 		t.Error("the event about twill's own add contradicted the record")
 	}
+	// A blackhole put in place of twill's route (ip route replace
+	// blackhole ..., whatever its protocol) replaces it; one with another
+	// key, or one going, does not touch twill's.
+	hole := nl.Route{Dst: gone.Dst, Table: gone.Table, Priority: gone.Priority, Protocol: 3}
+	elsewhere := nl.Route{Dst: pfx("10.98.0.0/24"), Protocol: 3}
+	if s.Observe(nl.RouteEvent{Route: elsewhere, NonUnicast: true}) || s.Observe(nl.RouteEvent{Route: hole, NonUnicast: true, Deleted: true}) {
+		t.Error("a blackhole elsewhere, or one going, contradicted the record")
+	}
+	if !s.Observe(nl.RouteEvent{Route: hole, NonUnicast: true}) {
+		t.Error("a blackhole in place of twill's route did not contradict the record")
+	}
 }
 
 func TestRouteSyncFullSyncEveryReadsTheKernel(t *testing.T) {

@@ -64,7 +64,7 @@ func watchRoutes(tb testing.TB, ns string) *routeWatch {
 }
 
 func (w *routeWatch) observe(ev nl.RouteEvent) {
-	if ev.Route.Protocol != owned.RouteProtocol || ev.Route.Key().Table != owned.MainTable {
+	if ev.NonUnicast || ev.Route.Protocol != owned.RouteProtocol || ev.Route.Key().Table != owned.MainTable {
 		return
 	}
 	w.mu.Lock()

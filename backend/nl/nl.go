@@ -172,6 +172,10 @@ var ErrLinkNotFound = errors.New("link not found")
 type RouteEvent struct {
 	Deleted bool
 	Route   Route
+	// NonUnicast marks a blackhole, unreachable, prohibit or other
+	// non-unicast route (which dumps leave out): added, it takes the place
+	// of any unicast route with its key.
+	NonUnicast bool
 }
 
 // watchReceiveBuffer is the receive buffer of event subscriptions. A burst

@@ -11,8 +11,9 @@ import (
 )
 
 // WatchRoutes calls subscribed once subscribed, then fn for every change to
-// a unicast route with a destination (default routes aside) in the
-// handle's namespace, until ctx is done; neither may block. Events are
+// a route with a destination (default routes aside) in the handle's
+// namespace, until ctx is done; neither may block. Non-unicast routes are
+// marked (RouteEvent.NonUnicast). Events are
 // decoded as dumps are (parseRoute), on a socket of their own: a burst of
 // thousands (a start-up, a mass lease change) costs no allocation per
 // route. It returns an error when the subscription breaks (ENOBUFS: events
@@ -78,8 +79,18 @@ func routeEvents(msg []byte, fn func(RouteEvent)) {
 		switch typ := binary.NativeEndian.Uint16(msg[4:6]); typ {
 		case unix.RTM_NEWROUTE, unix.RTM_DELROUTE:
 			p := msg[unix.NLMSG_HDRLEN:l]
-			if r, ok := parseRoute(p, FamilyAll, RouteFilter{AllTables: true}); ok && p[1] != 0 {
-				fn(RouteEvent{Deleted: typ == unix.RTM_DELROUTE, Route: r})
+			if len(p) < unix.SizeofRtMsg || p[1] == 0 {
+				break // a default route
+			}
+			other := p[7] != unix.RTN_UNICAST
+			if other {
+				// Decoded as the unicast route it stands in for (rare:
+				// the copy costs nothing that matters).
+				p = append([]byte(nil), p...)
+				p[7] = unix.RTN_UNICAST
+			}
+			if r, ok := parseRoute(p, FamilyAll, RouteFilter{AllTables: true}); ok {
+				fn(RouteEvent{Deleted: typ == unix.RTM_DELROUTE, Route: r, NonUnicast: other})
 			}
 		}
 		msg = msg[min((l+unix.NLMSG_ALIGNTO-1)&^(unix.NLMSG_ALIGNTO-1), len(msg)):]

@@ -12,8 +12,9 @@ import (
 
 // TestWatchRoutes subscribes to a namespace's route events, changes routes
 // there with ip(8), and checks each change arrives as the route the dump
-// decoder reads (default routes and non-unicast ones left out), a burst of
-// thousands included; cancelling the context ends the watch.
+// decoder reads (default routes left out, blackholes marked as not
+// unicast, one replacing a unicast route included), a burst of thousands
+// included; cancelling the context ends the watch.
 func TestWatchRoutes(t *testing.T) {
 	netnstest.RequireRoot(t)
 	ns := netnstest.New(t, "watch")
@@ -49,21 +50,26 @@ func TestWatchRoutes(t *testing.T) {
 		{"route", "add", "10.4.0.0/24", "via", "192.168.1.4", "table", "100", "proto", "167"},
 		{"-6", "route", "add", "fd00:10:1::/64", "via", "fd00::11", "proto", "167", "metric", "7"},
 		{"route", "del", "10.1.0.0/24", "via", "192.168.1.1", "proto", "167", "metric", "1048832"},
+		{"route", "replace", "blackhole", "10.4.0.0/24", "table", "100", "proto", "167"},
 	} {
 		netnstest.IP(t, ns, args...)
 	}
 	want := []RouteEvent{
+		{NonUnicast: true, Route: Route{Dst: netip.MustParsePrefix("10.7.0.0/24"), Table: 254, Protocol: 3}},
 		{Route: Route{Dst: netip.MustParsePrefix("10.1.0.0/24"), Gw: netip.MustParseAddr("192.168.1.1"), LinkIndex: 2, Table: 254, Protocol: 167, Priority: 1048832}},
 		{Route: Route{Dst: netip.MustParsePrefix("10.4.0.0/24"), Gw: netip.MustParseAddr("192.168.1.4"), LinkIndex: 2, Table: 100, Protocol: 167}},
 		{Route: Route{Dst: netip.MustParsePrefix("fd00:10:1::/64"), Gw: netip.MustParseAddr("fd00::11"), LinkIndex: 2, Table: 254, Protocol: 167, Priority: 7}},
 		{Deleted: true, Route: Route{Dst: netip.MustParsePrefix("10.1.0.0/24"), Gw: netip.MustParseAddr("192.168.1.1"), LinkIndex: 2, Table: 254, Protocol: 167, Priority: 1048832}},
+		{NonUnicast: true, Route: Route{Dst: netip.MustParsePrefix("10.4.0.0/24"), Table: 100, Protocol: 167}},
 	}
 	eth, err := h.LinkByName("eth0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range want {
-		want[i].Route.LinkIndex = eth.Index
+		if !want[i].NonUnicast {
+			want[i].Route.LinkIndex = eth.Index
+		}
 	}
 	seen := func(n int) []RouteEvent {
 		deadline := time.Now().Add(10 * time.Second)

@@ -211,7 +211,6 @@ func (m *Manager) list(ctx context.Context) (*listing, error) {
 		l.meta[i] = meta{kvRev: kv.ModRevision, etcd: kv.Lease}
 	}
 	return l, nil
-
 }
 
 // Leases lists every lease in one range read.
