@@ -179,6 +179,7 @@ func newClusterWith(t testing.TB, o topology.Options) *cluster {
 		}
 	})
 	c := &cluster{t: t, bin: bin, dir: dir, topo: topo, daemons: map[int]*proc{}, daemon: "twilld"}
+	t.Cleanup(c.logDaemonsIfFailed)
 	e := twcluster.NewEtcd(topo, dir, bin+"/twillctl")
 	c.etcdURL = e.URL
 	c.etcdRun = func() *proc { return start(t, e.NS(), filepath.Join(dir, "etcd.log"), e.Argv()[0], e.Argv()[1:]...) }
@@ -188,6 +189,18 @@ func newClusterWith(t testing.TB, o topology.Options) *cluster {
 	}
 	c.cli = e.Client
 	return c
+}
+
+// logDaemonsIfFailed logs the end of every daemon's log when the test
+// failed: a flake in CI is otherwise a bare "not within 10s".
+func (c *cluster) logDaemonsIfFailed() {
+	if !c.t.Failed() {
+		return
+	}
+	for i, p := range c.daemons {
+		lines := strings.Split(strings.TrimRight(p.Output(), "\n"), "\n")
+		c.t.Logf("node%d's %s, last %d lines of its log:\n%s", i+1, c.daemon, min(len(lines), 40), strings.Join(lines[max(0, len(lines)-40):], "\n"))
+	}
 }
 
 func (c *cluster) put(key, value string) {
