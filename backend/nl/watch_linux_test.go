@@ -54,22 +54,17 @@ func TestWatchRoutes(t *testing.T) {
 	} {
 		netnstest.IP(t, ns, args...)
 	}
-	want := []RouteEvent{
-		{NonUnicast: true, Route: Route{Dst: netip.MustParsePrefix("10.7.0.0/24"), Table: 254, Protocol: 3}},
-		{Route: Route{Dst: netip.MustParsePrefix("10.1.0.0/24"), Gw: netip.MustParseAddr("192.168.1.1"), LinkIndex: 2, Table: 254, Protocol: 167, Priority: 1048832}},
-		{Route: Route{Dst: netip.MustParsePrefix("10.4.0.0/24"), Gw: netip.MustParseAddr("192.168.1.4"), LinkIndex: 2, Table: 100, Protocol: 167}},
-		{Route: Route{Dst: netip.MustParsePrefix("fd00:10:1::/64"), Gw: netip.MustParseAddr("fd00::11"), LinkIndex: 2, Table: 254, Protocol: 167, Priority: 7}},
-		{Deleted: true, Route: Route{Dst: netip.MustParsePrefix("10.1.0.0/24"), Gw: netip.MustParseAddr("192.168.1.1"), LinkIndex: 2, Table: 254, Protocol: 167, Priority: 1048832}},
-		{NonUnicast: true, Route: Route{Dst: netip.MustParsePrefix("10.4.0.0/24"), Table: 100, Protocol: 167}},
-	}
 	eth, err := h.LinkByName("eth0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range want {
-		if !want[i].NonUnicast {
-			want[i].Route.LinkIndex = eth.Index
-		}
+	want := []RouteEvent{
+		{NonUnicast: true, Route: Route{Dst: netip.MustParsePrefix("10.7.0.0/24"), Table: 254, Protocol: 3}},
+		{Route: Route{Dst: netip.MustParsePrefix("10.1.0.0/24"), Gw: netip.MustParseAddr("192.168.1.1"), LinkIndex: eth.Index, Table: 254, Protocol: 167, Priority: 1048832}},
+		{Route: Route{Dst: netip.MustParsePrefix("10.4.0.0/24"), Gw: netip.MustParseAddr("192.168.1.4"), LinkIndex: eth.Index, Table: 100, Protocol: 167}},
+		{Route: Route{Dst: netip.MustParsePrefix("fd00:10:1::/64"), Gw: netip.MustParseAddr("fd00::11"), LinkIndex: eth.Index, Table: 254, Protocol: 167, Priority: 7}},
+		{Deleted: true, Route: Route{Dst: netip.MustParsePrefix("10.1.0.0/24"), Gw: netip.MustParseAddr("192.168.1.1"), LinkIndex: eth.Index, Table: 254, Protocol: 167, Priority: 1048832}},
+		{NonUnicast: true, Route: Route{Dst: netip.MustParsePrefix("10.4.0.0/24"), Table: 100, Protocol: 167}},
 	}
 	seen := func(n int) []RouteEvent {
 		deadline := time.Now().Add(10 * time.Second)
