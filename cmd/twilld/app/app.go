@@ -29,6 +29,7 @@ import (
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/daemon"
 	"github.com/twill-net/twill/internal/etcdflags"
+	"github.com/twill-net/twill/internal/gcpace"
 	"github.com/twill-net/twill/internal/version"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/network/netfilter"
@@ -37,32 +38,22 @@ import (
 	kubesm "github.com/twill-net/twill/subnet/kube"
 )
 
-// defaultGCPercent trades a little CPU during bursts (mass lease changes)
-// for a smaller heap: twilld runs on every node and idles almost all the
-// time, so its resident memory matters more than its GC cycles. Until the
-// node is first ready it runs with startupGCPercent instead: start-up reads
-// every lease into a heap that grows from nothing, and at 30% that took a
-// dozen collections (at 20,000 peers, a quarter of the start-up time). The
-// GOGC environment variable overrides both.
-const (
-	defaultGCPercent = 30
-	startupGCPercent = 60
-)
-
-// setGCPercent sets the GC percent unless GOGC is set in the environment.
-func setGCPercent(percent int) {
-	if _, set := os.LookupEnv("GOGC"); !set {
-		debug.SetGCPercent(percent)
+// gcPacer manages the GC percent through start-up (internal/gcpace)
+// unless GOGC is set in the environment.
+func gcPacer() *gcpace.Pacer {
+	if _, set := os.LookupEnv("GOGC"); set {
+		return gcpace.Start(nil)
 	}
+	return gcpace.Start(func(percent int) { debug.SetGCPercent(percent) })
 }
 
 // Main runs twilld with the backends in reg and returns the process exit
 // code.
 func Main(reg *backend.Registry) int {
-	setGCPercent(startupGCPercent)
+	gc := gcPacer()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := newRootCommand(reg).ExecuteContext(ctx); err != nil {
+	if err := newRootCommand(reg, gc.Ready).ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "twilld:", err)
 		return 1
 	}
@@ -70,6 +61,8 @@ func Main(reg *backend.Registry) int {
 }
 
 type options struct {
+	ready func() // called once the node is first ready (not a flag)
+
 	etcd        etcdflags.Options
 	leaseTTL    time.Duration
 	renewMargin time.Duration
@@ -103,8 +96,8 @@ type options struct {
 	logLevel        string
 }
 
-func newRootCommand(reg *backend.Registry) *cobra.Command {
-	var o options
+func newRootCommand(reg *backend.Registry, ready func()) *cobra.Command {
+	o := options{ready: ready}
 	cmd := &cobra.Command{
 		Use:   "twilld",
 		Short: "twill's per-node network daemon",
@@ -322,7 +315,7 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 		IPTablesResync:  o.iptablesResync,
 		Resync:          o.resync,
 		HealthAddr:      health,
-		Ready:           func() { setGCPercent(defaultGCPercent) },
+		Ready:           o.ready,
 	})
 	if err := d.Run(ctx); err != nil {
 		return err

@@ -13,7 +13,7 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	t.Setenv("TWILLD_IP_MASQ", "true")
 	t.Setenv("TWILLD_IPTABLES_RESYNC", "7s")
 	t.Setenv("TWILLD_IFACE", "eth9") // the command line wins over the environment
-	cmd := newRootCommand(&backend.Registry{})
+	cmd := newRootCommand(&backend.Registry{}, nil)
 	if err := cmd.ParseFlags([]string{"--iface", "eth1"}); err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func TestFlagsFromEnvironment(t *testing.T) {
 
 func TestFlagFromEnvironmentRejectsBadValue(t *testing.T) {
 	t.Setenv("TWILLD_HEALTHZ_PORT", "eighty")
-	cmd := newRootCommand(&backend.Registry{})
+	cmd := newRootCommand(&backend.Registry{}, nil)
 	if err := cmd.ParseFlags(nil); err != nil {
 		t.Fatal(err)
 	}
