@@ -25,6 +25,8 @@ type routeWatch struct {
 	h       *nl.Handle
 	changed chan struct{}
 
+	stop func() // ends the subscription; safe to call again
+
 	mu      sync.Mutex
 	present map[netip.Prefix]netip.Addr // guarded by mu; from events: destination -> gateway
 	err     error                       // guarded by mu; why the subscription ended
@@ -52,7 +54,8 @@ func watchRoutes(tb testing.TB, ns string) *routeWatch {
 		w.mu.Unlock()
 		w.signal()
 	}()
-	tb.Cleanup(func() { cancel(); <-done; h.Close() })
+	w.stop = sync.OnceFunc(func() { cancel(); <-done; h.Close() })
+	tb.Cleanup(w.stop)
 	select {
 	case <-subscribed:
 	case <-done:
