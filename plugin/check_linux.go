@@ -52,7 +52,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 		return fmt.Errorf("twill: CHECK: %w", err)
 	}
 	if c.IPAM.Type != "" {
-		if err := invoke.DelegateCheck(context.TODO(), c.IPAM.Type, args.StdinData, nil); err != nil {
+		if err := invoke.DelegateCheck(context.Background(), c.IPAM.Type, args.StdinData, nil); err != nil {
 			return fmt.Errorf("twill: delegated IPAM %q: %w", c.IPAM.Type, err)
 		}
 	}

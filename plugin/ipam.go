@@ -164,13 +164,13 @@ func reservations(c *NetConf) ([]reservation, error) {
 // configured IPAM plugin.
 func addAddresses(c *NetConf, args *skel.CmdArgs, env subnet.Env, linkExists func(string) (bool, error)) ([]netip.Addr, *current.Result, error) {
 	if c.IPAM.Type != "" {
-		r, err := invoke.DelegateAdd(context.TODO(), c.IPAM.Type, args.StdinData, nil)
+		r, err := invoke.DelegateAdd(context.Background(), c.IPAM.Type, args.StdinData, nil)
 		if err != nil {
 			return nil, nil, fmt.Errorf("twill: delegated IPAM %q: %w", c.IPAM.Type, err)
 		}
 		res, err := current.NewResultFromResult(r)
 		if err != nil {
-			_ = invoke.DelegateDel(context.TODO(), c.IPAM.Type, args.StdinData, nil)
+			_ = invoke.DelegateDel(context.Background(), c.IPAM.Type, args.StdinData, nil)
 			return nil, nil, fmt.Errorf("twill: delegated IPAM %q result: %w", c.IPAM.Type, err)
 		}
 		var ips []netip.Addr
@@ -179,7 +179,7 @@ func addAddresses(c *NetConf, args *skel.CmdArgs, env subnet.Env, linkExists fun
 			ips = append(ips, a.Unmap())
 		}
 		if len(ips) == 0 {
-			_ = invoke.DelegateDel(context.TODO(), c.IPAM.Type, args.StdinData, nil)
+			_ = invoke.DelegateDel(context.Background(), c.IPAM.Type, args.StdinData, nil)
 			return nil, nil, fmt.Errorf("twill: delegated IPAM %q returned no address", c.IPAM.Type)
 		}
 		return ips, res, nil
@@ -197,7 +197,7 @@ func addAddresses(c *NetConf, args *skel.CmdArgs, env subnet.Env, linkExists fun
 
 func delAddresses(c *NetConf, args *skel.CmdArgs) error {
 	if c.IPAM.Type != "" {
-		if err := invoke.DelegateDel(context.TODO(), c.IPAM.Type, args.StdinData, nil); err != nil {
+		if err := invoke.DelegateDel(context.Background(), c.IPAM.Type, args.StdinData, nil); err != nil {
 			return fmt.Errorf("twill: delegated IPAM %q: %w", c.IPAM.Type, err)
 		}
 		return nil

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 
@@ -51,11 +52,20 @@ func cmdStatus(args *skel.CmdArgs) error {
 	return nil
 }
 
-// rangeSize counts the addresses from first to last, up to 2^24.
+// maxRangeSize caps rangeSize: more addresses than pods a node can hold
+// are as good as unlimited.
+const maxRangeSize = 1 << 24
+
+// rangeSize counts the addresses from first to last (of one family), up to
+// maxRangeSize.
 func rangeSize(first, last netip.Addr) int {
-	n := 0
-	for x := first; x.IsValid() && !last.Less(x) && n < 1<<24; x = x.Next() {
-		n++
+	if !first.IsValid() || first.BitLen() != last.BitLen() || last.Less(first) {
+		return 0
 	}
-	return n
+	a, b := first.As16(), last.As16()
+	if [12]byte(a[:12]) != [12]byte(b[:12]) {
+		return maxRangeSize // they differ above the low 32 bits
+	}
+	n := uint64(binary.BigEndian.Uint32(b[12:])) - uint64(binary.BigEndian.Uint32(a[12:])) + 1
+	return int(min(n, maxRangeSize))
 }
