@@ -216,7 +216,8 @@ func (b *batcher) runLocked(start, end int, encode func(int, []byte, uint32) []b
 			if l < unix.NLMSG_HDRLEN || l > len(msg) {
 				break
 			}
-			if typ == unix.NLMSG_ERROR && l >= unix.NLMSG_HDRLEN+4 && seq >= first && seq < first+uint32(count) {
+			// seq-first is modular: a batch may wrap the sequence numbers.
+			if typ == unix.NLMSG_ERROR && l >= unix.NLMSG_HDRLEN+4 && seq-first < uint32(count) {
 				i := int(seq - first)
 				if code := int32(binary.NativeEndian.Uint32(msg[unix.NLMSG_HDRLEN:])); code != 0 {
 					errs[i] = fail(start+i, unix.Errno(-code))

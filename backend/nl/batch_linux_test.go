@@ -2,6 +2,7 @@ package nl
 
 import (
 	"errors"
+	"math"
 	"net/netip"
 	"testing"
 
@@ -14,9 +15,20 @@ import (
 // kernel refuses, at the first, a middle and the last place of a batch
 // (only the last message of a batch asks for an ack): each refused change
 // gets its own error, every other change is applied, and deleting a route
-// that is gone is not an error.
+// that is gone is not an error. It runs again with sequence numbers that
+// wrap around within a batch (after four billion messages in a long-lived
+// twilld).
 func TestRouteBatchErrorsPerOp(t *testing.T) {
 	netnstest.RequireRoot(t)
+	for _, tc := range []struct {
+		name string
+		seq  uint32 // the last sequence number used before the batch
+	}{{"fresh handle", 0}, {"sequence wraps", math.MaxUint32 - batchSize - 40}} {
+		t.Run(tc.name, func(t *testing.T) { routeBatchErrorsPerOp(t, tc.seq) })
+	}
+}
+
+func routeBatchErrorsPerOp(t *testing.T, seq uint32) {
 	ns := netnstest.New(t, "batch")
 	netnstest.Uplink(t, ns, "192.168.0.1/16")
 	h, eth := openWithRoutes(t, ns, 200, 1) // 10.200.0.0/24 exists already
@@ -36,6 +48,9 @@ func TestRouteBatchErrorsPerOp(t *testing.T) {
 		ops[i] = RouteOp{Op: OpAdd, Route: r}
 	}
 	ops[7] = RouteOp{Op: OpDel, Route: Route{Dst: netip.MustParsePrefix("10.250.0.0/24"), LinkIndex: eth.Index, Protocol: 167}}
+	h.batch.mu.Lock()
+	h.batch.seq = seq
+	h.batch.mu.Unlock()
 	errs := h.RouteBatch(ops)
 	for i, err := range errs {
 		switch {
