@@ -124,6 +124,7 @@ fuzz: ## Fuzz every parser of untrusted input for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $${FUZZTIME:-30s} ./backend/eni/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $${FUZZTIME:-30s} ./internal/strictjson/
 	$(GO) test -run '^$$' -fuzz '^FuzzIncrementalReconcileIsFull$$' -fuzztime $${FUZZTIME:-30s} ./backend/vxlan/
+	$(GO) test -run '^$$' -fuzz '^FuzzRouteEvents$$' -fuzztime $${FUZZTIME:-30s} ./backend/nl/
 
 .PHONY: lint
 lint: ## gofmt, go vet, netlink only through backend/nl, no tracked file over 1 MB, no function over 80 lines (tools/sizecheck)

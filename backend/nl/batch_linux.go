@@ -200,35 +200,36 @@ func (b *batcher) runLocked(start, end int, encode func(int, []byte, uint32) []b
 			if errors.Is(err, unix.EINTR) {
 				continue
 			}
-			for i := range errs {
-				if errs[i] == nil {
-					errs[i] = fmt.Errorf("reading route batch acks: %w", err)
-				}
-			}
+			unanswered(errs, fmt.Errorf("reading route batch acks: %w", err))
 			b.closeLocked() // the stream is out of step; start afresh next time
 			return
 		}
-		msg := b.rcv[:n]
-		for len(msg) >= unix.NLMSG_HDRLEN {
-			l := int(binary.NativeEndian.Uint32(msg[0:4]))
-			typ := binary.NativeEndian.Uint16(msg[4:6])
-			seq := binary.NativeEndian.Uint32(msg[8:12])
-			if l < unix.NLMSG_HDRLEN || l > len(msg) {
-				break
-			}
+		err = eachMessage(b.rcv[:n], func(m message) bool {
 			// seq-first is modular: a batch may wrap the sequence numbers.
-			if typ == unix.NLMSG_ERROR && l >= unix.NLMSG_HDRLEN+4 && seq-first < uint32(count) {
-				i := int(seq - first)
-				if code := int32(binary.NativeEndian.Uint32(msg[unix.NLMSG_HDRLEN:])); code != 0 {
-					errs[i] = fail(start+i, unix.Errno(-code))
+			if code, ok := m.errno(); ok && m.seq-first < uint32(count) {
+				i := int(m.seq - first)
+				if code != 0 {
+					errs[i] = fail(start+i, code)
 				}
-				acked = acked || seq == last
+				acked = acked || m.seq == last
 			}
-			adv := (l + unix.NLMSG_ALIGNTO - 1) &^ (unix.NLMSG_ALIGNTO - 1)
-			if adv > len(msg) {
-				break
-			}
-			msg = msg[adv:]
+			return true
+		})
+		if err != nil {
+			// The kernel does not send these; an ack may be lost in it, so
+			// waiting on would wait forever.
+			unanswered(errs, fmt.Errorf("reading route batch acks: %w", err))
+			b.closeLocked()
+			return
+		}
+	}
+}
+
+// unanswered sets err for every op without an error yet.
+func unanswered(errs []error, err error) {
+	for i := range errs {
+		if errs[i] == nil {
+			errs[i] = err
 		}
 	}
 }

@@ -53,35 +53,34 @@ func (h *Handle) dump(typ uint16, body []byte, each func(payload []byte)) error 
 		if err != nil {
 			return fmt.Errorf("reading dump: %w", err)
 		}
-		msg := buf[:n]
-		for len(msg) >= unix.NLMSG_HDRLEN {
-			l := int(binary.NativeEndian.Uint32(msg[0:4]))
-			mtyp := binary.NativeEndian.Uint16(msg[4:6])
-			flags := binary.NativeEndian.Uint16(msg[6:8])
-			if l < unix.NLMSG_HDRLEN || l > len(msg) {
-				return errors.New("reading dump: malformed message")
+		var done bool
+		var result error
+		err = eachMessage(buf[:n], func(m message) bool {
+			if m.seq != seq {
+				return true
 			}
-			if binary.NativeEndian.Uint32(msg[8:12]) == seq {
-				interrupted = interrupted || flags&unix.NLM_F_DUMP_INTR != 0
-				switch mtyp {
-				case unix.NLMSG_DONE:
-					if interrupted {
-						return netlink.ErrDumpInterrupted
-					}
-					return nil
-				case unix.NLMSG_ERROR:
-					if l >= unix.NLMSG_HDRLEN+4 {
-						if code := int32(binary.NativeEndian.Uint32(msg[unix.NLMSG_HDRLEN:])); code != 0 {
-							return fmt.Errorf("dump: %w", unix.Errno(-code))
-						}
-					}
-					return nil
-				default:
-					each(msg[unix.NLMSG_HDRLEN:l])
+			interrupted = interrupted || m.flags&unix.NLM_F_DUMP_INTR != 0
+			switch m.typ {
+			case unix.NLMSG_DONE:
+				done = true
+				if interrupted {
+					result = netlink.ErrDumpInterrupted
 				}
+			case unix.NLMSG_ERROR:
+				done = true
+				if code, _ := m.errno(); code != 0 {
+					result = fmt.Errorf("dump: %w", code)
+				}
+			default:
+				each(m.payload)
 			}
-			adv := min((l+unix.NLMSG_ALIGNTO-1)&^(unix.NLMSG_ALIGNTO-1), len(msg))
-			msg = msg[adv:]
+			return !done
+		})
+		if err != nil {
+			return fmt.Errorf("reading dump: %w", err)
+		}
+		if done {
+			return result
 		}
 	}
 	return errors.New("reading dump: no end after too many reads")

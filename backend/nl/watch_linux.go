@@ -2,7 +2,6 @@ package nl
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -71,28 +70,24 @@ func (h *Handle) WatchRoutes(ctx context.Context, subscribed func(), fn func(Rou
 
 // routeEvents hands fn the route changes in one read of a subscription.
 func routeEvents(msg []byte, fn func(RouteEvent)) {
-	for len(msg) >= unix.NLMSG_HDRLEN {
-		l := int(binary.NativeEndian.Uint32(msg[0:4]))
-		if l < unix.NLMSG_HDRLEN || l > len(msg) {
-			return
+	_ = eachMessage(msg, func(m message) bool { // a malformed tail is dropped; the next check reads the kernel
+		if m.typ != unix.RTM_NEWROUTE && m.typ != unix.RTM_DELROUTE {
+			return true
 		}
-		switch typ := binary.NativeEndian.Uint16(msg[4:6]); typ {
-		case unix.RTM_NEWROUTE, unix.RTM_DELROUTE:
-			p := msg[unix.NLMSG_HDRLEN:l]
-			if len(p) < unix.SizeofRtMsg || p[1] == 0 {
-				break // a default route
-			}
-			other := p[7] != unix.RTN_UNICAST
-			if other {
-				// Decoded as the unicast route it stands in for (rare:
-				// the copy costs nothing that matters).
-				p = append([]byte(nil), p...)
-				p[7] = unix.RTN_UNICAST
-			}
-			if r, ok := parseRoute(p, FamilyAll, RouteFilter{AllTables: true}); ok {
-				fn(RouteEvent{Deleted: typ == unix.RTM_DELROUTE, Route: r, NonUnicast: other})
-			}
+		p := m.payload
+		if len(p) < unix.SizeofRtMsg || p[1] == 0 {
+			return true // a default route
 		}
-		msg = msg[min((l+unix.NLMSG_ALIGNTO-1)&^(unix.NLMSG_ALIGNTO-1), len(msg)):]
-	}
+		other := p[7] != unix.RTN_UNICAST
+		if other {
+			// Decoded as the unicast route it stands in for (rare: the
+			// copy costs nothing that matters).
+			p = append([]byte(nil), p...)
+			p[7] = unix.RTN_UNICAST
+		}
+		if r, ok := parseRoute(p, FamilyAll, RouteFilter{AllTables: true}); ok {
+			fn(RouteEvent{Deleted: m.typ == unix.RTM_DELROUTE, Route: r, NonUnicast: other})
+		}
+		return true
+	})
 }
