@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"net/netip"
 	"os"
@@ -61,14 +62,17 @@ func benchMAC(i int) string {
 
 func median(ds []time.Duration) time.Duration { return quantile(ds, 0.5) }
 
-// quantile is the q-quantile of ds (nearest rank).
+// quantile is the q-quantile of ds by nearest rank: the smallest sample
+// that at least a share q of the samples do not exceed (p99 of 100
+// samples is the 99th smallest, not the largest).
 func quantile(ds []time.Duration, q float64) time.Duration {
 	if len(ds) == 0 {
 		return 0
 	}
 	s := slices.Clone(ds)
 	slices.Sort(s)
-	return s[min(len(s)-1, int(q*float64(len(s))))]
+	rank := int(math.Ceil(q * float64(len(s)))) // 1-based
+	return s[min(max(rank, 1), len(s))-1]
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -473,3 +477,20 @@ func BenchmarkIdleNetfilter(b *testing.B) {
 	}
 }
 
+func TestQuantile(t *testing.T) {
+	ds := make([]time.Duration, 100)
+	for i := range ds {
+		ds[i] = time.Duration(100-i) * time.Millisecond // 100 ms .. 1 ms, unsorted
+	}
+	for _, tc := range []struct {
+		q    float64
+		want time.Duration
+	}{{0.5, 50 * time.Millisecond}, {0.99, 99 * time.Millisecond}, {1, 100 * time.Millisecond}, {0, time.Millisecond}, {0.001, time.Millisecond}} {
+		if got := quantile(ds, tc.q); got != tc.want {
+			t.Errorf("quantile(1..100 ms, %v) = %s, want %s", tc.q, got, tc.want)
+		}
+	}
+	if got := quantile([]time.Duration{3, 1, 2}, 0.5); got != 2 {
+		t.Errorf("median of 3, 1, 2 = %d, want 2", got)
+	}
+}
