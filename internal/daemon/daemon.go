@@ -60,6 +60,14 @@ type DataUpdater interface {
 	UpdateBackendData(ctx context.Context, data, v6Data json.RawMessage) error
 }
 
+// LeasePrefetcher is implemented by subnet managers that can start
+// reading every lease before AcquireLease is called (the etcd one: one
+// range read that then overlaps reading the configuration, choosing the
+// interface and preparing the backend).
+type LeasePrefetcher interface {
+	PrefetchLeases(ctx context.Context)
+}
+
 // ReadyNotifier is implemented by subnet managers that publish the node's
 // readiness (the Kubernetes one sets NetworkUnavailable=False). Ready is
 // called once, after the first successful reconcile.
@@ -156,6 +164,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 }
 
 func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
+	if p, ok := d.o.Subnets.(LeasePrefetcher); ok {
+		p.PrefetchLeases(ctx)
+	}
 	cfg, err := d.networkConfig(ctx)
 	if err != nil || cfg == nil {
 		return err

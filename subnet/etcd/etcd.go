@@ -111,6 +111,7 @@ type Manager struct {
 	rand      *rand.Rand // guarded by mu
 	own       ownLease   // guarded by mu
 	listed    *listing   // guarded by mu; AcquireLease's listing, for Run to start from
+	prefetch  *prefetch  // guarded by mu; a listing started ahead of AcquireLease
 	connState connState  // guarded by mu
 }
 
@@ -234,8 +235,8 @@ func (m *Manager) AcquireLease(ctx context.Context, cfg *subnet.Config, attrs su
 	if err != nil {
 		return subnet.Lease{}, fmt.Errorf("encoding lease attributes: %w", err)
 	}
-	for range maxAcquireAttempts {
-		listed, err := m.list(ctx)
+	for attempt := range maxAcquireAttempts {
+		listed, err := m.listToAcquire(ctx, attempt == 0)
 		if err != nil {
 			return subnet.Lease{}, err
 		}
@@ -254,6 +255,58 @@ func (m *Manager) AcquireLease(ctx context.Context, cfg *subnet.Config, attrs su
 		m.log.Debug("lost an allocation race; retrying")
 	}
 	return subnet.Lease{}, fmt.Errorf("acquiring a subnet: lost %d allocation races in a row", maxAcquireAttempts)
+}
+
+// prefetch is a listing under way or done, started by PrefetchLeases.
+type prefetch struct {
+	started time.Time
+	done    chan struct{} // closed when l and err are set
+	l       *listing
+	err     error
+}
+
+// prefetchFresh is how old a prefetched listing may be for AcquireLease to
+// take it. Any listing would do for correctness (taking a subnet is a
+// transaction that fails on a change since, and the watch starts at the
+// listing's revision), but an old one is more likely to lose a race, and
+// its revision to have been compacted.
+const prefetchFresh = 5 * time.Second
+
+// PrefetchLeases starts listing the leases, for AcquireLease's first
+// attempt to take instead of listing then: the daemon calls it before it
+// reads the configuration, so the range read overlaps that read, the
+// choice of interface and the backend's preparation. The listing stops
+// with ctx.
+func (m *Manager) PrefetchLeases(ctx context.Context) {
+	p := &prefetch{started: time.Now(), done: make(chan struct{})}
+	m.mu.Lock()
+	m.prefetch = p
+	m.mu.Unlock()
+	go func() {
+		defer close(p.done)
+		p.l, p.err = m.list(ctx)
+	}()
+}
+
+// listToAcquire lists the leases for an attempt to acquire one; the first
+// attempt takes a fresh prefetched listing if there is one.
+func (m *Manager) listToAcquire(ctx context.Context, first bool) (*listing, error) {
+	m.mu.Lock()
+	p := m.prefetch
+	m.prefetch = nil
+	m.mu.Unlock()
+	if first && p != nil && time.Since(p.started) < prefetchFresh {
+		select {
+		case <-p.done:
+			if p.err == nil {
+				return p.l, nil
+			}
+			m.log.Debug("listing ahead failed; listing again", "err", p.err)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return m.list(ctx)
 }
 
 func (m *Manager) tryAcquire(ctx context.Context, cfg *subnet.Config, attrs subnet.LeaseAttrs, value []byte, hint subnet.Lease, listed *listing) (subnet.Lease, bool, error) {

@@ -124,6 +124,45 @@ func TestAcquireAllocatesDistinctSubnetsBoundToALease(t *testing.T) {
 	}
 }
 
+// A listing read ahead of AcquireLease can be out of date when it is
+// used: a subnet another node took in between is not taken twice.
+func TestAcquireWithStalePrefetch(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	m1, m2 := newManager(t, c, 1), newManager(t, c, 1) // same seed: the same first pick
+	cfg := config(t, c, m1, `{"Network":"10.50.0.0/16","SubnetMin":"10.50.10.0","SubnetMax":"10.50.12.0","Backend":{"Type":"host-gw"}}`)
+	m1.PrefetchLeases(ctx)
+	m1.mu.Lock()
+	<-m1.prefetch.done
+	m1.mu.Unlock()
+	l2, err := m2.AcquireLease(ctx, cfg, attrs("192.168.9.2"), subnet.Lease{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l1, err := m1.AcquireLease(ctx, cfg, attrs("192.168.9.1"), subnet.Lease{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l1.Subnet == l2.Subnet {
+		t.Fatalf("two nodes got %s", l1.Subnet)
+	}
+}
+
+// A listing ahead that failed (here: stopped before it began) leaves
+// AcquireLease to list for itself.
+func TestAcquireAfterFailedPrefetch(t *testing.T) {
+	c := client(t)
+	m := newManager(t, c, 3)
+	cfg := config(t, c, m, `{"Network":"10.50.0.0/16","Backend":{"Type":"host-gw"}}`)
+	stopped, cancel := context.WithCancel(context.Background())
+	cancel()
+	m.PrefetchLeases(stopped)
+	l, err := m.AcquireLease(context.Background(), cfg, attrs("192.168.9.1"), subnet.Lease{})
+	if err != nil || !cfg.Network.Contains(l.Subnet.Addr()) {
+		t.Fatalf("lease %v, %v; want a subnet of %s", l, err, cfg.Network)
+	}
+}
+
 func TestAcquireReusesSubnetAfterRestart(t *testing.T) {
 	c := client(t)
 	ctx := context.Background()
