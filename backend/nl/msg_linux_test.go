@@ -81,14 +81,16 @@ func TestEachMessage(t *testing.T) {
 	}
 }
 
-// FuzzRouteEvents feeds arbitrary reads to the route-event decoder: it
-// never panics, and every payload it hands on lies inside the read.
+// FuzzRouteEvents feeds arbitrary reads to the route- and neighbour-event
+// decoders: they never panic, and every payload handed on lies inside the
+// read.
 func FuzzRouteEvents(f *testing.F) {
 	var b []byte
 	b = appendMessage(b, unix.RTM_NEWROUTE, 0, 0, make([]byte, unix.SizeofRtMsg))
 	f.Add(b)
 	f.Add(appendMessage(nil, unix.NLMSG_ERROR, 0, 1, []byte{0, 0}))
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
+	f.Add(appendMessage(nil, unix.RTM_NEWNEIGH, 0, 0, make([]byte, unix.SizeofNdMsg)))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		total := 0
 		_ = eachMessage(data, func(m message) bool { total += unix.NLMSG_HDRLEN + len(m.payload); return true })
@@ -96,5 +98,6 @@ func FuzzRouteEvents(f *testing.F) {
 			t.Fatalf("payloads cover %d bytes of a %d-byte read", total, len(data))
 		}
 		routeEvents(data, func(RouteEvent) {})
+		neighEvents(data, func(NeighEvent) {})
 	})
 }

@@ -178,6 +178,14 @@ type RouteEvent struct {
 	NonUnicast bool
 }
 
+// NeighEvent is a change to a neighbour entry, or with FDB an FDB entry,
+// as a neighbour subscription sees it.
+type NeighEvent struct {
+	Deleted bool
+	FDB     bool
+	Neigh   Neigh
+}
+
 // watchReceiveBuffer is the receive buffer of event subscriptions. A burst
 // of thousands of route changes (a start-up, a mass lease change) overflows
 // the kernel's default and loses the subscription (ENOBUFS); 8 MiB holds
