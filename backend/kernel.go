@@ -22,6 +22,11 @@ type RouteWatcher interface {
 	WatchRoutes(ctx context.Context, subscribed func(), fn func(nl.RouteEvent)) error
 }
 
+// NeighWatcher follows neighbour and FDB events (NeighSync.Watch).
+type NeighWatcher interface {
+	WatchNeighs(ctx context.Context, subscribed func(), fn func(nl.NeighEvent)) error
+}
+
 // NeighTable is what a NeighSync reads and changes.
 type NeighTable interface {
 	Neighs(link int, family nl.Family) ([]nl.Neigh, error)
@@ -61,6 +66,7 @@ var (
 	_ Kernel       = (*nl.Handle)(nil)
 	_ RouteTable   = (*nl.Handle)(nil)
 	_ RouteWatcher = (*nl.Handle)(nil)
+	_ NeighWatcher = (*nl.Handle)(nil)
 	_ NeighTable   = (*nl.Handle)(nil)
 	_ RuleTable    = (*nl.Handle)(nil)
 )

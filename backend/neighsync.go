@@ -2,6 +2,8 @@ package backend
 
 import (
 	"bytes"
+	"context"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -82,6 +84,66 @@ func (s *NeighSync) Sync(desired func(emit func(nl.Neigh))) (SyncStats, error) {
 
 // Invalidate forces the next sync to read the kernel.
 func (s *NeighSync) Invalidate() { s.engine().Invalidate() }
+
+// Observe checks a kernel event about a neighbour or FDB entry against the
+// record and reports whether it contradicts it (an entry of twill's
+// deleted, changed, or replaced by one that is not permanent), in which
+// case the next sync reads the kernel. Entries that are not permanent are
+// the kernel's own (resolved, multicast): where twill has none they come
+// and go unremarked.
+func (s *NeighSync) Observe(ev nl.NeighEvent) bool {
+	if ev.FDB != s.FDB || int64(ev.Neigh.LinkIndex) != s.link.Load() {
+		return false
+	}
+	e := s.engine()
+	switch {
+	case ev.Deleted && s.FDB:
+		// Exactly twill's entry: an FDB entry that moved to a new remote
+		// is deleted after the record has the new one.
+		return e.observeGone(ev.Neigh)
+	case ev.Deleted, !ev.Neigh.Permanent:
+		// The kernel reports a deleted neighbour without its address or
+		// state (marked failed first, in an event of its own), and the
+		// kernel's own entries are not permanent: either says twill's
+		// entry at that IP, if it had one there, is gone.
+		return e.observe(ev.Neigh, true)
+	default:
+		return e.observe(ev.Neigh, false)
+	}
+}
+
+// Verify reads the kernel's entries and reports whether they differ from
+// the record, which is then dropped (see RouteSync.Verify).
+func (s *NeighSync) Verify() bool { return s.engine().verify() }
+
+// Watch follows the kernel's neighbour events until ctx ends, and pokes
+// when one contradicts the record (an entry of twill's deleted or changed
+// behind its back). Every (re)subscription checks the record against the
+// kernel and pokes if they differ. It is the neighbour (or FDB) part of a
+// KernelWatcher.
+func (s *NeighSync) Watch(ctx context.Context, log *slog.Logger, poke func()) error {
+	w, ok := s.NL.(NeighWatcher)
+	if !ok {
+		<-ctx.Done()
+		return nil
+	}
+	what := "neighbour"
+	if s.FDB {
+		what = "fdb"
+	}
+	return WatchLoop(ctx, log, what, func() {
+		if s.Verify() {
+			log.Debug("twill's "+what+" entries changed before the watch began; syncing them", "link", s.link.Load())
+			poke()
+		}
+	}, func(ctx context.Context, subscribed func()) error {
+		return w.WatchNeighs(ctx, subscribed, func(ev nl.NeighEvent) {
+			if s.Observe(ev) {
+				poke()
+			}
+		})
+	})
+}
 
 // NeighChange is a planned change of a NeighSync.
 type NeighChange struct{ c *change[neighKey, nl.Neigh] }

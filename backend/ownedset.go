@@ -384,6 +384,24 @@ func (s *ownedSet[K, V]) observe(v V, deleted bool) bool {
 	return contradicts
 }
 
+// observeGone checks an event saying v is gone against the record: it
+// contradicts it only when the record holds v itself. (An object the
+// record has replaced under the same key by another, as an FDB entry
+// whose remote changed is, going agrees with it.)
+func (s *ownedSet[K, V]) observeGone(v V) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.known == nil {
+		return true
+	}
+	have, ok := s.known[s.kind.key(v)]
+	if ok && s.kind.same(have, v) {
+		s.known = nil
+		return true
+	}
+	return false
+}
+
 // verify reads the kernel, off the goroutine that syncs, and reports
 // whether it differs from the record (which is then dropped) or there is
 // no record to trust. Objects a sync changes while the kernel is read are

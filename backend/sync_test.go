@@ -554,3 +554,89 @@ func TestRouteSyncVerifyChunks(t *testing.T) {
 		}
 	}
 }
+
+func TestNeighSyncRepairsWhatItIsToldOf(t *testing.T) {
+	k := &kernelfake.Kernel{}
+	dev := k.AddLink("twill.1", 1450, true)
+	mac := []byte{0x0a, 0, 0, 0, 0, 1}
+	n1 := nl.Neigh{IP: ip("10.244.1.0"), HardwareAddr: mac}
+	s := &NeighSync{NL: k}
+	s.SetLink(dev.Index)
+	if _, err := s.Sync(emitNeighs(n1)); err != nil {
+		t.Fatal(err)
+	}
+	mine := nl.Neigh{LinkIndex: dev.Index, IP: n1.IP, HardwareAddr: mac, Permanent: true}
+	// Events that are not about twill's entries: the kernel's own entries
+	// coming and going (a multicast or resolved neighbour), entries of
+	// another device, FDB events to the neighbour set, and the event about
+	// twill's own add.
+	kernels := nl.Neigh{LinkIndex: dev.Index, IP: ip("ff02::1"), HardwareAddr: []byte{0x33, 0x33, 0, 0, 0, 1}}
+	otherDev := mine
+	otherDev.LinkIndex = dev.Index + 1
+	for name, ev := range map[string]nl.NeighEvent{
+		"the kernel's entry added":      {Neigh: kernels},
+		"the kernel's entry deleted":    {Neigh: kernels, Deleted: true},
+		"another device's entry gone":   {Neigh: otherDev, Deleted: true},
+		"an FDB entry gone":             {Neigh: mine, FDB: true, Deleted: true},
+		"the event about twill's write": {Neigh: mine},
+	} {
+		if s.Observe(ev) {
+			t.Errorf("%s: contradicted the record", name)
+		}
+	}
+	// Someone deletes twill's entry: a sync alone, trusting its record,
+	// cannot know; the event says so, and the next sync repairs it.
+	// The kernel reports the deletion without the entry's address or state.
+	k.NeighBatch([]nl.NeighOp{{Op: nl.OpDel, Neigh: mine}})
+	if !s.Observe(nl.NeighEvent{Neigh: nl.Neigh{LinkIndex: dev.Index, IP: n1.IP}, Deleted: true}) {
+		t.Fatal("the deletion of twill's entry did not contradict the record")
+	}
+	st, err := s.Sync(emitNeighs(n1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want(t, "neighbours", neighs(t, k, dev.Index, false), []string{"10.244.1.0 lladdr 0a0000000001 permanent=true"})
+	if st.Repaired != 1 {
+		t.Errorf("Repaired = %d, want 1", st.Repaired)
+	}
+	// An entry the kernel owns put in its place (ip neigh replace ... nud
+	// reachable), and one with another MAC, contradict it.
+	replaced := mine
+	replaced.Permanent = false
+	if !s.Observe(nl.NeighEvent{Neigh: replaced}) {
+		t.Error("a non-permanent entry in place of twill's did not contradict the record")
+	}
+	if _, err := s.Sync(emitNeighs(n1)); err != nil {
+		t.Fatal(err)
+	}
+	moved := mine
+	moved.HardwareAddr = []byte{0x0a, 0, 0, 0, 0, 9}
+	if !s.Observe(nl.NeighEvent{Neigh: moved}) {
+		t.Error("twill's entry with another MAC did not contradict the record")
+	}
+}
+
+// An FDB entry whose remote changed is deleted and added again; the
+// deletion of the old entry, seen after the record holds the new one,
+// agrees with the record.
+func TestNeighSyncFDBMoveAgreesWithItsEvents(t *testing.T) {
+	k := &kernelfake.Kernel{}
+	dev := k.AddLink("twill.1", 1450, true)
+	mac := []byte{0x0a, 0, 0, 0, 0, 1}
+	s := &NeighSync{NL: k, FDB: true}
+	s.SetLink(dev.Index)
+	old := nl.Neigh{IP: ip("192.168.1.11"), HardwareAddr: mac}
+	moved := nl.Neigh{IP: ip("192.168.1.21"), HardwareAddr: mac}
+	for _, n := range []nl.Neigh{old, moved} {
+		if _, err := s.Sync(emitNeighs(n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	at := func(n nl.Neigh) nl.Neigh { n.LinkIndex, n.Permanent = dev.Index, true; return n }
+	if s.Observe(nl.NeighEvent{FDB: true, Neigh: at(old), Deleted: true}) || s.Observe(nl.NeighEvent{FDB: true, Neigh: at(moved)}) {
+		t.Error("the events about twill's own move contradicted the record")
+	}
+	if !s.Observe(nl.NeighEvent{FDB: true, Neigh: at(moved), Deleted: true}) {
+		t.Error("the deletion of the moved entry did not contradict the record")
+	}
+}
