@@ -134,6 +134,36 @@ func TestEtcdVXLANRouted(t *testing.T) {
 		c.tcp(pods[2], ips[2], pods[0])
 	})
 
+	t.Run("a neighbour and an FDB entry deleted by hand come back within 5s", func(t *testing.T) {
+		// Alone (no route touched): without them node1's packets to node2's
+		// pods go nowhere until something else makes twilld look.
+		n0 := c.topo.Nodes[0].NS
+		neigh := envs[1].Subnet.Addr().String()
+		var mac string
+		for _, l := range strings.Split(bridgeFDB(t, n0), "\n") {
+			if strings.Contains(l, "dst "+c.topo.Nodes[1].Addr.Addr().String()+" ") {
+				mac = strings.Fields(l)[0]
+			}
+		}
+		if mac == "" {
+			t.Fatalf("no FDB entry to node2:\n%s", bridgeFDB(t, n0))
+		}
+		for _, cmd := range [][]string{
+			{"ip", "-n", n0, "neigh", "del", neigh, "dev", "twill.1"},
+			{"bridge", "-n", n0, "fdb", "del", mac, "dev", "twill.1", "dst", c.topo.Nodes[1].Addr.Addr().String()},
+		} {
+			if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
+				t.Fatalf("%v: %v: %s", cmd, err, out)
+			}
+		}
+		took := waitFor(t, 5*time.Second, "node2's neighbour and FDB entry back on node1", func() bool {
+			n, _ := exec.Command("ip", "-n", n0, "neigh", "show", "dev", "twill.1", neigh).CombinedOutput()
+			return strings.Contains(string(n), "PERMANENT") && strings.Contains(bridgeFDB(t, n0), mac)
+		})
+		t.Logf("repaired in %s", took.Round(time.Millisecond))
+		c.tcp(pods[1], ips[1], pods[0])
+	})
+
 	t.Run("a changed VTEP MAC leaves exactly one FDB entry", func(t *testing.T) {
 		// Node 4 is rebuilt: its VTEP gets a new MAC (its state is wiped
 		// and its NIC MAC changes), and it restarts.

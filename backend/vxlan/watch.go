@@ -15,16 +15,19 @@ type linkWatcher interface {
 }
 
 // WatchKernel pokes when the VTEP device changes or disappears, or when one
-// of twill's routes changes behind its back. Every (re)subscription checks
-// what changed before it (deviceAsLeft, RouteSync.Verify) and pokes if
-// anything did.
+// of twill's routes, neighbour or FDB entries changes behind its back.
+// Every (re)subscription checks what changed before it (deviceAsLeft, the
+// syncs' Verify) and pokes if anything did.
 func (n *Network) WatchKernel(ctx context.Context, poke func()) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return n.routes.Watch(ctx, n.b.log, poke) })
+	g.Go(func() error { return n.neighs.Watch(ctx, n.b.log, poke) })
+	g.Go(func() error { return n.fdb.Watch(ctx, n.b.log, poke) })
 	lw, ok := n.b.k.(linkWatcher)
 	if !ok {
-		return n.routes.Watch(ctx, n.b.log, poke)
+		return g.Wait()
 	}
 	name := n.b.dev.Name
-	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		return backend.WatchLoop(ctx, n.b.log, "link", func() {
 			if !n.deviceAsLeft() {
@@ -40,7 +43,6 @@ func (n *Network) WatchKernel(ctx context.Context, poke func()) error {
 			})
 		})
 	})
-	g.Go(func() error { return n.routes.Watch(ctx, n.b.log, poke) })
 	return g.Wait()
 }
 
