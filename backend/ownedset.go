@@ -423,7 +423,7 @@ func (s *ownedSet[K, V]) verify() bool {
 	}
 	// Compared a chunk at a time, so that a sync waits for the lock no
 	// longer than one chunk takes (tens of thousands of objects take
-	// milliseconds), counting rather than collecting the objects read.
+	// milliseconds).
 	for range verifyRestarts {
 		differs, replaced := s.compareRecord(vs)
 		if !replaced {
@@ -454,6 +454,10 @@ func (s *ownedSet[K, V]) compareRecord(vs []V) (differs, replaced bool) {
 	epoch := s.epoch
 	s.mu.Unlock()
 	matched := 0 // objects read that the record has, untouched
+	// A dump the kernel resumes by position sends an object twice when
+	// objects are added while it runs (the vxlan FDB does, by the
+	// thousand): count each key once.
+	seen := make(map[K]struct{}, len(vs))
 	for i := 0; i < len(vs); i += verifyChunk {
 		s.mu.Lock()
 		if s.known == nil {
@@ -469,6 +473,10 @@ func (s *ownedSet[K, V]) compareRecord(vs []V) (differs, replaced bool) {
 			if _, ok := s.touched[k]; ok {
 				continue
 			}
+			if _, dup := seen[k]; dup {
+				continue
+			}
+			seen[k] = struct{}{}
 			if have, ok := s.known[k]; !ok || !s.kind.same(have, v) {
 				s.mu.Unlock()
 				return true, false

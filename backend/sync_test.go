@@ -640,3 +640,29 @@ func TestNeighSyncFDBMoveAgreesWithItsEvents(t *testing.T) {
 		t.Error("the deletion of the moved entry did not contradict the record")
 	}
 }
+
+// dupFDB is a kernel whose FDB dump sends every entry twice, as a vxlan
+// FDB dump does for many entries when others are added while it runs.
+type dupFDB struct{ *kernelfake.Kernel }
+
+func (k dupFDB) FDB(link int) ([]nl.Neigh, error) {
+	ns, err := k.Kernel.FDB(link)
+	return append(ns, ns...), err
+}
+
+func TestNeighSyncVerifyCountsAnEntrySentTwiceOnce(t *testing.T) {
+	k := &kernelfake.Kernel{}
+	dev := k.AddLink("twill.1", 1450, true)
+	s := &NeighSync{NL: dupFDB{k}, FDB: true}
+	s.SetLink(dev.Index)
+	if _, err := s.Sync(emitNeighs(nl.Neigh{IP: ip("192.168.1.11"), HardwareAddr: []byte{0x0a, 0, 0, 0, 0, 1}})); err != nil {
+		t.Fatal(err)
+	}
+	if s.Verify() {
+		t.Fatal("an entry the dump sent twice read as drift")
+	}
+	k.NeighBatch([]nl.NeighOp{{Op: nl.OpDel, FDB: true, Neigh: nl.Neigh{LinkIndex: dev.Index, IP: ip("192.168.1.11"), HardwareAddr: []byte{0x0a, 0, 0, 0, 0, 1}, Permanent: true}}})
+	if !s.Verify() {
+		t.Fatal("a deleted entry did not read as drift")
+	}
+}
