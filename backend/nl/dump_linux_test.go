@@ -172,9 +172,7 @@ func referenceNeighs(h *Handle, index, family int, fdb bool) ([]Neigh, error) {
 // permanent entries of both families beside entries on another link.
 func TestNeighsMatchNetlinkPackage(t *testing.T) {
 	netnstest.RequireRoot(t)
-	ns := netnstest.New(t, "dump")
-	netnstest.Uplink(t, ns, "192.168.0.1/16")
-	netnstest.IP(t, ns, "link", "add", "twill.1", "type", "vxlan", "id", "1", "dev", "eth0", "local", "192.168.0.1", "dstport", "8472", "nolearning")
+	ns := vxlanNS(t, "dump")
 	netnstest.IP(t, ns, "link", "set", "twill.1", "up")
 	netnstest.IP(t, ns, "neigh", "add", "192.168.7.7", "lladdr", "02:00:00:00:07:07", "dev", "eth0", "nud", "reachable")
 	netnstest.IP(t, ns, "-6", "neigh", "add", "fd00::7", "lladdr", "02:00:00:00:07:08", "dev", "eth0", "nud", "permanent")
@@ -220,6 +218,16 @@ func TestNeighsMatchNetlinkPackage(t *testing.T) {
 			t.Errorf("fdb of #%d: %d, netlink package %d", index, len(got), len(want))
 		}
 	}
+}
+
+// vxlanNS is a namespace with an uplink eth0 (192.168.0.1/16) and a VXLAN
+// device twill.1 on it, as the vxlan backend makes it (down).
+func vxlanNS(t *testing.T, role string) string {
+	t.Helper()
+	ns := netnstest.New(t, role)
+	netnstest.Uplink(t, ns, "192.168.0.1/16")
+	netnstest.IP(t, ns, "link", "add", "twill.1", "type", "vxlan", "id", "1", "dev", "eth0", "local", "192.168.0.1", "dstport", "8472", "nolearning")
+	return ns
 }
 
 func sameNeigh(a, b Neigh) bool {

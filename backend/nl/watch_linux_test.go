@@ -26,24 +26,7 @@ func TestWatchRoutes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	var (
-		mu     sync.Mutex
-		events []RouteEvent
-	)
-	ctx, cancel := context.WithCancel(context.Background())
-	subscribed, done := make(chan struct{}), make(chan error, 1)
-	go func() {
-		done <- h.WatchRoutes(ctx, func() { close(subscribed) }, func(ev RouteEvent) {
-			mu.Lock()
-			events = append(events, ev)
-			mu.Unlock()
-		})
-	}()
-	select {
-	case <-subscribed:
-	case err := <-done:
-		t.Fatalf("watch ended before subscribing: %v", err)
-	}
+	events, stop := watching(t, h.WatchRoutes, func(RouteEvent) bool { return true })
 	for _, args := range [][]string{
 		{"route", "add", "default", "via", "192.168.0.254"},
 		{"route", "add", "blackhole", "10.7.0.0/24"},
@@ -70,9 +53,7 @@ func TestWatchRoutes(t *testing.T) {
 	seen := func(n int) []RouteEvent {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			mu.Lock()
-			got := append([]RouteEvent(nil), events...)
-			mu.Unlock()
+			got := events()
 			if len(got) >= n || time.Now().After(deadline) {
 				return got
 			}
@@ -93,15 +74,7 @@ func TestWatchRoutes(t *testing.T) {
 	if got := seen(len(want) + 5000); len(got) != len(want)+5000 {
 		t.Fatalf("%d events after a burst of 5,000 routes, want %d", len(got), len(want)+5000)
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("watch ended with %v after its context was cancelled", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("watch still running 10s after its context was cancelled")
-	}
+	stop()
 }
 
 // TestWatchNeighs checks neighbour and FDB events as the kernel sends them:
@@ -109,9 +82,7 @@ func TestWatchRoutes(t *testing.T) {
 // permanent), and the FDB flag.
 func TestWatchNeighs(t *testing.T) {
 	netnstest.RequireRoot(t)
-	ns := netnstest.New(t, "watchn")
-	netnstest.Uplink(t, ns, "192.168.0.1/16")
-	netnstest.IP(t, ns, "link", "add", "twill.1", "type", "vxlan", "id", "1", "dev", "eth0", "local", "192.168.0.1", "dstport", "8472", "nolearning")
+	ns := vxlanNS(t, "watchn")
 	h, err := Open(ns)
 	if err != nil {
 		t.Fatal(err)
@@ -121,27 +92,8 @@ func TestWatchNeighs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var (
-		mu     sync.Mutex
-		events []NeighEvent
-	)
-	ctx, cancel := context.WithCancel(context.Background())
-	subscribed, done := make(chan struct{}), make(chan error, 1)
-	go func() {
-		done <- h.WatchNeighs(ctx, func() { close(subscribed) }, func(ev NeighEvent) {
-			if ev.Neigh.LinkIndex != vx.Index {
-				return // eth0's own neighbours, if any
-			}
-			mu.Lock()
-			events = append(events, ev)
-			mu.Unlock()
-		})
-	}()
-	select {
-	case <-subscribed:
-	case err := <-done:
-		t.Fatalf("watch ended before subscribing: %v", err)
-	}
+	// eth0's own neighbours, if any, are left out.
+	events, stop := watching(t, h.WatchNeighs, func(ev NeighEvent) bool { return ev.Neigh.LinkIndex == vx.Index })
 	mac := []byte{0x0a, 0xb0, 0, 0, 0, 1}
 	neigh := Neigh{LinkIndex: vx.Index, IP: netip.MustParseAddr("10.244.1.0"), HardwareAddr: mac, Permanent: true}
 	fdb := Neigh{LinkIndex: vx.Index, IP: netip.MustParseAddr("192.168.1.1"), HardwareAddr: mac, Permanent: true}
@@ -157,8 +109,7 @@ func TestWatchNeighs(t *testing.T) {
 	netnstest.IP(t, ns, "neigh", "add", "10.244.9.0", "lladdr", "0a:b0:00:00:00:09", "dev", "twill.1", "nud", "reachable")
 	kernels := Neigh{LinkIndex: vx.Index, IP: netip.MustParseAddr("10.244.9.0"), HardwareAddr: []byte{0x0a, 0xb0, 0, 0, 0, 9}}
 	same := func(a, b NeighEvent) bool {
-		return a.Deleted == b.Deleted && a.FDB == b.FDB && a.Neigh.LinkIndex == b.Neigh.LinkIndex && a.Neigh.IP == b.Neigh.IP &&
-			slices.Equal(a.Neigh.HardwareAddr, b.Neigh.HardwareAddr) && a.Neigh.Permanent == b.Neigh.Permanent
+		return a.Deleted == b.Deleted && a.FDB == b.FDB && sameNeigh(a.Neigh, b.Neigh)
 	}
 	// In order: the two adds; the neighbour's deletion (the kernel first
 	// marks the entry failed, then deletes it, and reports it without its
@@ -176,9 +127,7 @@ func TestWatchNeighs(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		mu.Lock()
-		got := append([]NeighEvent(nil), events...)
-		mu.Unlock()
+		got := events()
 		step := 0
 		for _, ev := range got {
 			if step < len(steps) && steps[step].ok(ev) {
@@ -193,13 +142,52 @@ func TestWatchNeighs(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	cancel()
+	stop()
+}
+
+// watching runs watch in the background, keeping the events keep accepts,
+// and returns once it has subscribed: events returns those seen so far,
+// stop cancels the watch and fails the test unless it ends cleanly within
+// 10 s.
+func watching[E any](t *testing.T, watch func(ctx context.Context, subscribed func(), fn func(E)) error, keep func(E) bool) (events func() []E, stop func()) {
+	t.Helper()
+	var (
+		mu   sync.Mutex
+		seen []E
+	)
+	ctx, cancel := context.WithCancel(context.Background())
+	subscribed, done := make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- watch(ctx, func() { close(subscribed) }, func(ev E) {
+			if keep(ev) {
+				mu.Lock()
+				seen = append(seen, ev)
+				mu.Unlock()
+			}
+		})
+	}()
 	select {
+	case <-subscribed:
 	case err := <-done:
-		if err != nil {
-			t.Fatalf("watch ended with %v after its context was cancelled", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("watch did not end within 10s of its context being cancelled")
+		cancel()
+		t.Fatalf("watch ended before subscribing: %v", err)
 	}
+	events = func() []E {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(seen)
+	}
+	stop = func() {
+		t.Helper()
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("watch ended with %v after its context was cancelled", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("watch still running 10s after its context was cancelled")
+		}
+	}
+	return events, stop
 }
