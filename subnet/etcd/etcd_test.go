@@ -133,8 +133,9 @@ func TestAcquireWithStalePrefetch(t *testing.T) {
 	cfg := config(t, c, m1, `{"Network":"10.50.0.0/16","SubnetMin":"10.50.10.0","SubnetMax":"10.50.12.0","Backend":{"Type":"host-gw"}}`)
 	m1.PrefetchLeases(ctx)
 	m1.mu.Lock()
-	<-m1.prefetch.done
+	p := m1.prefetch
 	m1.mu.Unlock()
+	<-p.done // the listing is read before the other node takes its subnet
 	l2, err := m2.AcquireLease(ctx, cfg, attrs("192.168.9.2"), subnet.Lease{})
 	if err != nil {
 		t.Fatal(err)
