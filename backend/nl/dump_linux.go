@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -84,6 +85,17 @@ func (h *Handle) dump(typ uint16, body []byte, each func(payload []byte)) error 
 		}
 	}
 	return errors.New("reading dump: no end after too many reads")
+}
+
+// appendGrown appends v to s, doubling s's capacity when it is full.
+// append grows a large slice by a quarter at a time: a dump of 50,000
+// routes would copy itself some thirty times and allocate five times its
+// final size, which the garbage collector then has to catch up with.
+func appendGrown[T any](s []T, v T) []T {
+	if len(s) == cap(s) {
+		s = slices.Grow(s, max(len(s), 64))
+	}
+	return append(s, v)
 }
 
 // attrs calls each for every route attribute in b (type and value),

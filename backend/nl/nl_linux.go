@@ -95,7 +95,7 @@ func (h *Handle) Routes(family Family, f RouteFilter) ([]Route, error) {
 		var out []Route
 		err := h.dump(unix.RTM_GETROUTE, routeDumpRequest(family), func(p []byte) {
 			if r, ok := parseRoute(p, family, f); ok {
-				out = append(out, r)
+				out = appendGrown(out, r)
 			}
 		})
 		return out, err
@@ -414,7 +414,7 @@ func (h *Handle) neighDump(family byte, index int) ([]Neigh, error) {
 		var out []Neigh
 		err := h.dump(unix.RTM_GETNEIGH, neighDumpRequest(family, index), func(p []byte) {
 			if n, ok := parseNeigh(p, family, index); ok {
-				out = append(out, n)
+				out = appendGrown(out, n)
 			}
 		})
 		return out, err
