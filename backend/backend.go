@@ -16,6 +16,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -80,9 +82,38 @@ var ErrFullReconcile = errors.New("this change needs a full reconcile")
 // KernelWatcher is implemented by a Network that can notice changes made
 // behind its back (a route deleted by hand, a device removed). WatchKernel
 // blocks until ctx is done and calls poke, which never blocks, whenever the
-// kernel no longer matches what the Network last programmed.
+// kernel no longer matches what the Network last programmed. It calls
+// watching (which never blocks either) once every one of its watches has
+// subscribed and checked the kernel for changes made before: the daemon
+// reports the node ready only then (or after a bound), so that the checks,
+// which read every object, are start-up's work and not the first lease
+// events'. AllChecked joins several watches' first checks.
 type KernelWatcher interface {
-	WatchKernel(ctx context.Context, poke func()) error
+	WatchKernel(ctx context.Context, poke, watching func()) error
+}
+
+// AllChecked returns one callback for each of n watches, to call after
+// every check it makes once (re)subscribed; done is called once, when each
+// of the n has been called at least once.
+func AllChecked(n int, done func()) []func() {
+	if n == 0 {
+		done()
+		return nil
+	}
+	var left atomic.Int32
+	left.Store(int32(n))
+	out := make([]func(), n)
+	for i := range out {
+		var once sync.Once
+		out[i] = func() {
+			once.Do(func() {
+				if left.Add(-1) == 0 {
+					done()
+				}
+			})
+		}
+	}
+	return out
 }
 
 // ExternalChanger is implemented by a Network that programs objects

@@ -122,3 +122,27 @@ func TestRegistryCheck(t *testing.T) {
 		}
 	}
 }
+
+// A backend with several watches is watching once each has made its first
+// check; a watch that resubscribes and checks again does not count twice.
+func TestAllChecked(t *testing.T) {
+	done := 0
+	checked := AllChecked(3, func() { done++ })
+	checked[0]()
+	checked[0]() // resubscribed before the others checked
+	checked[2]()
+	if done != 0 {
+		t.Fatalf("done after two of three watches checked (one of them twice)")
+	}
+	checked[1]()
+	checked[1]()
+	checked[0]()
+	if done != 1 {
+		t.Fatalf("done called %d times once all three checked, want 1", done)
+	}
+	none := 0
+	AllChecked(0, func() { none++ })
+	if none != 1 {
+		t.Fatalf("no watches: done called %d times, want 1", none)
+	}
+}

@@ -119,11 +119,12 @@ func (s *NeighSync) Verify() bool { return s.engine().verify() }
 // Watch follows the kernel's neighbour events until ctx ends, and pokes
 // when one contradicts the record (an entry of twill's deleted or changed
 // behind its back). Every (re)subscription checks the record against the
-// kernel and pokes if they differ. It is the neighbour (or FDB) part of a
-// KernelWatcher.
-func (s *NeighSync) Watch(ctx context.Context, log *slog.Logger, poke func()) error {
+// kernel and pokes if they differ, then calls checked (see
+// RouteSync.Watch). It is the neighbour (or FDB) part of a KernelWatcher.
+func (s *NeighSync) Watch(ctx context.Context, log *slog.Logger, poke, checked func()) error {
 	w, ok := s.NL.(NeighWatcher)
 	if !ok {
+		checked()
 		<-ctx.Done()
 		return nil
 	}
@@ -136,6 +137,7 @@ func (s *NeighSync) Watch(ctx context.Context, log *slog.Logger, poke func()) er
 			log.Debug("twill's "+what+" entries changed before the watch began; syncing them", "link", s.link.Load())
 			poke()
 		}
+		checked()
 	}, func(ctx context.Context, subscribed func()) error {
 		return w.WatchNeighs(ctx, subscribed, func(ev nl.NeighEvent) {
 			if s.Observe(ev) {

@@ -176,11 +176,13 @@ func (s *RouteSync) Shadowed() []string {
 // Watch follows the kernel's route events until ctx ends, and pokes when
 // one contradicts the record (a route of twill's changed behind its back).
 // Every (re)subscription checks the record against the kernel and pokes
-// if they differ, since events before it were not seen. It is the route
-// half of a KernelWatcher.
-func (s *RouteSync) Watch(ctx context.Context, log *slog.Logger, poke func()) error {
+// if they differ, since events before it were not seen; checked is called
+// after each such check (at once if the kernel cannot be watched). It is
+// the route half of a KernelWatcher.
+func (s *RouteSync) Watch(ctx context.Context, log *slog.Logger, poke, checked func()) error {
 	w, ok := s.NL.(RouteWatcher)
 	if !ok {
+		checked()
 		<-ctx.Done()
 		return nil
 	}
@@ -189,6 +191,7 @@ func (s *RouteSync) Watch(ctx context.Context, log *slog.Logger, poke func()) er
 			log.Debug("twill's routes changed before the route watch began; syncing them", "table", tableOrMain(s.Table))
 			poke()
 		}
+		checked()
 	}, func(ctx context.Context, subscribed func()) error {
 		return w.WatchRoutes(ctx, subscribed, func(ev nl.RouteEvent) {
 			if s.Observe(ev) {

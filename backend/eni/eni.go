@@ -491,7 +491,8 @@ func (n *Network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift,
 	return d, nil
 }
 
-// WatchKernel pokes when one of twill's routes changes behind its back.
-func (n *Network) WatchKernel(ctx context.Context, poke func()) error {
-	return n.routes.Watch(ctx, n.log, poke)
+// WatchKernel pokes when one of twill's routes changes behind its back
+// (see hostgw's).
+func (n *Network) WatchKernel(ctx context.Context, poke, watching func()) error {
+	return n.routes.Watch(ctx, n.log, poke, watching)
 }

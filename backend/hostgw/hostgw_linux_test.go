@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -142,13 +143,14 @@ func TestPrivilegedRepairsHandDeletedRoute(t *testing.T) {
 	netnstest.IP(t, ns, "route", "del", "10.244.2.0/24")
 	pokes := make(chan struct{}, 1)
 	watchErr := make(chan error, 1)
+	watching := make(chan struct{})
 	go func() {
 		watchErr <- nw.WatchKernel(ctx, func() {
 			select {
 			case pokes <- struct{}{}:
 			default:
 			}
-		})
+		}, sync.OnceFunc(func() { close(watching) }))
 	}()
 	repaired := func(want float64) {
 		t.Helper()
@@ -161,9 +163,15 @@ func TestPrivilegedRepairsHandDeletedRoute(t *testing.T) {
 		}
 	}
 	select {
-	case <-pokes:
+	case <-watching:
 	case <-time.After(5 * time.Second):
-		t.Fatal("no poke once subscribed, though a twill route went before")
+		t.Fatal("the watch did not say it was watching within 5s")
+	}
+	// It says so after its first check, which has poked already.
+	select {
+	case <-pokes:
+	default:
+		t.Fatal("no poke once watching, though a twill route went before")
 	}
 	repaired(1)
 	// Subscribed now: a route deleted by hand comes as an event.

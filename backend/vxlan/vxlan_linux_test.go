@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -116,13 +117,14 @@ func TestPrivilegedDeviceAndPeers(t *testing.T) {
 		wctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		pokes := make(chan struct{}, 1)
+		watching := make(chan struct{})
 		go func() {
 			_ = v.nw.WatchKernel(wctx, func() {
 				select {
 				case pokes <- struct{}{}:
 				default:
 				}
-			})
+			}, sync.OnceFunc(func() { close(watching) }))
 		}()
 		// Whether the link watch subscribes before the deletion (an event)
 		// or after (the device is not as left), it pokes.
@@ -131,6 +133,11 @@ func TestPrivilegedDeviceAndPeers(t *testing.T) {
 		case <-pokes:
 		case <-time.After(5 * time.Second):
 			t.Fatal("no poke after the VTEP device was deleted")
+		}
+		select {
+		case <-watching: // all four watches (routes, neighbours, FDB, link) checked
+		case <-time.After(5 * time.Second):
+			t.Fatal("the watches did not say they were watching within 5s")
 		}
 		if err := v.nw.Reconcile(ctx, peers[1:]); err != nil {
 			t.Fatal(err)

@@ -17,14 +17,20 @@ type linkWatcher interface {
 // WatchKernel pokes when the VTEP device changes or disappears, or when one
 // of twill's routes, neighbour or FDB entries changes behind its back.
 // Every (re)subscription checks what changed before it (deviceAsLeft, the
-// syncs' Verify) and pokes if anything did.
-func (n *Network) WatchKernel(ctx context.Context, poke func()) error {
+// syncs' Verify) and pokes if anything did; watching is called once all
+// four watches have made their first check.
+func (n *Network) WatchKernel(ctx context.Context, poke, watching func()) error {
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return n.routes.Watch(ctx, n.b.log, poke) })
-	g.Go(func() error { return n.neighs.Watch(ctx, n.b.log, poke) })
-	g.Go(func() error { return n.fdb.Watch(ctx, n.b.log, poke) })
-	lw, ok := n.b.k.(linkWatcher)
-	if !ok {
+	lw, canLinks := n.b.k.(linkWatcher)
+	watches := 3
+	if canLinks {
+		watches++
+	}
+	checked := backend.AllChecked(watches, watching)
+	g.Go(func() error { return n.routes.Watch(ctx, n.b.log, poke, checked[0]) })
+	g.Go(func() error { return n.neighs.Watch(ctx, n.b.log, poke, checked[1]) })
+	g.Go(func() error { return n.fdb.Watch(ctx, n.b.log, poke, checked[2]) })
+	if !canLinks {
 		return g.Wait()
 	}
 	name := n.b.dev.Name
@@ -35,6 +41,7 @@ func (n *Network) WatchKernel(ctx context.Context, poke func()) error {
 				n.routes.Invalidate()
 				poke()
 			}
+			checked[3]()
 		}, func(ctx context.Context, subscribed func()) error {
 			return lw.WatchLinks(ctx, subscribed, func(ev nl.LinkEvent) {
 				if ev.Link.Name == name {

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -103,7 +104,8 @@ type Options struct {
 	Resync time.Duration
 	// HealthAddr serves /healthz, /readyz and /metrics; empty disables.
 	HealthAddr string
-	// Ready, when set, is called once, when the node first becomes ready.
+	// Ready, when set, is called once, just before the node first reports
+	// ready (twilld collects start-up's garbage there: internal/gcpace).
 	Ready func()
 }
 
@@ -306,13 +308,17 @@ func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, nw backend.N
 			return ctx.Err()
 		}
 	}}
+	watching := make(chan struct{})
 	if w, ok := nw.(backend.KernelWatcher); ok {
 		// Watching starts after the first reconcile, so that the watcher
 		// does not decode thousands of events about our own initial
-		// programming. WatchKernel pokes as soon as it subscribes, which
-		// makes the next reconcile re-read the kernel: nothing that changed
-		// before the subscription goes unnoticed.
-		steps = append(steps, func() error { g.Go(func() error { return w.WatchKernel(ctx, d.requestFull) }); return nil })
+		// programming. Once subscribed it checks the kernel against the
+		// record and pokes if they differ: nothing that changed before the
+		// subscription goes unnoticed.
+		once := sync.OnceFunc(func() { close(watching) })
+		steps = append(steps, func() error { g.Go(func() error { return w.WatchKernel(ctx, d.requestFull, once) }); return nil })
+	} else {
+		close(watching)
 	}
 	if d.o.Allocations.Dir != "" && d.o.Allocations.Every > 0 {
 		steps = append(steps, func() error { g.Go(func() error { return d.reclaimLoop(ctx) }); return nil })
@@ -329,6 +335,7 @@ func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, nw backend.N
 		})
 	}
 	steps = append(steps, func() error { g.Go(func() error { return d.watchExternal(ctx) }); return nil })
+	steps = append(steps, func() error { return d.awaitKernelWatch(ctx, watching) })
 	return func() error {
 		for _, f := range steps {
 			if err := f(); err != nil {
@@ -477,9 +484,6 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 				return err
 			}
 			d.log.Info("ready", "peers", peers, "took_reconcile", took.Round(time.Millisecond), "since_start", time.Since(d.started).Round(time.Millisecond))
-			if d.o.Ready != nil {
-				d.o.Ready()
-			}
 		}
 	}
 }
@@ -507,6 +511,29 @@ func (d *Daemon) reconcileOnce(ctx context.Context, cfg *subnet.Config, local su
 	return true, nw.Reconcile(ctx, d.peers.all(cfg, local))
 }
 
+// kernelWatchWait bounds how long readiness waits for the kernel watch's
+// first check.
+const kernelWatchWait = 10 * time.Second
+
+// awaitKernelWatch waits until the kernel watch has made its first check:
+// each reads every object twill programmed (three dumps of 50,000 with
+// vxlan), which is start-up's work, not the first lease events'. A watch
+// that cannot subscribe does not hold the node back for long: it keeps
+// trying, and the periodic full reconcile repairs drift meanwhile.
+func (d *Daemon) awaitKernelWatch(ctx context.Context, watching <-chan struct{}) error {
+	t := time.NewTimer(kernelWatchWait)
+	defer t.Stop()
+	select {
+	case <-watching:
+		d.log.Debug("kernel watch checked", "since_start", time.Since(d.started))
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		d.log.Warn("the kernel watch has not started; ready without it (it keeps trying, and every --resync repairs drift meanwhile)", "waited", kernelWatchWait)
+	}
+	return nil
+}
+
 // becomeReady runs what waits for the first reconcile and tells the subnet
 // manager the node is ready.
 func (d *Daemon) becomeReady(ctx context.Context) error {
@@ -519,6 +546,10 @@ func (d *Daemon) becomeReady(ctx context.Context) error {
 		if err := r.Ready(ctx); err != nil {
 			return err
 		}
+	}
+	if d.o.Ready != nil {
+		d.o.Ready()
+		d.log.Debug("ready hook done", "since_start", time.Since(d.started))
 	}
 	d.ready.Store(true)
 	return nil

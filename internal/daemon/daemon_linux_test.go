@@ -73,6 +73,25 @@ func (n *recorderNet) Reconcile(_ context.Context, peers []subnet.Lease) error {
 	return os.WriteFile(n.r.out, b, 0o644)
 }
 
+// WatchKernel says it is watching once the test lets it (TWILL_WATCH_GATE
+// exists), as a watch does once subscribed and checked.
+func (n *recorderNet) WatchKernel(ctx context.Context, _, watching func()) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if _, err := os.Stat(os.Getenv("TWILL_WATCH_GATE")); err == nil {
+			watching()
+			<-ctx.Done()
+			return nil
+		}
+	}
+}
+
 // static is a subnet manager serving fixed leases (pure logic, no etcd).
 type static struct {
 	conf   string
@@ -126,6 +145,7 @@ func runChild() int {
 	d := daemon.New(daemon.Options{
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)), Registry: registry, Subnets: sm, Netlink: h,
 		Iface: network.IfaceOptions{Ifaces: []string{"eth0"}}, SubnetFile: os.Getenv("TWILL_SUBNET_FILE"),
+		Ready: func() { _ = os.WriteFile(os.Getenv("TWILL_READY_FILE"), nil, 0o644) },
 	})
 	if err := d.Run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -139,12 +159,13 @@ func TestPrivilegedDaemonSelectsRegisteredBackend(t *testing.T) {
 	netnstest.Uplink(t, ns, "192.168.80.1/24")
 	dir := t.TempDir()
 	recordFile, envFile := filepath.Join(dir, "record.json"), filepath.Join(dir, "subnet.env")
+	gate, readyFile := filepath.Join(dir, "watching"), filepath.Join(dir, "ready")
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("ip", "netns", "exec", ns, self, "-test.run=^$")
-	cmd.Env = append(os.Environ(), "TWILL_DAEMON_CHILD=1", "TWILL_RECORD="+recordFile, "TWILL_SUBNET_FILE="+envFile)
+	cmd.Env = append(os.Environ(), "TWILL_DAEMON_CHILD=1", "TWILL_RECORD="+recordFile, "TWILL_SUBNET_FILE="+envFile, "TWILL_WATCH_GATE="+gate, "TWILL_READY_FILE="+readyFile)
 	logs := &lockedBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
@@ -195,6 +216,23 @@ func TestPrivilegedDaemonSelectsRegisteredBackend(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "refusing lease") || !strings.Contains(logs.String(), "lease=10.99.0.0/24") {
 		t.Errorf("the refused lease was not logged:\n%s", logs.String())
+	}
+	// Reconciled and set up, but its kernel watch has not made its first
+	// check: not ready yet. Ready once it has.
+	time.Sleep(500 * time.Millisecond)
+	if _, err := os.Stat(readyFile); err == nil {
+		t.Fatal("the node became ready before its kernel watch said it was watching")
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(readyFile); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready within 20s of the kernel watch watching:\n%s", logs.String())
+		}
 	}
 }
 
