@@ -67,14 +67,22 @@ func (p *Pacer) firstGCDone() {
 	}
 }
 
-// Ready moves to Steady for good.
+// Ready moves to Steady for good, and collects what start-up left behind
+// at once. Otherwise the lower percent sets a goal below the heap start-up
+// left, and the collection that starts runs beside the first lease events:
+// at 50,000 vxlan peers 65 ms of marking, with 20 ms of assists charged to
+// the goroutines handling them. Called before the node reports ready, the
+// collection is start-up's cost (tens of milliseconds at that size).
 func (p *Pacer) Ready() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.set != nil && p.phase != ready {
-		p.phase = ready
-		p.set(Steady)
+	if p.set == nil || p.phase == ready {
+		p.mu.Unlock()
+		return
 	}
+	p.phase = ready
+	p.set(Steady)
+	p.mu.Unlock()
+	runtime.GC()
 }
 
 // afterNextGC calls f once a collection has run: the finalizer of an

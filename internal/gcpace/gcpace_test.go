@@ -109,3 +109,19 @@ func TestRuntimePercent(t *testing.T) {
 		t.Fatalf("runtime percent %d, want %d", got, Steady)
 	}
 }
+
+// Ready collects start-up's garbage itself, so that no collection is left
+// to run beside the first lease events.
+func TestReadyCollects(t *testing.T) {
+	before := debug.SetGCPercent(100)
+	defer debug.SetGCPercent(before)
+	p := Start(func(pc int) { debug.SetGCPercent(pc) })
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	gcs := m.NumGC
+	p.Ready()
+	runtime.ReadMemStats(&m)
+	if m.NumGC == gcs {
+		t.Fatal("no collection when the node became ready")
+	}
+}
