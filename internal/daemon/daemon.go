@@ -573,7 +573,7 @@ func (d *Daemon) serveHealth(ctx context.Context, ln net.Listener) error {
 			}
 		}
 		if !d.ready.Load() {
-			http.Error(w, "not ready: lease, rules, subnet.env or first reconcile pending", http.StatusServiceUnavailable)
+			http.Error(w, "not ready: lease, rules, subnet.env, first reconcile or kernel watch pending", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")
