@@ -154,46 +154,67 @@ func runChild() int {
 	return 0
 }
 
-func TestPrivilegedDaemonSelectsRegisteredBackend(t *testing.T) {
+// child is a daemon run by the test in a namespace of its own, and the
+// files it writes.
+type child struct {
+	record, env, gate, ready string
+	logs                     *lockedBuffer
+	exited                   chan error
+}
+
+func startChild(t *testing.T) *child {
 	ns := netnstest.New(t, "dmn")
 	netnstest.Uplink(t, ns, "192.168.80.1/24")
 	dir := t.TempDir()
-	recordFile, envFile := filepath.Join(dir, "record.json"), filepath.Join(dir, "subnet.env")
-	gate, readyFile := filepath.Join(dir, "watching"), filepath.Join(dir, "ready")
+	c := &child{
+		record: filepath.Join(dir, "record.json"), env: filepath.Join(dir, "subnet.env"),
+		gate: filepath.Join(dir, "watching"), ready: filepath.Join(dir, "ready"),
+		logs: &lockedBuffer{}, exited: make(chan error, 1),
+	}
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("ip", "netns", "exec", ns, self, "-test.run=^$")
-	cmd.Env = append(os.Environ(), "TWILL_DAEMON_CHILD=1", "TWILL_RECORD="+recordFile, "TWILL_SUBNET_FILE="+envFile, "TWILL_WATCH_GATE="+gate, "TWILL_READY_FILE="+readyFile)
-	logs := &lockedBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
+	cmd.Env = append(os.Environ(), "TWILL_DAEMON_CHILD=1", "TWILL_RECORD="+c.record, "TWILL_SUBNET_FILE="+c.env, "TWILL_WATCH_GATE="+c.gate, "TWILL_READY_FILE="+c.ready)
+	cmd.Stdout, cmd.Stderr = c.logs, c.logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
+	go func() { c.exited <- cmd.Wait() }()
+	t.Cleanup(func() {
 		_ = cmd.Process.Kill() // by PID: the child we started
-		<-exited
-	}()
-	var rec record
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		b, err := os.ReadFile(recordFile)
-		if err == nil && json.Unmarshal(b, &rec) == nil {
-			break
-		}
+		<-c.exited
+	})
+	return c
+}
+
+// waitFor waits up to 20 s for ok, failing if the daemon exits first.
+func (c *child) waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !ok(); time.Sleep(20 * time.Millisecond) {
 		select {
-		case err := <-exited:
-			t.Fatalf("daemon exited early (%v):\n%s", err, logs.String())
+		case err := <-c.exited:
+			t.Fatalf("daemon exited early (%v) waiting for %s:\n%s", err, what, c.logs.String())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the registered backend never reconciled:\n%s", logs.String())
+			t.Fatalf("no %s within 20s:\n%s", what, c.logs.String())
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+func exists(path string) func() bool {
+	return func() bool { _, err := os.Stat(path); return err == nil }
+}
+
+func TestPrivilegedDaemonSelectsRegisteredBackend(t *testing.T) {
+	c := startChild(t)
+	var rec record
+	c.waitFor(t, "reconcile by the registered backend", func() bool {
+		b, err := os.ReadFile(c.record)
+		return err == nil && json.Unmarshal(b, &rec) == nil
+	})
 	if rec.Greeting != "hello" || rec.Local != "10.244.1.0/24" {
 		t.Errorf("backend got config %q and lease %q", rec.Greeting, rec.Local)
 	}
@@ -203,37 +224,43 @@ func TestPrivilegedDaemonSelectsRegisteredBackend(t *testing.T) {
 	// subnet.env is written beside the first reconcile, once the iptables
 	// rules are in place.
 	var env subnet.Env
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if env, err = subnet.ReadEnv(envFile); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-	}
+	c.waitFor(t, "subnet.env", func() bool {
+		var err error
+		env, err = subnet.ReadEnv(c.env)
+		return err == nil
+	})
 	if env.Backend != "recorder" || env.MTU != 1234 || env.Subnet.String() != "10.244.1.0/24" {
 		t.Errorf("subnet.env %+v", env)
 	}
-	if !strings.Contains(logs.String(), "refusing lease") || !strings.Contains(logs.String(), "lease=10.99.0.0/24") {
-		t.Errorf("the refused lease was not logged:\n%s", logs.String())
+	if !strings.Contains(c.logs.String(), "refusing lease") || !strings.Contains(c.logs.String(), "lease=10.99.0.0/24") {
+		t.Errorf("the refused lease was not logged:\n%s", c.logs.String())
 	}
-	// Reconciled and set up, but its kernel watch has not made its first
-	// check: not ready yet. Ready once it has.
+}
+
+// Reconciled and set up, but its kernel watch has not made its first
+// check: the node is not ready yet. It is once the watch has.
+func TestPrivilegedReadyOnceTheKernelWatchChecked(t *testing.T) {
+	c := startChild(t)
+	c.waitFor(t, "reconcile", exists(c.record))
+	c.waitFor(t, "subnet.env", exists(c.env))
 	time.Sleep(500 * time.Millisecond)
-	if _, err := os.Stat(readyFile); err == nil {
+	if exists(c.ready)() {
 		t.Fatal("the node became ready before its kernel watch said it was watching")
 	}
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+	if err := os.WriteFile(c.gate, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(readyFile); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not ready within 20s of the kernel watch watching:\n%s", logs.String())
-		}
-	}
+	c.waitFor(t, "readiness once the kernel watch checked", exists(c.ready))
+}
+
+// A kernel watch that never starts holds readiness back for 10 s, not for
+// ever, and says so.
+func TestPrivilegedReadyWithoutTheKernelWatch(t *testing.T) {
+	c := startChild(t)
+	c.waitFor(t, "readiness without the kernel watch", exists(c.ready))
+	c.waitFor(t, "the warning that the kernel watch has not started", func() bool {
+		return strings.Contains(c.logs.String(), "the kernel watch has not started; ready without it")
+	})
 }
 
 // lockedBuffer collects a child's output while the test reads it.
