@@ -84,10 +84,11 @@ var ErrFullReconcile = errors.New("this change needs a full reconcile")
 // blocks until ctx is done and calls poke, which never blocks, whenever the
 // kernel no longer matches what the Network last programmed. It calls
 // watching (which never blocks either) once every one of its watches has
-// subscribed and checked the kernel for changes made before: the daemon
-// reports the node ready only then (or after a bound), so that the checks,
-// which read every object, are start-up's work and not the first lease
-// events'. AllChecked joins several watches' first checks.
+// subscribed and checked the kernel for changes made before (calling it
+// again, after a resubscription, does nothing): the daemon reports the
+// node ready only then (or after a bound), so that the checks, which read
+// every object, are start-up's work and not the first lease events'.
+// AllChecked joins several watches' first checks.
 type KernelWatcher interface {
 	WatchKernel(ctx context.Context, poke, watching func()) error
 }

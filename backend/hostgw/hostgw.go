@@ -241,8 +241,8 @@ func prefixes(ps []netip.Prefix) string {
 }
 
 // WatchKernel pokes when one of twill's routes changes behind its back.
-// Every (re)subscription checks the kernel for changes made before it, and
-// the first check done calls watching (RouteSync.Watch).
+// Every (re)subscription checks the kernel for changes made before it, then
+// calls watching (RouteSync.Watch).
 func (n *Network) WatchKernel(ctx context.Context, poke, watching func()) error {
 	return n.routes.Watch(ctx, n.log, poke, watching)
 }
