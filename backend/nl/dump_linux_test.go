@@ -98,20 +98,34 @@ func firstDiff(a, b []Route) string {
 	return "one list is longer"
 }
 
-// openWithRoutes opens a handle in ns (closed at the end of the test) and
-// adds n twill routes through its eth0: 10.<from+i/256>.<i%256>.0/24, each
-// via its own node address on 192.168.0.0/16, with twill's metrics.
-func openWithRoutes(tb testing.TB, ns string, from, n int) (*Handle, Link) {
+// openNS opens a handle in ns, closed at the end of the test.
+func openNS(tb testing.TB, ns string) *Handle {
 	tb.Helper()
 	h, err := Open(ns)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(h.Close)
-	eth, err := h.LinkByName("eth0")
+	return h
+}
+
+// linkNamed is the link called name, as h reads it.
+func linkNamed(tb testing.TB, h *Handle, name string) Link {
+	tb.Helper()
+	l, err := h.LinkByName(name)
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return l
+}
+
+// openWithRoutes opens a handle in ns (closed at the end of the test) and
+// adds n twill routes through its eth0: 10.<from+i/256>.<i%256>.0/24, each
+// via its own node address on 192.168.0.0/16, with twill's metrics.
+func openWithRoutes(tb testing.TB, ns string, from, n int) (*Handle, Link) {
+	tb.Helper()
+	h := openNS(tb, ns)
+	eth := linkNamed(tb, h, "eth0")
 	batch := make([]RouteOp, n)
 	for i := range batch {
 		dst := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(from + i>>8), byte(i), 0}), 24)
@@ -176,19 +190,8 @@ func TestNeighsMatchNetlinkPackage(t *testing.T) {
 	netnstest.IP(t, ns, "link", "set", "twill.1", "up")
 	netnstest.IP(t, ns, "neigh", "add", "192.168.7.7", "lladdr", "02:00:00:00:07:07", "dev", "eth0", "nud", "reachable")
 	netnstest.IP(t, ns, "-6", "neigh", "add", "fd00::7", "lladdr", "02:00:00:00:07:08", "dev", "eth0", "nud", "permanent")
-	h, err := Open(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	vx, err := h.LinkByName("twill.1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	eth, err := h.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := openNS(t, ns)
+	vx, eth := linkNamed(t, h, "twill.1"), linkNamed(t, h, "eth0")
 	var ops []NeighOp
 	for i := range 2000 {
 		mac := []byte{0x0a, 0xb0, 0, 0, byte(i >> 8), byte(i)}

@@ -21,11 +21,7 @@ func TestWatchRoutes(t *testing.T) {
 	ns := netnstest.New(t, "watch")
 	netnstest.Uplink(t, ns, "192.168.0.1/16")
 	netnstest.IP(t, ns, "-6", "addr", "add", "fd00::1/64", "dev", "eth0", "nodad")
-	h, err := Open(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := openNS(t, ns)
 	events, stop := watching(t, h.WatchRoutes, func(RouteEvent) bool { return true })
 	for _, args := range [][]string{
 		{"route", "add", "default", "via", "192.168.0.254"},
@@ -38,10 +34,7 @@ func TestWatchRoutes(t *testing.T) {
 	} {
 		netnstest.IP(t, ns, args...)
 	}
-	eth, err := h.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	eth := linkNamed(t, h, "eth0")
 	want := []RouteEvent{
 		{NonUnicast: true, Route: Route{Dst: netip.MustParsePrefix("10.7.0.0/24"), Table: 254, Protocol: 3}},
 		{Route: Route{Dst: netip.MustParsePrefix("10.1.0.0/24"), Gw: netip.MustParseAddr("192.168.1.1"), LinkIndex: eth.Index, Table: 254, Protocol: 167, Priority: 1048832}},
@@ -83,15 +76,8 @@ func TestWatchRoutes(t *testing.T) {
 func TestWatchNeighs(t *testing.T) {
 	netnstest.RequireRoot(t)
 	ns := vxlanNS(t, "watchn")
-	h, err := Open(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	vx, err := h.LinkByName("twill.1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := openNS(t, ns)
+	vx := linkNamed(t, h, "twill.1")
 	// eth0's own neighbours, if any, are left out.
 	events, stop := watching(t, h.WatchNeighs, func(ev NeighEvent) bool { return ev.Neigh.LinkIndex == vx.Index })
 	mac := []byte{0x0a, 0xb0, 0, 0, 0, 1}
