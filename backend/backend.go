@@ -292,6 +292,32 @@ func (m *Metrics) SetPeersUnroutable(n int) {
 	}
 }
 
+// watchRecord is a sync's Watch: it follows the kernel's events through
+// subscribe and pokes when observe says one contradicts the record; every
+// (re)subscription verifies the record against the kernel, pokes if they
+// differ, then calls checked. A nil subscribe (the kernel cannot be
+// watched) calls checked at once and waits for ctx.
+func watchRecord[E any](ctx context.Context, log *slog.Logger, what string, subscribe func(context.Context, func(), func(E)) error, verify func() bool, observe func(E) bool, poke, checked func()) error {
+	if subscribe == nil {
+		checked()
+		<-ctx.Done()
+		return nil
+	}
+	return WatchLoop(ctx, log, what, func() {
+		if verify() {
+			log.Debug("twill's " + what + " entries changed before the watch began; syncing them")
+			poke()
+		}
+		checked()
+	}, func(ctx context.Context, subscribed func()) error {
+		return subscribe(ctx, subscribed, func(ev E) {
+			if observe(ev) {
+				poke()
+			}
+		})
+	})
+}
+
 // WatchLoop keeps a kernel subscription alive until ctx is done. watch
 // subscribes, calls its second argument once subscribed, and blocks; resync
 // is that argument, so every (re)subscription triggers a re-read, since

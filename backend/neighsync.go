@@ -122,29 +122,15 @@ func (s *NeighSync) Verify() bool { return s.engine().verify() }
 // kernel and pokes if they differ, then calls checked (see
 // RouteSync.Watch). It is the neighbour (or FDB) part of a KernelWatcher.
 func (s *NeighSync) Watch(ctx context.Context, log *slog.Logger, poke, checked func()) error {
-	w, ok := s.NL.(NeighWatcher)
-	if !ok {
-		checked()
-		<-ctx.Done()
-		return nil
+	var subscribe func(context.Context, func(), func(nl.NeighEvent)) error
+	if w, ok := s.NL.(NeighWatcher); ok {
+		subscribe = w.WatchNeighs
 	}
 	what := "neighbour"
 	if s.FDB {
 		what = "fdb"
 	}
-	return WatchLoop(ctx, log, what, func() {
-		if s.Verify() {
-			log.Debug("twill's "+what+" entries changed before the watch began; syncing them", "link", s.link.Load())
-			poke()
-		}
-		checked()
-	}, func(ctx context.Context, subscribed func()) error {
-		return w.WatchNeighs(ctx, subscribed, func(ev nl.NeighEvent) {
-			if s.Observe(ev) {
-				poke()
-			}
-		})
-	})
+	return watchRecord(ctx, log, what, subscribe, s.Verify, s.Observe, poke, checked)
 }
 
 // NeighChange is a planned change of a NeighSync.

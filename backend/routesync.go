@@ -180,25 +180,11 @@ func (s *RouteSync) Shadowed() []string {
 // after each such check (at once if the kernel cannot be watched). It is
 // the route half of a KernelWatcher.
 func (s *RouteSync) Watch(ctx context.Context, log *slog.Logger, poke, checked func()) error {
-	w, ok := s.NL.(RouteWatcher)
-	if !ok {
-		checked()
-		<-ctx.Done()
-		return nil
+	var subscribe func(context.Context, func(), func(nl.RouteEvent)) error
+	if w, ok := s.NL.(RouteWatcher); ok {
+		subscribe = w.WatchRoutes
 	}
-	return WatchLoop(ctx, log, "route", func() {
-		if s.Verify() {
-			log.Debug("twill's routes changed before the route watch began; syncing them", "table", tableOrMain(s.Table))
-			poke()
-		}
-		checked()
-	}, func(ctx context.Context, subscribed func()) error {
-		return w.WatchRoutes(ctx, subscribed, func(ev nl.RouteEvent) {
-			if s.Observe(ev) {
-				poke()
-			}
-		})
-	})
+	return watchRecord(ctx, log.With("table", tableOrMain(s.Table)), "route", subscribe, s.Verify, s.Observe, poke, checked)
 }
 
 // routeKind is the engine's view of routes.
