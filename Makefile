@@ -68,7 +68,7 @@ e2e-images: build kube-tools ## make kube-images, and stand-ins for the images K
 	$(MKIMAGE) -coredns build/kube/current -e2e build/kube/current
 
 .PHONY: setup
-setup: setup-base kube-tools ## Install what a fresh machine lacks: Debian packages (iproute2, iptables, containerd, ...), Go modules, the Kubernetes binaries; only what is missing
+setup: setup-base kube-tools flannel-tools ## Install what a fresh machine lacks: Debian packages (iproute2, iptables, containerd, ...), Go modules, the Kubernetes binaries, flanneld; only what is missing
 
 .PHONY: setup-base
 setup-base: ## What the lab needs: the Debian packages and the Go modules
@@ -86,6 +86,10 @@ setup-base: ## What the lab needs: the Debian packages and the Go modules
 .PHONY: kube-tools
 kube-tools: ## Build the Kubernetes binaries and crictl from the Go module proxy (cached in build/kube/<version>)
 	bash tools/kube/build.sh
+
+.PHONY: flannel-tools
+flannel-tools: ## Build flanneld from the Go module proxy, for the flannel-takeover tests (cached in build/flannel/<version>)
+	bash tools/flannel/build.sh
 
 .PHONY: test
 test: setup lint cover ## Everything this machine can run, as root: unit, privileged, e2e (listed test by test), fuzz seeds, benchmarks once
