@@ -140,11 +140,17 @@ func underlay(cfg *subnet.Config, ext backend.ExternalInterface) (netip.Addr, in
 // DeviceName is the VTEP device for a VNI.
 func DeviceName(vni int) string { return owned.VXLANDevicePrefix + strconv.Itoa(vni) }
 
-// Prepare creates (or repairs) the VTEP device and publishes its MAC.
+// Prepare creates (or repairs) the VTEP device and publishes its MAC. On
+// a node switched from flannel it replaces flannel's device (flannel.go).
 func (b *Backend) Prepare(context.Context) (subnet.LeaseAttrs, error) {
-	mac, err := b.vtepMAC()
+	mac, err := b.takeOverFlannel()
 	if err != nil {
 		return subnet.LeaseAttrs{}, err
+	}
+	if mac == nil {
+		if mac, err = b.vtepMAC(); err != nil {
+			return subnet.LeaseAttrs{}, err
+		}
 	}
 	b.dev.HardwareAddr = mac
 	if _, _, err := ensureDevice(b.k, b.dev, nil); err != nil {

@@ -67,6 +67,24 @@ func (k *Kernel) AddLink(name string, mtu int, up bool, addrs ...netip.Prefix) n
 	return l
 }
 
+// AddBridge adds a bridge, up, with addrs.
+func (k *Kernel) AddBridge(name string, addrs ...netip.Prefix) nl.Link {
+	l := k.AddLink(name, 1500, true, addrs...)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.links[l.Index].l.Type = "bridge"
+	return k.links[l.Index].l
+}
+
+// SetMaster makes link index a port of master (0: of none).
+func (k *Kernel) SetMaster(index, master int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if l, ok := k.links[index]; ok {
+		l.l.MasterIndex = master
+	}
+}
+
 // SetUp sets a link's state; taking it down flushes the routes through it,
 // as the kernel does for IPv4, without a word.
 func (k *Kernel) SetUp(index int, up bool) {
@@ -145,6 +163,11 @@ func (k *Kernel) LinkDel(index int) error {
 	defer k.mu.Unlock()
 	k.initLocked()
 	delete(k.links, index)
+	for _, l := range k.links {
+		if l.l.MasterIndex == index { // a bridge's ports stay, detached
+			l.l.MasterIndex = 0
+		}
+	}
 	delete(k.neighs, index)
 	delete(k.fdb, index)
 	for key, r := range k.routes {
@@ -182,6 +205,11 @@ func (k *Kernel) VXLANAdd(v nl.VXLAN) (nl.Link, error) {
 	for _, l := range k.links {
 		if l.l.Name == v.Name {
 			return nl.Link{}, fmt.Errorf("creating vxlan device %s: %w", v.Name, unix.EEXIST)
+		}
+		// The kernel keeps one device per VNI and UDP port (for one
+		// underlay family): another name does not help.
+		if o := l.vxlan; o != nil && o.VNI == v.VNI && o.Port == v.Port && o.SrcAddr.Is4() == v.SrcAddr.Is4() {
+			return nl.Link{}, fmt.Errorf("creating vxlan device %s (VNI %d, port %d): %w", v.Name, v.VNI, v.Port, unix.EEXIST)
 		}
 	}
 	if _, ok := k.links[v.VtepDevIndex]; v.VtepDevIndex != 0 && !ok {

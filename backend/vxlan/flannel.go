@@ -1,0 +1,47 @@
+package vxlan
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+
+	"github.com/twill-net/twill/backend/nl"
+)
+
+// FlannelDeviceName is the VTEP device flanneld makes for a VNI. flanneld
+// leaves it in place when it stops, holding the VNI and UDP port twill's
+// own device needs, with the VTEP MAC flannel published in the node's
+// lease.
+func FlannelDeviceName(vni int) string { return "flannel." + strconv.Itoa(vni) }
+
+// takeOverFlannel replaces flannel's VTEP device on a node switched from
+// flannel, and returns the MAC to keep (nil when there is no such device):
+// flannel's, so that the peers still on flannel, which handle each lease
+// change once, keep sending to this node while its lease changes hands.
+// The device goes with the routes, neighbours and FDB entries through it;
+// twill's device is made at once and its first reconcile programs the
+// peers again, so the node's pods are cut off for that moment only.
+func (b *Backend) takeOverFlannel() (net.HardwareAddr, error) {
+	name := FlannelDeviceName(b.cfg.VNI)
+	link, have, isVXLAN, err := b.k.VXLANByName(name)
+	switch {
+	case errors.Is(err, nl.ErrLinkNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	case !isVXLAN || have.VNI != b.cfg.VNI:
+		return nil, nil // not flannel's VTEP for this VNI: leave it alone
+	}
+	mac := net.HardwareAddr(append([]byte(nil), have.HardwareAddr...))
+	if len(mac) != 6 {
+		return nil, fmt.Errorf("taking over flannel's %s: its MAC %q is not an Ethernet address", name, mac)
+	}
+	if err := b.k.LinkDel(link.Index); err != nil {
+		return nil, fmt.Errorf("taking over flannel's %s: %w", name, err)
+	}
+	b.log.Info("took over flannel's VTEP device: its VNI, port and VTEP MAC are now "+DeviceName(b.cfg.VNI)+"'s",
+		"device", name, "vni", have.VNI, "mac", mac.String())
+	b.storeMAC(mac)
+	return mac, nil
+}
