@@ -72,9 +72,38 @@ func cmdDel(args *skel.CmdArgs) error {
 		}
 	} else if !errors.Is(err, nl.ErrLinkNotFound) {
 		errs = append(errs, fmt.Errorf("twill: %w", err))
+	} else if err := delPodEnd(args); err != nil {
+		errs = append(errs, err)
 	}
 	if err := delAddresses(c, args); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// delPodEnd deletes the pod's interface from inside its namespace, when
+// twill's host end was not there: a pod that another plugin wired on the
+// same network (flannel's bridge, on a node switched from flannel) leaves
+// its bridge port with it, as that plugin's DEL would. A namespace or an
+// interface already gone is fine.
+func delPodEnd(args *skel.CmdArgs) error {
+	if args.Netns == "" {
+		return nil
+	}
+	pod, err := nl.OpenPath(args.Netns)
+	if err != nil {
+		return nil // the pod's namespace is gone, and its interface with it
+	}
+	defer pod.Close()
+	l, err := pod.LinkByName(args.IfName)
+	if errors.Is(err, nl.ErrLinkNotFound) {
+		return nil
+	}
+	if err == nil {
+		err = pod.LinkDel(l.Index)
+	}
+	if err != nil {
+		return fmt.Errorf("twill: deleting %s in %s: %w", args.IfName, args.Netns, err)
+	}
+	return nil
 }

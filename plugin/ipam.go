@@ -15,6 +15,7 @@ import (
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 	"github.com/twill-net/twill/internal/allocations"
 	"github.com/twill-net/twill/subnet"
+	"github.com/twill-net/twill/takeover"
 )
 
 // store opens host-local's on-disk store for the network: one file per
@@ -118,7 +119,10 @@ func allocate(c *NetConf, containerID, ifName string, linkExists func(string) (b
 	}()
 	for i, subnet := range subnets {
 		a, err := reserveNext(s, containerID, ifName, subnet, i)
-		if errors.Is(err, errNoAddress) {
+		// On a node switched from flannel the store is shared with
+		// flannel's pods on its bridge, which have no twill veth: none
+		// of them is reclaimed while the bridge is there.
+		if bridge, _ := linkExists(takeover.DefaultBridge); errors.Is(err, errNoAddress) && !bridge {
 			gone, rerr := allocations.Reclaim(filepath.Join(c.DataDir, c.Name), allocations.Grace, time.Now(), linkExists)
 			if len(gone) > 0 {
 				a, err = reserveNext(s, containerID, ifName, subnet, i)

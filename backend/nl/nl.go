@@ -92,6 +92,8 @@ type Link struct {
 	Alias        string
 	// PeerIndex is a veth's peer link index (in the peer's namespace).
 	PeerIndex int
+	// MasterIndex is the bridge (or other master) the link is a port of.
+	MasterIndex int
 }
 
 // Neigh is a neighbour (ARP/NDP) entry.

@@ -201,6 +201,7 @@ func fromNetlinkLink(l netlink.Link) Link {
 		Type:         l.Type(),
 		Alias:        a.Alias,
 		PeerIndex:    a.ParentIndex,
+		MasterIndex:  a.MasterIndex,
 	}
 }
 

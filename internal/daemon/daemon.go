@@ -107,6 +107,10 @@ type Options struct {
 	// Ready, when set, is called once, just before the node first reports
 	// ready (twilld collects start-up's garbage there: internal/gcpace).
 	Ready func()
+	// FlannelSubnetFile is flannel's subnet.env on a node switched from
+	// flannel (takeover.DefaultSubnetFile when empty): what flannel left
+	// is retired once twill has taken its place (package takeover).
+	FlannelSubnetFile string
 }
 
 // Daemon is one twilld.
@@ -202,7 +206,7 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 	d.ext = extWatch{name: ext.Link.Name, opts: withFamilies(d.o.Iface, cfg)}
 	d.ext.index.Store(int64(ext.Link.Index))
 	d.ext.last.Store(&ext)
-	d.afterFirstReconcile = d.afterReady(ctx, g, nw, setUp)
+	d.afterFirstReconcile = d.afterReady(ctx, g, cfg, nw, setUp)
 	return d.reconcileLoop(ctx, cfg, lease, nw)
 }
 
@@ -299,7 +303,7 @@ func (d *Daemon) setUpNode(cfg *subnet.Config, lease subnet.Lease, nw backend.Ne
 // the node's setup, then starts the kernel watch, the external interface
 // watch, the reclaiming of leaked addresses and the CNI conflist (a node
 // takes pods only once it routes).
-func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, nw backend.Network, setUp <-chan error) func() error {
+func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, cfg *subnet.Config, nw backend.Network, setUp <-chan error) func() error {
 	steps := []func() error{func() error {
 		select {
 		case err := <-setUp:
@@ -335,6 +339,8 @@ func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, nw backend.N
 		})
 	}
 	steps = append(steps, func() error { g.Go(func() error { return d.watchExternal(ctx) }); return nil })
+	// What flannel left goes once twill's routes and rules are in place.
+	steps = append(steps, func() error { g.Go(func() error { return d.takeOver(cfg).Run(ctx) }); return nil })
 	steps = append(steps, func() error { return d.awaitKernelWatch(ctx, watching) })
 	return func() error {
 		for _, f := range steps {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/twill-net/twill/internal/allocations"
+	"github.com/twill-net/twill/takeover"
 )
 
 // AllocationsOptions locate the CNI plugin's allocation store.
@@ -37,6 +38,11 @@ func (d *Daemon) reclaim() {
 	dir := d.o.Allocations.Dir
 	if _, err := os.Stat(dir); err != nil {
 		return // no pod wired on this node yet
+	}
+	if ok, _ := d.o.Netlink.LinkExists(takeover.DefaultBridge); ok {
+		// A node switched from flannel shares flannel's store: its pods
+		// on the bridge have no twill veth, yet are not gone.
+		return
 	}
 	unlock, err := allocations.Store(filepath.Dir(dir), filepath.Base(dir))
 	if err != nil {

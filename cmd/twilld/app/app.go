@@ -36,6 +36,7 @@ import (
 	"github.com/twill-net/twill/subnet"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
 	kubesm "github.com/twill-net/twill/subnet/kube"
+	"github.com/twill-net/twill/takeover"
 )
 
 // gcPacer manages the GC percent through start-up (internal/gcpace)
@@ -80,20 +81,21 @@ type options struct {
 	publicIP      string
 	publicIPv6    string
 
-	ipMasq          bool
-	subnetFile      string
-	cniConflist     string
-	cniConflistDest string
-	cniNetwork      string
-	cniDataDir      string
-	reclaimEvery    time.Duration
-	stateDir        string
-	healthzIP       string
-	healthzPort     int
-	iptablesResync  time.Duration
-	netfilter       string
-	resync          time.Duration
-	logLevel        string
+	ipMasq            bool
+	subnetFile        string
+	cniConflist       string
+	cniConflistDest   string
+	cniNetwork        string
+	cniDataDir        string
+	reclaimEvery      time.Duration
+	stateDir          string
+	flannelSubnetFile string
+	healthzIP         string
+	healthzPort       int
+	iptablesResync    time.Duration
+	netfilter         string
+	resync            time.Duration
+	logLevel          string
 }
 
 func newRootCommand(reg *backend.Registry, ready func()) *cobra.Command {
@@ -140,6 +142,7 @@ for example TWILLD_ETCD_ENDPOINTS.`,
 	f.StringVar(&o.cniDataDir, "cni-data-dir", "/var/lib/cni/networks", "the twill plugin's dataDir; taken from --cni-conflist when given")
 	f.DurationVar(&o.reclaimEvery, "reclaim-every", time.Minute, "release, this often, pod addresses whose pod is gone but whose CNI DEL never came (0 disables)")
 	f.StringVar(&o.stateDir, "state-dir", "/var/lib/twill", "directory for state kept across restarts")
+	f.StringVar(&o.flannelSubnetFile, "flannel-subnet-file", takeover.DefaultSubnetFile, "flannel's subnet.env on a node switched from flannel: removed with flannel's bridge, devices and rules once no pod is left on the bridge (Documentation/migrating-from-flannel.md)")
 	f.StringVar(&o.healthzIP, "healthz-ip", "0.0.0.0", "address for /healthz, /readyz and /metrics")
 	f.IntVar(&o.healthzPort, "healthz-port", 0, "port for /healthz, /readyz and /metrics (0 disables)")
 	f.StringVar(&o.netfilter, "netfilter", "auto", "how the masquerade and forward rules are written: iptables (TWILL-* chains, through the iptables binaries), nftables (table inet twill, over netlink, no binaries) or auto (see Documentation/configuration.md)")
@@ -316,6 +319,8 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 		Resync:          o.resync,
 		HealthAddr:      health,
 		Ready:           o.ready,
+		// What flannel left on a node switched from it.
+		FlannelSubnetFile: o.flannelSubnetFile,
 	})
 	if err := d.Run(ctx); err != nil {
 		return err
