@@ -49,6 +49,7 @@ var docFiles = []string{
 	"Documentation/backends/vxlan.md",
 	"Documentation/backends/host-gw.md",
 	"Documentation/benchmarks.md",
+	"Documentation/migrating-from-flannel.md",
 }
 
 type docBlock struct {
@@ -340,23 +341,36 @@ var docScenarios = map[string]func(t *testing.T, e *docEnv){
 	},
 	// The Kubernetes lab pages.
 	"kube": func(t *testing.T, e *docEnv) { labEnv(t, e) },
-	// The etcd quickstart: three bare machines on 10.0.0.0/24 (node1 is
-	// the etcd host), each with a root of its own, so the commands' paths
-	// (/var/lib/twill-etcd, /run/twill) are the machines'.
-	"etcd": func(t *testing.T, e *docEnv) {
-		labEnv(t, e)
-		name := "qs"
-		bin := binaries(t)
-		up := exec.Command(bin+"/twillctl", "lab", "up", "--bare", "--nodes", "3", "--underlay-cidr", "10.0.0.0/24", "--name", name)
-		up.Dir, up.Env = e.root, append(os.Environ(), e.env...)
-		if out, err := up.CombinedOutput(); err != nil {
-			t.Fatalf("lab up --bare: %v\n%s", err, out)
-		}
-		e.env = append(e.env, "PATH="+filepath.Join(e.root, "bin")+":"+os.Getenv("PATH"))
-		e.machine = func(node string, argv []string) []string {
-			return append([]string{bin + "/twillctl", "lab", "exec", "--name", name, node, "--"}, argv...)
+	// The etcd quickstart.
+	"etcd": func(t *testing.T, e *docEnv) { bareLab(t, e, "qs") },
+	// The flannel migration: the same three machines, with flanneld (built
+	// from the Go module proxy: tools/flannel) on the PATH.
+	"flannel": func(t *testing.T, e *docEnv) {
+		dir := filepath.Dir(flanneldBinary(t))
+		bareLab(t, e, "fl")
+		for i, v := range e.env {
+			if p, ok := strings.CutPrefix(v, "PATH="); ok {
+				e.env[i] = "PATH=" + dir + ":" + p
+			}
 		}
 	},
+}
+
+// bareLab makes three bare machines on 10.0.0.0/24 (node1 is the etcd
+// host), each with a root of its own, so the commands' paths
+// (/var/lib/twill-etcd, /run/twill) are the machines'.
+func bareLab(t *testing.T, e *docEnv, name string) {
+	labEnv(t, e)
+	bin := binaries(t)
+	up := exec.Command(bin+"/twillctl", "lab", "up", "--bare", "--nodes", "3", "--underlay-cidr", "10.0.0.0/24", "--name", name)
+	up.Dir, up.Env = e.root, append(os.Environ(), e.env...)
+	if out, err := up.CombinedOutput(); err != nil {
+		t.Fatalf("lab up --bare: %v\n%s", err, out)
+	}
+	e.env = append(e.env, "PATH="+filepath.Join(e.root, "bin")+":"+os.Getenv("PATH"))
+	e.machine = func(node string, argv []string) []string {
+		return append([]string{bin + "/twillctl", "lab", "exec", "--name", name, node, "--"}, argv...)
+	}
 }
 
 // labEnv gives the scenario's labs namespaces of this run and a state root
