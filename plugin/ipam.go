@@ -119,10 +119,7 @@ func allocate(c *NetConf, containerID, ifName string, linkExists func(string) (b
 	}()
 	for i, subnet := range subnets {
 		a, err := reserveNext(s, containerID, ifName, subnet, i)
-		// On a node switched from flannel the store is shared with
-		// flannel's pods on its bridge, which have no twill veth: none
-		// of them is reclaimed while the bridge is there.
-		if bridge, _ := linkExists(takeover.DefaultBridge); errors.Is(err, errNoAddress) && !bridge {
+		if errors.Is(err, errNoAddress) && !flannelBridge(linkExists) {
 			gone, rerr := allocations.Reclaim(filepath.Join(c.DataDir, c.Name), allocations.Grace, time.Now(), linkExists)
 			if len(gone) > 0 {
 				a, err = reserveNext(s, containerID, ifName, subnet, i)
@@ -207,4 +204,12 @@ func delAddresses(c *NetConf, args *skel.CmdArgs) error {
 		return nil
 	}
 	return release(c, args.ContainerID, args.IfName)
+}
+
+// flannelBridge reports whether flannel's bridge is on the node: on a node
+// switched from flannel the store is shared with flannel's pods on it,
+// which have no twill veth, so none is reclaimed while it is there.
+func flannelBridge(linkExists func(string) (bool, error)) bool {
+	ok, err := linkExists(takeover.DefaultBridge)
+	return ok || err != nil
 }
