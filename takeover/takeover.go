@@ -53,6 +53,7 @@ const (
 // Kernel is what a takeover reads and changes: *nl.Handle has it.
 type Kernel interface {
 	Links() ([]nl.Link, error)
+	Addrs(link int, family nl.Family) ([]nl.Addr, error)
 	LinkDel(index int) error
 	Routes(family nl.Family, f nl.RouteFilter) ([]nl.Route, error)
 	RouteDel(r nl.Route) error
@@ -86,8 +87,13 @@ type Options struct {
 
 // Takeover retires flannel's state on one node.
 type Takeover struct {
-	o        Options
-	unhooked bool // flannel's jumps are gone (only the loop goroutine uses it)
+	o Options
+	// Only the loop goroutine uses these. flanneld is stopped, so what
+	// it made does not come back: its routes and jumps, once gone, are not
+	// looked for again (a route dump and iptables execs a second while
+	// pods stay on the bridge would cost a large node dearly).
+	unhooked   bool // flannel's jumps are gone
+	routesDone bool // flannel's routes to peers twill routes are gone
 }
 
 // New returns a takeover; Run runs it.
@@ -197,7 +203,15 @@ func (t *Takeover) read() (State, error) {
 	for i, l := range links {
 		switch {
 		case l.Name == t.o.Bridge && l.Type == "bridge":
-			s.Bridge = &links[i]
+			// Only flannel's: a bridge of that name that holds no
+			// address of the cluster's networks is someone else's.
+			ours, err := t.podBridge(l)
+			if err != nil {
+				return s, err
+			}
+			if ours {
+				s.Bridge = &links[i]
+			}
 		case strings.HasPrefix(l.Name, DevicePrefix) && l.Type == "vxlan":
 			s.Devices = append(s.Devices, l)
 		}
@@ -215,13 +229,35 @@ func (t *Takeover) read() (State, error) {
 		// flannel pays no iptables exec.
 		return s, nil
 	}
-	if s.Shadowing, err = t.shadowing(); err != nil {
-		return s, err
+	if !t.routesDone {
+		if s.Shadowing, err = t.shadowing(); err != nil {
+			return s, err
+		}
 	}
-	if s.Netfilter, err = t.o.Netfilter.Present(); err != nil {
-		return s, fmt.Errorf("looking for flannel's rules: %w", err)
+	s.Netfilter = true // unhooked, but there until retired
+	if !t.unhooked {
+		if s.Netfilter, err = t.o.Netfilter.Present(); err != nil {
+			return s, fmt.Errorf("looking for flannel's rules: %w", err)
+		}
 	}
 	return s, nil
+}
+
+// podBridge reports whether bridge l holds an address in one of the
+// cluster's networks: flannel's gateway for this node's pods.
+func (t *Takeover) podBridge(l nl.Link) (bool, error) {
+	addrs, err := t.o.Kernel.Addrs(l.Index, nl.FamilyAll)
+	if err != nil {
+		return false, fmt.Errorf("reading %s's addresses: %w", l.Name, err)
+	}
+	for _, a := range addrs {
+		for _, n := range t.o.Networks {
+			if n.Contains(a.Prefix.Addr()) {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
 }
 
 // shadowing lists flannel's routes to a subnet that twill routes too.
@@ -265,6 +301,7 @@ func (t *Takeover) apply(p Plan) error {
 	if len(p.DelRoutes) > 0 {
 		log.Info("deleted flannel's routes to peers that twill routes now", "routes", len(p.DelRoutes))
 	}
+	t.routesDone = len(errs) == 0
 	if p.ProxyARP != "" && t.o.SetProxyARP != nil {
 		if err := t.o.SetProxyARP(p.ProxyARP); err != nil {
 			errs = append(errs, err)

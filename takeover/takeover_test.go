@@ -142,14 +142,20 @@ func TestTakeOverWhilePodsRemainOnTheBridge(t *testing.T) {
 
 func TestNoFlannelNoChange(t *testing.T) {
 	k := &kernelfake.Kernel{}
-	br := k.AddBridge("cni1") // someone else's bridge
+	// Bridges that are not flannel's: another name, and cni0 with no
+	// address of the cluster's (someone else's, with no port).
+	other := k.AddBridge("cni1", netip.MustParsePrefix("10.50.9.1/24"))
+	cni0 := k.AddBridge("cni0", netip.MustParsePrefix("192.168.77.1/24"))
 	nf := &fakeNetfilter{}
-	tk := New(Options{Logger: slog.New(slog.DiscardHandler), Kernel: k, Netfilter: nf, SubnetFile: filepath.Join(t.TempDir(), "none")})
+	tk := New(Options{Logger: slog.New(slog.DiscardHandler), Kernel: k, Netfilter: nf, SubnetFile: filepath.Join(t.TempDir(), "none"),
+		Networks: []netip.Prefix{netip.MustParsePrefix("10.50.0.0/16")}})
 	if done, err := tk.Pass(); err != nil || !done {
 		t.Fatalf("done %v, %v", done, err)
 	}
-	if _, err := k.LinkByIndex(br.Index); err != nil {
-		t.Errorf("another bridge was removed: %v", err)
+	for _, br := range []nl.Link{other, cni0} {
+		if _, err := k.LinkByIndex(br.Index); err != nil {
+			t.Errorf("%s, not flannel's, was removed: %v", br.Name, err)
+		}
 	}
 }
 
