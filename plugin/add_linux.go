@@ -11,6 +11,7 @@ import (
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/sysctl"
 	"github.com/twill-net/twill/subnet"
+	"github.com/twill-net/twill/takeover"
 )
 
 // undoStack holds the undo of every step taken; a failed ADD runs them in
@@ -178,6 +179,9 @@ func (w Wiring) applyHost(host *nl.Handle, hostLink nl.Link, undo *undoStack) er
 			return fmt.Errorf("twill: routing to the pod: %s: %w", describeRoute(r, w.HostVeth), err)
 		}
 	}
+	if err := answerOnFlannelBridge(host); err != nil {
+		return err
+	}
 	if len(h.Rules) > 0 {
 		undo.push(func() { _ = deletePodRules(host, w.IPs) })
 	}
@@ -185,6 +189,21 @@ func (w Wiring) applyHost(host *nl.Handle, hostLink nl.Link, undo *undoStack) er
 		if err := host.RuleAdd(r); err != nil {
 			return fmt.Errorf("twill: policy rule for the pod: %s: %w", describeRule(r), err)
 		}
+	}
+	return nil
+}
+
+// answerOnFlannelBridge turns proxy ARP on on flannel's bridge, when the
+// node was switched from flannel and pods remain on it: they see the
+// node's whole subnet as on-link and ARP for this pod on the bridge, so
+// the node must answer for it. twilld does the same, but in a container
+// whose /proc/sys is read-only it cannot; the plugin runs on the node.
+func answerOnFlannelBridge(host *nl.Handle) error {
+	if ok, err := host.LinkExists(takeover.DefaultBridge); err != nil || !ok {
+		return nil
+	}
+	if err := sysctl.Set("net/ipv4/conf/"+takeover.DefaultBridge+"/proxy_arp", "1"); err != nil {
+		return fmt.Errorf("twill: answering for the pod on flannel's bridge: %w", err)
 	}
 	return nil
 }
