@@ -45,13 +45,19 @@ func flanneldBinary(t *testing.T) string {
 	return filepath.Join(m[2], "flanneld")
 }
 
-// flannelCluster is a cluster whose nodes run flanneld or twilld.
+// flannelCluster is a cluster whose nodes run flanneld or twilld, on
+// flannel's etcd prefix, or (kube set) on a kube-apiserver's Nodes.
 type flannelCluster struct {
 	*cluster
+	kube     *kubeCluster
 	flanneld string
 	flannels map[int]*proc
 	pods     []*flPod
 }
+
+// flannelAnnotations is flannel's Node annotation prefix, which twill
+// runs with beside it in Kubernetes mode.
+const flannelAnnotations = "flannel.alpha.coreos.com"
 
 // flPod is a pod and the node and plugin that wired it.
 type flPod struct {
@@ -73,8 +79,24 @@ func (c *flannelCluster) startFlannel(i int) {
 	if err := os.MkdirAll(filepath.Dir(c.flannelEnv(i)), 0o755); err != nil {
 		c.t.Fatal(err)
 	}
-	c.flannels[i] = start(c.t, n.NS, filepath.Join(c.dir, n.Name+"-flanneld.log"), c.flanneld,
-		"--etcd-endpoints", c.etcdURL, "--etcd-prefix", flannelPrefix, "--iface", "eth0", "--subnet-file", c.flannelEnv(i), "--ip-masq")
+	args := []string{"--etcd-endpoints", c.etcdURL, "--etcd-prefix", flannelPrefix}
+	var env []string
+	if c.kube != nil {
+		kc, err := c.kube.api.AdminKubeconfig()
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		args = []string{"--kube-subnet-mgr", "--kubeconfig-file", kc, "--net-config-path", c.kube.netConf}
+		env = []string{"NODE_NAME=" + n.Name}
+	}
+	c.flannels[i] = startEnv(c.t, env, n.NS, filepath.Join(c.dir, n.Name+"-flanneld.log"), c.flanneld,
+		append(args, "--iface", "eth0", "--subnet-file", c.flannelEnv(i), "--ip-masq")...)
+	p := c.flannels[i]
+	c.t.Cleanup(func() {
+		if c.t.Failed() {
+			c.t.Logf("node%d's flanneld, end of its log:\n%s", i+1, tailString(p.Output(), 3000))
+		}
+	})
 	waitFor(c.t, 30*time.Second, fmt.Sprintf("flanneld on node%d to write %s", i+1, c.flannelEnv(i)), func() bool {
 		_, err := os.Stat(c.flannelEnv(i))
 		return err == nil
@@ -212,11 +234,24 @@ func (c *flannelCluster) reachAll(when string) {
 	}
 }
 
-func newFlannelCluster(t *testing.T, backend string) *flannelCluster {
+func newFlannelCluster(t *testing.T, backend string, kube bool) *flannelCluster {
 	t.Helper()
 	fl := flanneldBinary(t)
-	c := &flannelCluster{cluster: newCluster(t, 3), flanneld: fl, flannels: map[int]*proc{}}
-	c.put(flannelPrefix+"/config", fmt.Sprintf(`{"Network":"10.50.0.0/16","Backend":{"Type":%q}}`, backend))
+	conf := fmt.Sprintf(`{"Network":"10.50.0.0/16","Backend":{"Type":%q}}`, backend)
+	c := &flannelCluster{flanneld: fl, flannels: map[int]*proc{}}
+	if kube {
+		c.kube = newKubeClusterWith(t, topology.Options{Nodes: 3, Underlay: netip.MustParsePrefix("10.99.0.0/24")}, conf)
+		c.cluster = c.kube.cluster
+		for i, n := range c.topo.Nodes {
+			// As kubelet registers a Node: with annotations (flanneld
+			// panics on a Node that has none).
+			c.kube.createNode(n.Name, fmt.Sprintf("10.50.%d.0/24", i+1), n.Addr.Addr(),
+				map[string]string{"volumes.kubernetes.io/controller-managed-attach-detach": "true"})
+		}
+	} else {
+		c.cluster = newCluster(t, 3)
+		c.put(flannelPrefix+"/config", conf)
+	}
 	for i := range 3 {
 		c.startFlannel(i)
 	}
@@ -228,12 +263,44 @@ func newFlannelCluster(t *testing.T, backend string) *flannelCluster {
 
 func TestFlannelTakeover(t *testing.T) {
 	for _, backend := range []string{"vxlan", "host-gw"} {
-		t.Run(backend, func(t *testing.T) { testFlannelTakeover(t, backend) })
+		t.Run(backend, func(t *testing.T) { testFlannelTakeover(t, backend, false) })
 	}
 }
 
-func testFlannelTakeover(t *testing.T, backend string) {
-	c := newFlannelCluster(t, backend)
+// TestKubeFlannelTakeover is TestFlannelTakeover in Kubernetes mode:
+// flanneld --kube-subnet-mgr and twilld on one apiserver's Nodes, twill
+// with flannel's annotation prefix.
+func TestKubeFlannelTakeover(t *testing.T) {
+	for _, backend := range []string{"vxlan", "host-gw"} {
+		t.Run(backend, func(t *testing.T) { testFlannelTakeover(t, backend, true) })
+	}
+}
+
+// switchNode stops flanneld on node i and starts twilld in its place.
+func (c *flannelCluster) switchNode(i int) {
+	c.t.Helper()
+	c.flannels[i].Stop(c.t)
+	if c.kube != nil {
+		c.kube.startKubeDaemon(i, "--kube-annotation-prefix", flannelAnnotations, "--flannel-subnet-file", c.flannelEnv(i))
+		return
+	}
+	c.startDaemon(i, "--etcd-prefix", flannelPrefix, "--flannel-subnet-file", c.flannelEnv(i))
+}
+
+// removeNode takes node i out of the cluster: twilld stops, its lease or
+// Node goes.
+func (c *flannelCluster) removeNode(i int, sub netip.Prefix) {
+	c.t.Helper()
+	c.daemons[i].Stop(c.t)
+	if c.kube != nil {
+		c.kube.deleteNode(c.topo.Nodes[i].Name)
+		return
+	}
+	c.del(flannelPrefix + "/subnets/" + strings.ReplaceAll(sub.String(), "/", "-"))
+}
+
+func testFlannelTakeover(t *testing.T, backend string, kube bool) {
+	c := newFlannelCluster(t, backend, kube)
 	c.reachAll("flannel alone")
 	if t.Failed() {
 		t.FailNow()
@@ -245,8 +312,7 @@ func testFlannelTakeover(t *testing.T, backend string) {
 	}
 	for i := range 3 {
 		_, flSub, _ := c.flannelSubnet(i)
-		c.flannels[i].Stop(t)
-		c.startDaemon(i, "--etcd-prefix", flannelPrefix, "--flannel-subnet-file", c.flannelEnv(i))
+		c.switchNode(i)
 		env := c.env(i)
 		if want := netip.MustParsePrefix(flSub).Masked(); env.Subnet != want {
 			t.Fatalf("node%d: twill took %s, flannel held %s", i+1, env.Subnet, want)
@@ -283,8 +349,7 @@ func testFlannelTakeover(t *testing.T, backend string) {
 	// within 2 s.
 	removed := 2
 	gone := c.env(removed).Subnet
-	c.daemons[removed].Stop(t)
-	c.del(flannelPrefix + "/subnets/" + strings.ReplaceAll(gone.String(), "/", "-"))
+	c.removeNode(removed, gone)
 	for i := range 2 {
 		took := waitFor(t, 5*time.Second, fmt.Sprintf("node%d to forget %s", i+1, gone), func() bool { return !strings.Contains(c.routes(i), gone.String()) })
 		if took > 2*time.Second {
@@ -314,7 +379,7 @@ func testFlannelTakeover(t *testing.T, backend string) {
 // TestFlannelRollback switches a node to twill and back to flanneld: its
 // pods, the one twill wired included, keep talking to every other node.
 func TestFlannelRollback(t *testing.T) {
-	c := newFlannelCluster(t, "vxlan")
+	c := newFlannelCluster(t, "vxlan", false)
 	c.flannels[0].Stop(t)
 	d := c.startDaemon(0, "--etcd-prefix", flannelPrefix, "--flannel-subnet-file", c.flannelEnv(0))
 	c.env(0)

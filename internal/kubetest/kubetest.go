@@ -254,14 +254,25 @@ func (s *APIServer) AdminClient(t testing.TB) corev1client.CoreV1Interface {
 	return c
 }
 
-// Kubectl runs kubectl as admin inside the namespace and returns its
-// combined output.
-func (s *APIServer) Kubectl(args ...string) (string, error) {
+// AdminKubeconfig writes the admin's kubeconfig (once) and returns its
+// path: for kubectl, and for a test's processes that act as the cluster's
+// other software would with its own RBAC (flanneld).
+func (s *APIServer) AdminKubeconfig() (string, error) {
 	kc := filepath.Join(s.dir, "admin.kubeconfig")
 	if _, err := os.Stat(kc); err != nil {
 		if err := os.WriteFile(kc, []byte(s.kubeconfig(s.adminToken)), 0o600); err != nil {
 			return "", err
 		}
+	}
+	return kc, nil
+}
+
+// Kubectl runs kubectl as admin inside the namespace and returns its
+// combined output.
+func (s *APIServer) Kubectl(args ...string) (string, error) {
+	kc, err := s.AdminKubeconfig()
+	if err != nil {
+		return "", err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -23,6 +23,11 @@ const (
 	AnnPublicIPv6          = "public-ipv6"
 	AnnPublicIPOverwrite   = "public-ip-overwrite"
 	AnnPublicIPv6Overwrite = "public-ipv6-overwrite"
+	// AnnKubeSubnetManager says the node's lease is its podCIDR. flanneld
+	// routes only to nodes that carry it as "true": with flannel's prefix
+	// (--kube-annotation-prefix flannel.alpha.coreos.com), flannel nodes
+	// and twill nodes route to each other while a cluster is switched.
+	AnnKubeSubnetManager = "kube-subnet-manager"
 )
 
 // DefaultAnnotationPrefix is --kube-annotation-prefix's default.
@@ -188,7 +193,7 @@ func clip(s string) string {
 
 // Publish is the annotation set a node with these attributes carries.
 func (a Annotations) Publish(attrs subnet.LeaseAttrs) map[string]string {
-	m := map[string]string{a.Key(AnnBackendType): attrs.BackendType}
+	m := map[string]string{a.Key(AnnBackendType): attrs.BackendType, a.Key(AnnKubeSubnetManager): "true"}
 	raw := func(r json.RawMessage) string {
 		if len(bytes.TrimSpace(r)) == 0 {
 			return "null"

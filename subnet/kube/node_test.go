@@ -246,3 +246,26 @@ func TestNodeLeaseIPv6(t *testing.T) {
 		t.Errorf("published %v: want backend-v6-data, no public-ipv6", pub)
 	}
 }
+
+// TestPublishForFlannel: under flannel's prefix, a node twill runs on
+// publishes what flanneld needs to route to it, a node that never ran
+// flanneld included: flanneld ignores Nodes without kube-subnet-manager.
+func TestPublishForFlannel(t *testing.T) {
+	a, err := NewAnnotations("flannel.alpha.coreos.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := a.Publish(subnet.LeaseAttrs{BackendType: "vxlan", PublicIP: netip.MustParseAddr("192.168.0.1"),
+		BackendData: []byte(`{"VNI":1,"VtepMAC":"0a:58:3c:4e:11:02"}`)})
+	want := map[string]string{
+		"flannel.alpha.coreos.com/kube-subnet-manager": "true",
+		"flannel.alpha.coreos.com/backend-type":        "vxlan",
+		"flannel.alpha.coreos.com/backend-data":        `{"VNI":1,"VtepMAC":"0a:58:3c:4e:11:02"}`,
+		"flannel.alpha.coreos.com/public-ip":           "192.168.0.1",
+	}
+	for k, v := range want {
+		if pub[k] != v {
+			t.Errorf("%s = %q, want %q (published %v)", k, pub[k], v, pub)
+		}
+	}
+}
