@@ -239,6 +239,9 @@ func (t *Takeover) read() (State, error) {
 		if s.Netfilter, err = t.o.Netfilter.Present(); err != nil {
 			return s, fmt.Errorf("looking for flannel's rules: %w", err)
 		}
+		// None there: none to unhook, and none will come (iptables is
+		// not asked again each second while pods stay on the bridge).
+		t.unhooked = !s.Netfilter
 	}
 	return s, nil
 }

@@ -18,11 +18,14 @@ var _ Kernel = (*kernelfake.Kernel)(nil)
 
 // fakeNetfilter models flannel's rules: chains that exist, and whether
 // the built-in chains jump to them.
-type fakeNetfilter struct{ chains, hooked bool }
+type fakeNetfilter struct {
+	chains, hooked bool
+	looks          int // Present calls: each is iptables execs
+}
 
 var _ Netfilter = (*fakeNetfilter)(nil)
 
-func (f *fakeNetfilter) Present() (bool, error) { return f.chains, nil }
+func (f *fakeNetfilter) Present() (bool, error) { f.looks++; return f.chains, nil }
 func (f *fakeNetfilter) Unhook() error          { f.hooked = false; return nil }
 func (f *fakeNetfilter) Remove() error          { f.chains, f.hooked = false, false; return nil }
 
@@ -137,6 +140,21 @@ func TestTakeOverWhilePodsRemainOnTheBridge(t *testing.T) {
 	}
 	if done, err = n.tk.Pass(); err != nil || !done {
 		t.Fatalf("a node with nothing of flannel's: done %v, %v", done, err)
+	}
+}
+
+// TestRulesLookedForOnce: while pods stay on the bridge, flannel's rules
+// are not looked for again once found gone (flanneld is stopped).
+func TestRulesLookedForOnce(t *testing.T) {
+	n := newNode(t)
+	n.nf.chains, n.nf.hooked = false, false
+	for range 3 {
+		if done, err := n.tk.Pass(); err != nil || done {
+			t.Fatalf("done %v, %v; want not done while a pod is on cni0", done, err)
+		}
+	}
+	if n.nf.looks != 1 {
+		t.Errorf("flannel's rules looked for %d times in 3 passes, want once", n.nf.looks)
 	}
 }
 
