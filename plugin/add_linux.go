@@ -3,6 +3,7 @@ package plugin
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -179,7 +180,7 @@ func (w Wiring) applyHost(host *nl.Handle, hostLink nl.Link, undo *undoStack) er
 			return fmt.Errorf("twill: routing to the pod: %s: %w", describeRoute(r, w.HostVeth), err)
 		}
 	}
-	if err := answerOnFlannelBridge(host); err != nil {
+	if err := answerOnFlannelBridge(host, w.IPs); err != nil {
 		return err
 	}
 	if len(h.Rules) > 0 {
@@ -198,8 +199,19 @@ func (w Wiring) applyHost(host *nl.Handle, hostLink nl.Link, undo *undoStack) er
 // node's whole subnet as on-link and ARP for this pod on the bridge, so
 // the node must answer for it. twilld does the same, but in a container
 // whose /proc/sys is read-only it cannot; the plugin runs on the node.
-func answerOnFlannelBridge(host *nl.Handle) error {
-	if ok, err := host.LinkExists(takeover.DefaultBridge); err != nil || !ok {
+// Only a bridge whose subnet holds the pod is flannel's here.
+func answerOnFlannelBridge(host *nl.Handle, ips []netip.Addr) error {
+	l, err := host.LinkByName(takeover.DefaultBridge)
+	if err != nil {
+		return nil // none (another error: no bridge to answer on either)
+	}
+	ours, err := takeover.IsFlannelBridge(host, l, func(p netip.Prefix) bool {
+		return slices.ContainsFunc(ips, p.Masked().Contains)
+	})
+	if err != nil {
+		return fmt.Errorf("twill: %w", err)
+	}
+	if !ours {
 		return nil
 	}
 	if err := sysctl.Set("net/ipv4/conf/"+takeover.DefaultBridge+"/proxy_arp", "1"); err != nil {

@@ -54,3 +54,21 @@ func TestPrivilegedBesideFlannelsBridge(t *testing.T) {
 		t.Errorf("cni0 still has ports after the bridge pod's DEL: %s (%v)", out, err)
 	}
 }
+
+// TestPrivilegedForeignCni0Untouched: a cni0 whose subnet does not hold
+// the pod is not flannel's; ADD leaves its proxy ARP alone.
+func TestPrivilegedForeignCni0Untouched(t *testing.T) {
+	n := newNode(t, "10.244.7.0/24")
+	for _, c := range [][]string{
+		{"ip", "-n", n.ns, "link", "add", "cni0", "type", "bridge"},
+		{"ip", "-n", n.ns, "addr", "add", "192.168.77.1/24", "dev", "cni0"},
+	} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v: %s", strings.Join(c, " "), err, out)
+		}
+	}
+	mustOK(t, "ADD", n.run(cnidriver.Request{Op: "add", ConfList: n.conflist("1.0.0"), Attachments: []cnidriver.Attachment{n.pod("tw-pod")}}))
+	if out, _ := netnstest.Exec(n.ns, "cat", "/proc/sys/net/ipv4/conf/cni0/proxy_arp"); strings.TrimSpace(out) != "0" {
+		t.Errorf("proxy_arp on someone else's cni0 is %q after ADD, want 0 (untouched)", out)
+	}
+}

@@ -79,7 +79,6 @@ type Options struct {
 	// Networks are the cluster's pod networks.
 	Networks   []netip.Prefix
 	SubnetFile string // flannel's subnet.env
-	Bridge     string // flannel's bridge
 	// Every is the period of the passes while something of flannel's is
 	// left (1 s when zero).
 	Every time.Duration
@@ -100,9 +99,6 @@ type Takeover struct {
 func New(o Options) *Takeover {
 	if o.SubnetFile == "" {
 		o.SubnetFile = DefaultSubnetFile
-	}
-	if o.Bridge == "" {
-		o.Bridge = DefaultBridge
 	}
 	if o.Every <= 0 {
 		o.Every = time.Second
@@ -202,7 +198,7 @@ func (t *Takeover) read() (State, error) {
 	}
 	for i, l := range links {
 		switch {
-		case l.Name == t.o.Bridge && l.Type == "bridge":
+		case l.Name == DefaultBridge:
 			// Only flannel's: a bridge of that name that holds no
 			// address of the cluster's networks is someone else's.
 			ours, err := t.podBridge(l)
@@ -249,15 +245,36 @@ func (t *Takeover) read() (State, error) {
 // podBridge reports whether bridge l holds an address in one of the
 // cluster's networks: flannel's gateway for this node's pods.
 func (t *Takeover) podBridge(l nl.Link) (bool, error) {
-	addrs, err := t.o.Kernel.Addrs(l.Index, nl.FamilyAll)
+	return IsFlannelBridge(t.o.Kernel, l, func(p netip.Prefix) bool {
+		for _, n := range t.o.Networks {
+			if n.Contains(p.Addr()) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// AddrReader reads a link's addresses (*nl.Handle has it).
+type AddrReader interface {
+	Addrs(link int, family nl.Family) ([]nl.Addr, error)
+}
+
+// IsFlannelBridge is the one test of whether link l is flannel's bridge:
+// DefaultBridge, a bridge, holding an address (the pods' gateway) that
+// ours accepts. A bridge of that name that is someone else's is never
+// changed or removed.
+func IsFlannelBridge(k AddrReader, l nl.Link, ours func(netip.Prefix) bool) (bool, error) {
+	if l.Name != DefaultBridge || l.Type != "bridge" {
+		return false, nil
+	}
+	addrs, err := k.Addrs(l.Index, nl.FamilyAll)
 	if err != nil {
 		return false, fmt.Errorf("reading %s's addresses: %w", l.Name, err)
 	}
 	for _, a := range addrs {
-		for _, n := range t.o.Networks {
-			if n.Contains(a.Prefix.Addr()) {
-				return true, nil
-			}
+		if ours(a.Prefix) {
+			return true, nil
 		}
 	}
 	return false, nil
@@ -332,7 +349,12 @@ func (t *Takeover) retire() error {
 		return fmt.Errorf("listing links: %w", err)
 	}
 	for _, l := range links {
-		if (l.Name == t.o.Bridge && l.Type == "bridge") || (strings.HasPrefix(l.Name, DevicePrefix) && l.Type == "vxlan") {
+		bridge, err := t.podBridge(l)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if bridge || (strings.HasPrefix(l.Name, DevicePrefix) && l.Type == "vxlan") {
 			if err := t.o.Kernel.LinkDel(l.Index); err != nil && !errors.Is(err, nl.ErrLinkNotFound) {
 				errs = append(errs, fmt.Errorf("deleting flannel's %s: %w", l.Name, err))
 			}
@@ -348,6 +370,6 @@ func (t *Takeover) retire() error {
 		return err
 	}
 	t.o.Logger.Info("no pod is left on flannel's bridge: removed the bridge, flannel's devices, rules and subnet.env; the takeover from flannel is done",
-		"bridge", t.o.Bridge, "subnet_file", t.o.SubnetFile)
+		"bridge", DefaultBridge, "subnet_file", t.o.SubnetFile)
 	return nil
 }

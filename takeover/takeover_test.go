@@ -198,3 +198,26 @@ func TestPlanFor(t *testing.T) {
 		})
 	}
 }
+
+// TestRetireLeavesAForeignBridge: flannel's subnet.env alone is retired;
+// a cni0 that holds none of the cluster's addresses is not flannel's and
+// stays.
+func TestRetireLeavesAForeignBridge(t *testing.T) {
+	k := &kernelfake.Kernel{}
+	cni0 := k.AddBridge("cni0", netip.MustParsePrefix("192.168.77.1/24"))
+	env := filepath.Join(t.TempDir(), "subnet.env")
+	if err := os.WriteFile(env, []byte("FLANNEL_SUBNET=10.50.1.1/24\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tk := New(Options{Logger: slog.New(slog.DiscardHandler), Kernel: k, Netfilter: &fakeNetfilter{}, SubnetFile: env,
+		Networks: []netip.Prefix{netip.MustParsePrefix("10.50.0.0/16")}})
+	if done, err := tk.Pass(); err != nil || !done {
+		t.Fatalf("done %v, %v", done, err)
+	}
+	if _, err := os.Stat(env); !os.IsNotExist(err) {
+		t.Errorf("flannel's subnet.env: %v, want it gone", err)
+	}
+	if _, err := k.LinkByIndex(cni0.Index); err != nil {
+		t.Errorf("a cni0 that is not flannel's was removed at retirement: %v", err)
+	}
+}
