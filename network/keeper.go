@@ -30,10 +30,14 @@ type Keeper struct {
 	WatchedResync time.Duration
 }
 
+// retryFailed is how soon a failed sync is tried again.
+const retryFailed = time.Second
+
 // Run syncs every Resync until ctx is done, and, while Watch reports
 // changes, at once after each change and otherwise only every
-// WatchedResync. Failures are logged and retried at the next tick; they do
-// not stop the daemon.
+// WatchedResync. Failures are logged and retried after retryFailed (or
+// Resync, if shorter), watch or not: no change may come to trigger the
+// retry. They do not stop the daemon.
 func (k *Keeper) Run(ctx context.Context) error {
 	resync, watched := k.Resync, k.WatchedResync
 	if resync <= 0 {
@@ -67,8 +71,8 @@ func (k *Keeper) Run(ctx context.Context) error {
 		last = time.Now()
 		if err := k.Rules.Sync(); err != nil {
 			k.Logger.Warn("netfilter resync failed", "err", err)
-		}
-		if watching.Load() {
+			t.Reset(min(resync, retryFailed))
+		} else if watching.Load() {
 			t.Reset(watched)
 		} else {
 			t.Reset(resync)

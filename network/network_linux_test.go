@@ -139,7 +139,8 @@ func TestPrivilegedChainsRepairOnChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer target.Close()
-	c := &Chains{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), IPMasq: true,
+	// The keeper's log goes to the test's output: a failed resync says why.
+	c := &Chains{Logger: slog.New(slog.NewTextHandler(t.Output(), nil)), IPMasq: true,
 		Networks: []NetworkPair{{Cluster: netip.MustParsePrefix("10.244.0.0/16"), Local: netip.MustParsePrefix("10.244.3.0/24")}}}
 	k := &Keeper{Logger: c.Logger, Rules: c, Resync: time.Hour, WatchedResync: time.Hour,
 		// The socket is opened inside the test's namespace; Run's own
