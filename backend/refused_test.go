@@ -2,6 +2,7 @@ package backend
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -28,12 +29,34 @@ func TestRefusedPeersLogsOncePerChange(t *testing.T) {
 	if lines() != 2 {
 		t.Fatalf("a peer refused again after recovering was not logged:\n%s", buf.String())
 	}
-	many := make([]string, 9)
+}
+
+// However many peers are refused at once, each is named the first time;
+// a later change names only the newcomers, and repeats name nobody.
+func TestRefusedPeersNamesEveryNewcomer(t *testing.T) {
+	var buf bytes.Buffer
+	r := &RefusedPeers{Log: slog.New(slog.NewTextHandler(&buf, nil)), Message: "refusing peers"}
+	many := make([]string, 13)
 	for i := range many {
-		many[i] = "10.244." + string(rune('1'+i)) + ".0/24: x"
+		many[i] = fmt.Sprintf("10.244.%d.0/24: x", i+1)
 	}
 	r.Report(many)
-	if last := buf.String()[strings.LastIndex(buf.String(), "refusing"):]; strings.Count(last, ": x") != 5 || !strings.Contains(last, "count=9") {
-		t.Errorf("a long set should show 5 peers and the count 9: %s", last)
+	for _, p := range many {
+		if strings.Count(buf.String(), p) != 1 {
+			t.Errorf("%q named %d times, want once:\n%s", p, strings.Count(buf.String(), p), buf.String())
+		}
+	}
+	if !strings.Contains(buf.String(), "count=13") {
+		t.Errorf("no count of 13:\n%s", buf.String())
+	}
+	buf.Reset()
+	r.Report(append(many[1:], "10.244.99.0/24: y"))
+	if got := buf.String(); strings.Count(got, ": x") != 0 || !strings.Contains(got, "10.244.99.0/24: y") || !strings.Contains(got, "count=13 new=1") {
+		t.Errorf("after one peer left and one came, want only the newcomer named, with the count:\n%s", got)
+	}
+	buf.Reset()
+	r.Report(append(many[1:], "10.244.99.0/24: y"))
+	if buf.Len() != 0 {
+		t.Errorf("a repeat was logged:\n%s", buf.String())
 	}
 }
