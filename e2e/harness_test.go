@@ -266,24 +266,27 @@ func (c *cluster) hostgwRoute(j int, s netip.Prefix) string {
 // and returns the status code and body.
 func nodeGet(t testing.TB, nsName string, port int, path string) (int, string) {
 	t.Helper()
-	nsPath := "/var/run/netns/" + nsName
-	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var c net.Conn
-			err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
-				var err error
-				c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
-				return err
-			})
-			return c, err
-		}}}
-	resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d%s", port, path))
+	resp, err := nodeClient(nsName).Get(fmt.Sprintf("http://127.0.0.1:%d%s", port, path))
 	if err != nil {
 		t.Fatalf("GET %s in %s: %v", path, nsName, err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(body)
+}
+
+// nodeClient is an HTTP client whose connections are made from inside
+// the network namespace nsName.
+func nodeClient(nsName string) *http.Client {
+	nsPath := "/var/run/netns/" + nsName
+	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (c net.Conn, err error) {
+			err = ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+				c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+				return err
+			})
+			return c, err
+		}}}
 }
 
 // metricIn reads one unlabelled metric from a daemon's /metrics.

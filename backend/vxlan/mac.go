@@ -103,7 +103,7 @@ func (b *Backend) storeMAC(mac net.HardwareAddr) {
 		return
 	}
 	data, _ := json.Marshal(macState{VtepMAC: mac.String(), Identity: b.identity()})
-	if err := atomicfile.Write(b.macPath(), append(data, '\n'), 0o644); err != nil {
+	if err := atomicfile.Write(b.macPath(), append(data, '\n'), 0o600); err != nil {
 		b.log.Warn("could not store the VTEP MAC; it is derived again next time", "path", b.macPath(), "err", err)
 	}
 }

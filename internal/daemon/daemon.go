@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -170,6 +171,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 }
 
 func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
+	if err := privateDir(d.o.StateDir); err != nil {
+		return err
+	}
 	if p, ok := d.o.Subnets.(LeasePrefetcher); ok {
 		p.PrefetchLeases(ctx)
 	}
@@ -563,7 +567,9 @@ func (d *Daemon) becomeReady(ctx context.Context) error {
 
 func (d *Daemon) serveHealth(ctx context.Context, ln net.Listener) error {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+	// Read-only: GET (and HEAD) alone; any other method is refused with
+	// 405, and nothing served changes state.
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		last := time.Unix(0, d.heartbeat.Load())
 		if since := time.Since(last); since > 3*d.o.Resync+10*time.Second {
 			http.Error(w, fmt.Sprintf("reconcile loop stalled for %s", since.Round(time.Second)), http.StatusServiceUnavailable)
@@ -571,7 +577,7 @@ func (d *Daemon) serveHealth(ctx context.Context, ln net.Listener) error {
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if m, ok := d.o.Subnets.(Monitor); ok {
 			if up, why := m.Connected(); !up {
 				http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
@@ -584,7 +590,7 @@ func (d *Daemon) serveHealth(ctx context.Context, ln net.Listener) error {
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	mux.Handle("/metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
@@ -636,4 +642,20 @@ func (m *metrics) connected(mon Monitor) {
 			}
 			return 0
 		}))
+}
+
+// privateDir makes the state directory (keys, the VTEP MAC) if missing
+// and leaves it readable by its owner alone, 0700, even when it was made
+// looser (a hostPath's DirectoryOrCreate makes 0755). Empty: none.
+func privateDir(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("--state-dir %s: %w", dir, err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("--state-dir %s: %w", dir, err)
+	}
+	return nil
 }
