@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -30,6 +31,8 @@ type manifest struct {
 	sa      corev1.ServiceAccount
 	cm      corev1.ConfigMap
 	ds      appsv1.DaemonSet
+	policy  admissionv1.ValidatingAdmissionPolicy
+	pbind   admissionv1.ValidatingAdmissionPolicyBinding
 	kinds   []string
 }
 
@@ -69,6 +72,10 @@ func load(t *testing.T) manifest {
 			dst = &m.cm
 		case "DaemonSet":
 			dst = &m.ds
+		case "ValidatingAdmissionPolicy":
+			dst = &m.policy
+		case "ValidatingAdmissionPolicyBinding":
+			dst = &m.pbind
 		default:
 			continue
 		}
@@ -81,7 +88,8 @@ func load(t *testing.T) manifest {
 
 func TestManifestKinds(t *testing.T) {
 	m := load(t)
-	want := []string{"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Namespace", "ServiceAccount"}
+	want := []string{"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Namespace", "ServiceAccount",
+		"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 	got := slices.Clone(m.kinds)
 	sort.Strings(got)
 	if !slices.Equal(got, want) {
@@ -208,4 +216,45 @@ func stripComments(doc []byte) []byte {
 		}
 	}
 	return out
+}
+
+// TestNodeIsolationPolicyWiring: the admission policy applies to twill's
+// own ServiceAccount, is bound (denying) with the ConfigMap as its
+// parameter, and the prefix it allows is the one twilld is started with.
+// What the policy denies is tested against a real apiserver
+// (e2e.TestKubeNodeIsolation).
+func TestNodeIsolationPolicyWiring(t *testing.T) {
+	m := load(t)
+	p, b := m.policy, m.pbind
+	user := "system:serviceaccount:" + m.sa.Namespace + ":" + m.sa.Name
+	if len(p.Spec.MatchConditions) != 1 || !strings.Contains(p.Spec.MatchConditions[0].Expression, `"`+user+`"`) {
+		t.Errorf("policy match conditions %+v: want one, on %s", p.Spec.MatchConditions, user)
+	}
+	if p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionv1.Fail {
+		t.Errorf("policy failurePolicy %v, want Fail", p.Spec.FailurePolicy)
+	}
+	if p.Spec.ParamKind == nil || p.Spec.ParamKind.Kind != "ConfigMap" {
+		t.Errorf("policy paramKind %+v, want ConfigMap", p.Spec.ParamKind)
+	}
+	if b.Spec.PolicyName != p.Name || !slices.Equal(b.Spec.ValidationActions, []admissionv1.ValidationAction{admissionv1.Deny}) ||
+		b.Spec.ParamRef == nil || b.Spec.ParamRef.Name != m.cm.Name || b.Spec.ParamRef.Namespace != m.cm.Namespace {
+		t.Errorf("binding %+v: want policy %s, Deny, with ConfigMap %s/%s as its parameter", b.Spec, p.Name, m.cm.Namespace, m.cm.Name)
+	}
+	if m.cm.Data["annotation-prefix"] != "twill.io" {
+		t.Errorf("ConfigMap annotation-prefix %q, want twill.io (twilld's default)", m.cm.Data["annotation-prefix"])
+	}
+	c := m.ds.Spec.Template.Spec.Containers[0]
+	if !slices.Contains(c.Args, "--kube-annotation-prefix=$(ANNOTATION_PREFIX)") {
+		t.Errorf("twilld args %q do not take the prefix from ANNOTATION_PREFIX", c.Args)
+	}
+	var fromCM bool
+	for _, e := range c.Env {
+		if e.Name == "ANNOTATION_PREFIX" && e.ValueFrom != nil && e.ValueFrom.ConfigMapKeyRef != nil &&
+			e.ValueFrom.ConfigMapKeyRef.Name == m.cm.Name && e.ValueFrom.ConfigMapKeyRef.Key == "annotation-prefix" {
+			fromCM = true
+		}
+	}
+	if !fromCM {
+		t.Errorf("ANNOTATION_PREFIX is not the ConfigMap's annotation-prefix: %+v", c.Env)
+	}
 }

@@ -242,6 +242,12 @@ func newFlannelCluster(t *testing.T, backend string, kube bool) *flannelCluster 
 	if kube {
 		c.kube = newKubeClusterWith(t, topology.Options{Nodes: 3, Underlay: netip.MustParsePrefix("10.99.0.0/24")}, conf)
 		c.cluster = c.kube.cluster
+		// As Documentation/migrating-from-flannel.md says: twill takes
+		// flannel's annotations, and the admission policy lets it.
+		if out, err := c.kube.api.Kubectl("-n", "kube-twill", "patch", "configmap", "kube-twill-cfg", "--type", "merge",
+			"-p", `{"data":{"annotation-prefix":"`+flannelAnnotations+`"}}`); err != nil {
+			t.Fatalf("setting annotation-prefix: %v\n%s", err, out)
+		}
 		for i, n := range c.topo.Nodes {
 			// As kubelet registers a Node: with annotations (flanneld
 			// panics on a Node that has none).

@@ -119,7 +119,10 @@ func (k *kubeCluster) startKubeDaemon(i int, extra ...string) *proc {
 	if err := os.MkdirAll(state, 0o755); err != nil {
 		k.t.Fatal(err)
 	}
-	args := append([]string{"--kube-subnet-mgr", "--kubeconfig-file", k.kubeconfig, "--net-config-path", k.netConf,
+	// The token is bound to a pod on the node, as kubelet's is: the
+	// manifest's admission policy lets it change that Node alone.
+	kubeconfig := k.api.NodeTokenKubeconfig(k.t, "kube-twill", "twill", n.Name)
+	args := append([]string{"--kube-subnet-mgr", "--kubeconfig-file", kubeconfig, "--net-config-path", k.netConf,
 		"--iface", "eth0", "--subnet-file", k.subnetFile(i), "--state-dir", state,
 		"--healthz-ip", "127.0.0.1", "--healthz-port", strconv.Itoa(kubeHealthPort)}, extra...)
 	p := startEnv(k.t, []string{"NODE_NAME=" + n.Name}, n.NS, filepath.Join(k.dir, n.Name+".log"), k.bin+"/twilld", args...)

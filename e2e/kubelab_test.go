@@ -17,6 +17,10 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
 
 	"github.com/twill-net/twill/internal/buildtest"
 	"github.com/twill-net/twill/internal/kubetest"
@@ -118,6 +122,10 @@ func testKubeLab(t *testing.T, backend string) {
 		t.Fatalf("NetworkUnavailable on the Nodes:\n%s", cond)
 	}
 
+	// node1's twill pod's own token (kubelet's projected one) can change
+	// its own Node's twill annotations, and nothing of node2's.
+	labNodeIsolation(t, s)
+
 	// Pod to pod across nodes (TCP), node to pod, pod to ClusterIP
 	// (kube-proxy), hostPort (the chained portmap).
 	l.checkAll(name)
@@ -206,6 +214,63 @@ func testKubeLab(t *testing.T, backend string) {
 	l.requireGone(name)
 	if after := snapshotHost(); !mapsEqual(before, after) {
 		t.Errorf("the machine changed:\nbefore %v\nafter  %v", before, after)
+	}
+}
+
+// labNodeIsolation takes the token kubelet mounted into node1's twill pod
+// and patches Nodes with it: the admission policy shipped in
+// dist/kube-twill.yml lets it change node1's twill annotations and
+// NetworkUnavailable condition, and denies node2's annotations and either
+// Node's status.addresses.
+func labNodeIsolation(t *testing.T, s *lab.State) {
+	t.Helper()
+	ctx := context.Background()
+	node1, node2 := s.Nodes[0].Name, s.Nodes[1].Name
+	uid, err := s.Kubectl(ctx, nil, "-n", lab.TwillNamespace, "get", "pods", "--field-selector", "spec.nodeName="+node1,
+		"-o", "jsonpath={.items[0].metadata.uid}")
+	if err != nil || uid == "" {
+		t.Fatalf("node1's twill pod: %v %q", err, uid)
+	}
+	tok, err := s.NodeExec(ctx, node1, nil, "sh", "-c", "cat /var/lib/kubelet/pods/"+uid+"/volumes/kubernetes.io~projected/*/token")
+	if err != nil || tok == "" {
+		t.Fatalf("node1's twill pod's token: %v %q", err, tok)
+	}
+	// As twilld patches: nodes/status, with no get first (the role grants
+	// none on nodes/status).
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	cfg := &rest.Config{Host: s.APIServer, BearerToken: tok, TLSClientConfig: rest.TLSClientConfig{CAFile: s.CAFile},
+		Timeout: 30 * time.Second,
+		Dial: func(ctx context.Context, network, addr string) (c net.Conn, err error) {
+			err = ns.WithNetNSPath("/var/run/netns/"+s.UnderlayNS(), func(ns.NetNS) error {
+				c, err = d.DialContext(ctx, network, addr)
+				return err
+			})
+			return c, err
+		}}
+	nodes, err := corev1client.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch := func(node string, pt types.PatchType, body string) error {
+		_, err := nodes.Nodes().Patch(ctx, node, pt, []byte(body), metav1.PatchOptions{}, "status")
+		return err
+	}
+	addrs := `{"status":{"addresses":[{"type":"InternalIP","address":"10.99.0.250"}]}}`
+	for _, d := range []struct{ what, node, body, want string }{
+		{"node2's twill annotations", node2, `{"metadata":{"annotations":{"twill.io/public-ip":"10.99.0.250"}}}`, "may change only its own Node"},
+		{"node2's status.addresses", node2, addrs, "may change only its own Node"},
+		{"node1's status.addresses", node1, addrs, "may not change a Node's status.addresses"},
+	} {
+		if err := patch(d.node, types.MergePatchType, d.body); err == nil || !strings.Contains(err.Error(), "twill-node-isolation") || !strings.Contains(err.Error(), d.want) {
+			t.Errorf("node1's twill token patching %s: %v; want it denied by twill-node-isolation with %q", d.what, err, d.want)
+		}
+	}
+	if err := patch(node1, types.MergePatchType, `{"metadata":{"annotations":{"twill.io/token-test":"ok"}}}`); err != nil {
+		t.Errorf("node1's twill token patching node1's twill annotations: %v", err)
+	}
+	cond := `{"status":{"conditions":[{"type":"NetworkUnavailable","status":"False","reason":"TwillIsUp","message":"token test"}]}}`
+	if err := patch(node1, types.StrategicMergePatchType, cond); err != nil {
+		t.Errorf("node1's twill token patching node1's NetworkUnavailable: %v", err)
 	}
 }
 

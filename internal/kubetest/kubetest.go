@@ -31,6 +31,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	authv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
@@ -287,6 +288,13 @@ func (s *APIServer) Kubectl(args ...string) (string, error) {
 // the account.
 func (s *APIServer) ServiceAccountKubeconfig(t testing.TB, namespace, name string) string {
 	t.Helper()
+	return s.kubeconfigFile(t, fmt.Sprintf("%s-%s.kubeconfig", namespace, name), s.UnboundToken(t, namespace, name))
+}
+
+// UnboundToken is a fresh token for the ServiceAccount namespace/name,
+// bound to no pod (so with no node claim).
+func (s *APIServer) UnboundToken(t testing.TB, namespace, name string) string {
+	t.Helper()
 	ttl := int64(3600)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -295,8 +303,50 @@ func (s *APIServer) ServiceAccountKubeconfig(t testing.TB, namespace, name strin
 	if err != nil {
 		t.Fatalf("token for ServiceAccount %s/%s: %v", namespace, name, err)
 	}
-	path := filepath.Join(s.dir, fmt.Sprintf("%s-%s.kubeconfig", namespace, name))
-	if err := os.WriteFile(path, []byte(s.kubeconfig(tr.Status.Token)), 0o600); err != nil {
+	return tr.Status.Token
+}
+
+// NodeTokenKubeconfig writes a kubeconfig holding a token for the
+// ServiceAccount namespace/name bound to a pod on node, as kubelet gives
+// the DaemonSet's pod on that node, and returns its path. The token carries
+// the node-name claim dist/kube-twill.yml's admission policy checks. The
+// pod (named <name>-<node>) is created if missing; with no kubelet it
+// stays Pending, which the token does not mind. node must exist.
+func (s *APIServer) NodeTokenKubeconfig(t testing.TB, namespace, name, node string) string {
+	t.Helper()
+	return s.kubeconfigFile(t, fmt.Sprintf("%s-%s-%s.kubeconfig", namespace, name, node), s.NodeToken(t, namespace, name, node))
+}
+
+// NodeToken is the token NodeTokenKubeconfig writes.
+func (s *APIServer) NodeToken(t testing.TB, namespace, name, node string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := s.AdminClient(t)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name + "-" + node, Namespace: namespace},
+		Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: name,
+			Containers: []corev1.Container{{Name: "stand-in", Image: "stand-in.invalid/none"}}}}
+	p, err := c.Pods(namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		if p, err = c.Pods(namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("pod %s/%s for a node-bound token: %v", namespace, pod.Name, err)
+		}
+	}
+	ttl := int64(3600)
+	tr, err := c.ServiceAccounts(namespace).CreateToken(ctx, name, &authv1.TokenRequest{Spec: authv1.TokenRequestSpec{
+		ExpirationSeconds: &ttl,
+		BoundObjectRef:    &authv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: p.Name, UID: p.UID},
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("token for ServiceAccount %s/%s bound to pod %s: %v", namespace, name, p.Name, err)
+	}
+	return tr.Status.Token
+}
+
+func (s *APIServer) kubeconfigFile(t testing.TB, file, tok string) string {
+	t.Helper()
+	path := filepath.Join(s.dir, file)
+	if err := os.WriteFile(path, []byte(s.kubeconfig(tok)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return path

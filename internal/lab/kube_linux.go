@@ -411,6 +411,10 @@ func (s *State) Kubectl(ctx context.Context, stdin io.Reader, args ...string) (s
 	return string(out), nil
 }
 
+// UnderlayNS is the network namespace holding the lab's bridge and its
+// control plane: the apiserver is reached from there.
+func (s *State) UnderlayNS() string { return s.prefix() + "-ul" }
+
 // ownCommand makes twill's own commands work inside a lab node as written in
 // the docs: twilld, twillctl and twill are the lab's binaries, and twillctl
 // status, leases and config are given the node's paths and the lab's etcd
