@@ -55,6 +55,12 @@ type Monitor interface {
 	Connected() (ok bool, why string)
 }
 
+// ConflictCounter is implemented by subnet managers that notice another
+// client overwriting this node's own lease (etcd mode): how many times.
+type ConflictCounter interface {
+	OwnLeaseConflicts() uint64
+}
+
 // DataUpdater is implemented by subnet managers that can change the
 // backend data of the node's lease after it was taken (a new vxlan VTEP
 // MAC).
@@ -142,7 +148,10 @@ func New(o Options) *Daemon {
 	if o.IPTablesResync <= 0 {
 		o.IPTablesResync = 5 * time.Second
 	}
-	return &Daemon{o: o, log: o.Logger, metrics: newMetrics(), poke: make(chan struct{}, 1), peers: newPeerSet(o.Logger)}
+	d := &Daemon{o: o, log: o.Logger, metrics: newMetrics(), poke: make(chan struct{}, 1), peers: newPeerSet(o.Logger)}
+	own, _ := o.Subnets.(ConflictCounter)
+	d.metrics.conflicts(d.peers, own)
+	return d
 }
 
 // Ready reports whether the daemon holds its lease, has its rules in place,
@@ -641,6 +650,21 @@ func (m *metrics) connected(mon Monitor) {
 				return 1
 			}
 			return 0
+		}))
+}
+
+// conflicts exports the lease conflicts seen: records refused for
+// claiming a public IP another lease holds, and (etcd mode) overwrites of
+// this node's own lease by another client.
+func (m *metrics) conflicts(peers *peerSet, own ConflictCounter) {
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "twill_lease_conflicts_total",
+		Help: "Leases refused for claiming a public IP another lease holds, and overwrites of this node's own lease by another client."},
+		func() float64 {
+			n := peers.conflictCount()
+			if own != nil {
+				n += own.OwnLeaseConflicts()
+			}
+			return float64(n)
 		}))
 }
 

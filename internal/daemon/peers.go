@@ -2,9 +2,12 @@ package daemon
 
 import (
 	"log/slog"
+	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/twill-net/twill/subnet"
 )
@@ -21,28 +24,34 @@ type peerSet struct {
 	// with the Change that brought them, never copied: at start-up a full
 	// set is tens of thousands of them.
 	entries map[string]*subnet.Entry
-	// dirty holds the keys changed since the last take, each with the
-	// record it had then (absent: none).
-	dirty map[string]prior // guarded by mu
+	// dirty holds the keys changed since the last take.
+	dirty map[string]struct{} // guarded by mu
 	full  bool             // guarded by mu; a full set arrived since the last take
 	have  bool             // guarded by mu; the first full set arrived
 
 	// Owned by the reconcile loop.
-	programmed map[string]struct{} // keys of the records last handed to the backend as peers
-	refused    map[string]refusal  // key -> why it is not a peer
-	buf        []subnet.Lease
+	programmed map[string]*subnet.Entry // key -> the record last handed to the backend as a peer
+	refused    map[string]refusal       // key -> why it is not a peer
+	// holders maps each public IP of a programmed peer to its key. A node
+	// has one subnet (per family), so a public IP belongs to one lease: a
+	// record claiming one held by another is refused, the first holder
+	// keeps it, and a peer that was programmed stays as it was meanwhile.
+	holders map[netip.Addr]string
+	// conflicts counts records refused for claiming another's public IP.
+	conflicts atomic.Uint64 // read by the metrics
+	buf       []subnet.Lease
 }
-
-// prior is a record as it was at the last take (nil: none).
-type prior struct{ entry *subnet.Entry }
 
 // refusal is a record that is not a peer: name is how logs call it (the
 // lease, or the record's key when it is not even a lease).
-type refusal struct{ name, why string }
+type refusal struct {
+	name, why string
+	conflict  bool // it claims a public IP another lease holds
+}
 
 func newPeerSet(log *slog.Logger) *peerSet {
-	return &peerSet{log: log, entries: map[string]*subnet.Entry{}, dirty: map[string]prior{},
-		programmed: map[string]struct{}{}, refused: map[string]refusal{}}
+	return &peerSet{log: log, entries: map[string]*subnet.Entry{}, dirty: map[string]struct{}{},
+		programmed: map[string]*subnet.Entry{}, refused: map[string]refusal{}, holders: map[netip.Addr]string{}}
 }
 
 // apply folds a Change in; it never blocks on the loop.
@@ -50,7 +59,6 @@ func (s *peerSet) apply(c subnet.Change) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c.Full {
-		// The next take is all(), which needs no priors.
 		s.entries = make(map[string]*subnet.Entry, len(c.Set))
 		clear(s.dirty)
 		s.full, s.have = true, true
@@ -69,13 +77,8 @@ func (s *peerSet) apply(c subnet.Change) {
 	}
 }
 
-// touch records a key's record before its first change since the last
-// take. s.mu is held.
-func (s *peerSet) touch(k string) {
-	if _, ok := s.dirty[k]; !ok {
-		s.dirty[k] = prior{s.entries[k]}
-	}
-}
+// touch marks a key changed since the last take. s.mu is held.
+func (s *peerSet) touch(k string) { s.dirty[k] = struct{}{} }
 
 // ready reports whether the first full set arrived (reconciling before it
 // would delete every route), and fullDue whether a full set arrived since
@@ -92,15 +95,15 @@ func classify(cfg *subnet.Config, local subnet.Lease, e subnet.Entry) (peer bool
 	l := e.Lease
 	switch {
 	case e.Err != nil:
-		return false, refusal{e.Key, e.Err.Error()}, false
+		return false, refusal{name: e.Key, why: e.Err.Error()}, false
 	case l.Subnet == local.Subnet && l.IPv6Subnet == local.IPv6Subnet:
 		return false, refusal{}, true
 	}
 	if err := subnet.CheckPeer(cfg, local, l); err != nil {
-		return false, refusal{l.String(), err.Error()}, false
+		return false, refusal{name: l.String(), why: err.Error()}, false
 	}
 	if l.Attrs.BackendType != cfg.BackendType {
-		return false, refusal{l.String(), "backend type " + quote(l.Attrs.BackendType) + ", but this cluster runs " + quote(cfg.BackendType)}, false
+		return false, refusal{name: l.String(), why: "backend type " + quote(l.Attrs.BackendType) + ", but this cluster runs " + quote(cfg.BackendType)}, false
 	}
 	return true, refusal{}, false
 }
@@ -118,22 +121,118 @@ func (s *peerSet) all(cfg *subnet.Config, local subnet.Lease) []subnet.Lease {
 		entries = append(entries, e)
 	}
 	s.mu.Unlock()
-	peers := slices.Grow(s.buf[:0], len(entries))
-	programmed := make(map[string]struct{}, len(entries))
-	refused := map[string]refusal{}
+	// Each public IP goes to one lease. When two claim one, the peer that
+	// held it before keeps it, or else the lease with the lower key: the
+	// entries are then assigned again in that order, so who holds an
+	// address does not depend on the map's.
+	a := s.assign(cfg, local, entries)
+	if a.contested {
+		slices.SortFunc(entries, func(x, y *subnet.Entry) int {
+			if px, py := s.holds(x), s.holds(y); px != py {
+				if px {
+					return -1
+				}
+				return 1
+			}
+			return strings.Compare(x.Key, y.Key)
+		})
+		a = s.assign(cfg, local, entries)
+	}
+	s.report(a.refused, a.programmed)
+	s.buf, s.programmed, s.refused, s.holders = a.peers, a.programmed, a.refused, a.holders
+	return a.peers
+}
+
+// assignment is a full set of records split into peers and refusals.
+type assignment struct {
+	peers      []subnet.Lease
+	programmed map[string]*subnet.Entry
+	holders    map[netip.Addr]string
+	refused    map[string]refusal
+	contested  bool // some record claimed an address another held
+}
+
+// assign splits entries, in their order, into peers and refusals; the
+// first to claim a public IP holds it.
+func (s *peerSet) assign(cfg *subnet.Config, local subnet.Lease, entries []*subnet.Entry) assignment {
+	a := assignment{peers: slices.Grow(s.buf[:0], len(entries)), programmed: make(map[string]*subnet.Entry, len(entries)),
+		holders: make(map[netip.Addr]string, len(entries)), refused: map[string]refusal{}}
 	for _, e := range entries {
 		peer, r, self := classify(cfg, local, *e)
+		if peer {
+			if h := claimedBy(e.Key, e.Lease, local, a.holders); h != "" {
+				peer, r, a.contested = false, conflict(e, h, a.holders), true
+				// A peer programmed before keeps its last record, if that
+				// claims nobody else's address.
+				if was := s.programmed[e.Key]; was != nil && was != e && claimedBy(e.Key, was.Lease, local, a.holders) == "" {
+					a.peers = append(a.peers, was.Lease)
+					a.programmed[e.Key] = was
+					hold(a.holders, e.Key, was.Lease)
+				}
+			}
+		}
 		switch {
 		case peer:
-			peers = append(peers, e.Lease)
-			programmed[e.Key] = struct{}{}
+			a.peers = append(a.peers, e.Lease)
+			a.programmed[e.Key] = e
+			hold(a.holders, e.Key, e.Lease)
 		case !self:
-			refused[e.Key] = r
+			a.refused[e.Key] = r
 		}
 	}
-	s.report(refused, programmed)
-	s.buf, s.programmed, s.refused = peers, programmed, refused
-	return peers
+	return a
+}
+
+// holds reports whether e is the record programmed for its key.
+func (s *peerSet) holds(e *subnet.Entry) bool { return s.programmed[e.Key] == e }
+
+// publicIPs are the addresses a lease points its subnets at.
+func publicIPs(l subnet.Lease) [2]netip.Addr { return [2]netip.Addr{l.Attrs.PublicIP, l.Attrs.PublicIPv6} }
+
+// claimedBy names the holder of a public IP that l, the record at key,
+// claims although it is another's: this node, or another lease's key. ""
+// when none is.
+func claimedBy(key string, l subnet.Lease, local subnet.Lease, holders map[netip.Addr]string) string {
+	for _, ip := range publicIPs(l) {
+		if !ip.IsValid() {
+			continue
+		}
+		if ip == local.Attrs.PublicIP || ip == local.Attrs.PublicIPv6 {
+			return "this node"
+		}
+		if h, ok := holders[ip]; ok && h != key {
+			return h
+		}
+	}
+	return ""
+}
+
+// conflict is the refusal of a record claiming holder's public IP.
+func conflict(e *subnet.Entry, holder string, holders map[netip.Addr]string) refusal {
+	ip := e.Lease.Attrs.PublicIP
+	if h := holders[e.Lease.Attrs.PublicIPv6]; h == holder || (holder == "this node" && !ip.IsValid()) {
+		ip = e.Lease.Attrs.PublicIPv6
+	}
+	return refusal{e.Lease.String(), "public IP " + ip.String() + " is held by " + holder +
+		" (one lease per node): the first holder keeps it; a lease overwritten by another client, or two nodes given one address", true}
+}
+
+// hold records key as the holder of l's public IPs.
+func hold(holders map[netip.Addr]string, key string, l subnet.Lease) {
+	for _, ip := range publicIPs(l) {
+		if ip.IsValid() {
+			holders[ip] = key
+		}
+	}
+}
+
+// release forgets key as the holder of l's public IPs.
+func release(holders map[netip.Addr]string, key string, l subnet.Lease) {
+	for _, ip := range publicIPs(l) {
+		if holders[ip] == key {
+			delete(holders, ip)
+		}
+	}
 }
 
 // delta is what changed since the last take: peers added or changed
@@ -142,37 +241,59 @@ func (s *peerSet) all(cfg *subnet.Config, local subnet.Lease) []subnet.Lease {
 func (s *peerSet) delta(cfg *subnet.Config, local subnet.Lease) (upserted, removed []subnet.Lease) {
 	type change struct {
 		key string
-		was prior
 		now *subnet.Entry // nil: gone
 	}
 	s.mu.Lock()
 	changes := make([]change, 0, len(s.dirty))
-	for k, p := range s.dirty {
-		changes = append(changes, change{k, p, s.entries[k]})
+	for k := range s.dirty {
+		changes = append(changes, change{k, s.entries[k]})
 	}
 	clear(s.dirty)
 	s.mu.Unlock()
+	// Departures first: an address a leaving peer held is free for a
+	// newcomer of the same batch.
+	slices.SortFunc(changes, func(a, b change) int {
+		if (a.now == nil) != (b.now == nil) {
+			if a.now == nil {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.key, b.key)
+	})
 	refused := map[string]refusal{}
 	for k, r := range s.refused {
 		refused[k] = r
 	}
 	for _, c := range changes {
-		_, had := s.programmed[c.key]
+		was := s.programmed[c.key]
 		delete(refused, c.key)
 		peer, r, self := false, refusal{}, false
 		if c.now != nil {
 			peer, r, self = classify(cfg, local, *c.now)
 		}
+		if peer {
+			if h := claimedBy(c.key, c.now.Lease, local, s.holders); h != "" {
+				// The peer as programmed stays; the claim is refused.
+				refused[c.key] = conflict(c.now, h, s.holders)
+				continue
+			}
+		}
 		switch {
 		case peer:
-			if !had || c.was.entry == nil || !c.was.entry.Lease.Same(c.now.Lease) {
+			if was == nil || !was.Lease.Same(c.now.Lease) {
 				upserted = append(upserted, c.now.Lease)
 			}
-			s.programmed[c.key] = struct{}{}
+			if was != nil {
+				release(s.holders, c.key, was.Lease)
+			}
+			s.programmed[c.key] = c.now
+			hold(s.holders, c.key, c.now.Lease)
 		default:
-			if had {
-				removed = append(removed, c.was.entry.Lease)
+			if was != nil {
+				removed = append(removed, was.Lease)
 				delete(s.programmed, c.key)
+				release(s.holders, c.key, was.Lease)
 			}
 			if c.now != nil && !self {
 				refused[c.key] = r
@@ -184,6 +305,10 @@ func (s *peerSet) delta(cfg *subnet.Config, local subnet.Lease) (upserted, remov
 	return upserted, removed
 }
 
+// conflicts is how many times a record was refused for claiming a
+// public IP another lease held.
+func (s *peerSet) conflictCount() uint64 { return s.conflicts.Load() }
+
 // count is the number of peers handed to the backend, and of records
 // refused.
 func (s *peerSet) count() (peers, refused int) { return len(s.programmed), len(s.refused) }
@@ -191,7 +316,7 @@ func (s *peerSet) count() (peers, refused int) { return len(s.programmed), len(s
 // report logs records newly refused (one line each: a refusal is an
 // anomaly the operator must see, and it is not repeated at every resync)
 // and refused ones that became peers.
-func (s *peerSet) report(refused map[string]refusal, peers map[string]struct{}) {
+func (s *peerSet) report(refused map[string]refusal, peers map[string]*subnet.Entry) {
 	var fresh []string
 	for k, r := range refused {
 		if s.refused[k] != r {
@@ -200,6 +325,9 @@ func (s *peerSet) report(refused map[string]refusal, peers map[string]struct{}) 
 	}
 	sort.Strings(fresh)
 	for _, k := range fresh {
+		if refused[k].conflict {
+			s.conflicts.Add(1)
+		}
 		s.log.Warn("refusing lease; no route will be programmed from it", "lease", refused[k].name, "reason", refused[k].why)
 	}
 	for k, r := range s.refused {

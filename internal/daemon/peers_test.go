@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"errors"
+	"io"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -87,5 +88,89 @@ func TestPeerSetDelta(t *testing.T) {
 	}
 	if up, rm := s.delta(cfg, local); len(up)+len(rm) != 0 {
 		t.Errorf("nothing changed, yet %q / %q", names(up), names(rm))
+	}
+}
+
+// A lease that takes another's public IP (overwritten by a client that is
+// not its node) is refused, the peer stays routed as it was, the first
+// holder keeps the address, and the conflict is counted once. This node's
+// own address is never another lease's.
+func TestPeerSetPublicIPConflicts(t *testing.T) {
+	var log strings.Builder
+	s := newPeerSet(slog.New(slog.NewTextHandler(&log, nil)))
+	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := lease("10.244.1.0/24", "192.168.1.1")
+	s.apply(subnet.Change{Full: true, Set: []subnet.Entry{
+		{Key: "a", Lease: local},
+		{Key: "b", Lease: lease("10.244.2.0/24", "192.168.1.2")},
+		{Key: "c", Lease: lease("10.244.3.0/24", "192.168.1.3")},
+	}})
+	s.all(cfg, local)
+
+	// c overwritten with b's address: nothing changes in the kernel.
+	s.apply(subnet.Change{Set: []subnet.Entry{{Key: "c", Lease: lease("10.244.3.0/24", "192.168.1.2")}}})
+	up, rm := s.delta(cfg, local)
+	if len(up) != 0 || len(rm) != 0 {
+		t.Fatalf("c claiming b's address: upserted %q, removed %q; want neither (c stays routed as it was)", names(up), names(rm))
+	}
+	if got := s.conflictCount(); got != 1 {
+		t.Errorf("conflicts %d, want 1", got)
+	}
+	if !strings.Contains(log.String(), "public IP 192.168.1.2 is held by b") {
+		t.Errorf("the refusal does not name the holder:\n%s", log.String())
+	}
+	// A full reconcile meanwhile keeps c's last good record.
+	if got := names(s.all(cfg, local)); !slices.Equal(got, []string{"10.244.2.0/24 via 192.168.1.2", "10.244.3.0/24 via 192.168.1.3"}) {
+		t.Fatalf("all during the conflict: %q", got)
+	}
+	if got := s.conflictCount(); got != 1 {
+		t.Errorf("conflicts %d after a resync of the same conflict, want still 1", got)
+	}
+	// c's node writes its lease back: nothing to do, nothing refused.
+	s.apply(subnet.Change{Set: []subnet.Entry{{Key: "c", Lease: lease("10.244.3.0/24", "192.168.1.3")}}})
+	if up, rm := s.delta(cfg, local); len(up) != 0 || len(rm) != 0 {
+		t.Fatalf("c written back: upserted %q, removed %q; want neither", names(up), names(rm))
+	}
+	if _, refused := s.count(); refused != 0 {
+		t.Errorf("%d refused after c was written back", refused)
+	}
+
+	// This node's address, claimed by a newcomer: refused.
+	s.apply(subnet.Change{Set: []subnet.Entry{{Key: "d", Lease: lease("10.244.4.0/24", "192.168.1.1")}}})
+	if up, _ := s.delta(cfg, local); len(up) != 0 {
+		t.Fatalf("a lease with this node's address was programmed: %q", names(up))
+	}
+	if !strings.Contains(log.String(), "public IP 192.168.1.1 is held by this node") {
+		t.Errorf("the refusal does not say the address is this node's:\n%s", log.String())
+	}
+
+	// b leaves and e takes its address in the same batch: e is a peer.
+	s.apply(subnet.Change{Set: []subnet.Entry{{Key: "e", Lease: lease("10.244.5.0/24", "192.168.1.2")}}, Deleted: []string{"b", "d"}})
+	if up, rm := s.delta(cfg, local); !slices.Equal(names(up), []string{"10.244.5.0/24 via 192.168.1.2"}) || !slices.Equal(names(rm), []string{"10.244.2.0/24 via 192.168.1.2"}) {
+		t.Fatalf("b gone, e on its address: upserted %q, removed %q", names(up), names(rm))
+	}
+}
+
+// Two leases new to this node that claim one address: the lower key holds
+// it, whatever the map's order.
+func TestPeerSetConflictFirstListing(t *testing.T) {
+	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := lease("10.244.1.0/24", "192.168.1.1")
+	for range 20 {
+		s := newPeerSet(slog.New(slog.NewTextHandler(io.Discard, nil)))
+		s.apply(subnet.Change{Full: true, Set: []subnet.Entry{
+			{Key: "k1", Lease: lease("10.244.2.0/24", "192.168.1.7")},
+			{Key: "k2", Lease: lease("10.244.3.0/24", "192.168.1.7")},
+			{Key: "k3", Lease: lease("10.244.4.0/24", "192.168.1.8")},
+		}})
+		if got := names(s.all(cfg, local)); !slices.Equal(got, []string{"10.244.2.0/24 via 192.168.1.7", "10.244.4.0/24 via 192.168.1.8"}) {
+			t.Fatalf("all: %q, want k1 (the lower key) to hold 192.168.1.7", got)
+		}
 	}
 }
