@@ -26,8 +26,8 @@ type peerSet struct {
 	entries map[string]*subnet.Entry
 	// dirty holds the keys changed since the last take.
 	dirty map[string]struct{} // guarded by mu
-	full  bool             // guarded by mu; a full set arrived since the last take
-	have  bool             // guarded by mu; the first full set arrived
+	full  bool                // guarded by mu; a full set arrived since the last take
+	have  bool                // guarded by mu; the first full set arrived
 
 	// Owned by the reconcile loop.
 	programmed map[string]*subnet.Entry // key -> the record last handed to the backend as a peer
@@ -187,7 +187,9 @@ func (s *peerSet) assign(cfg *subnet.Config, local subnet.Lease, entries []*subn
 func (s *peerSet) holds(e *subnet.Entry) bool { return s.programmed[e.Key] == e }
 
 // publicIPs are the addresses a lease points its subnets at.
-func publicIPs(l subnet.Lease) [2]netip.Addr { return [2]netip.Addr{l.Attrs.PublicIP, l.Attrs.PublicIPv6} }
+func publicIPs(l subnet.Lease) [2]netip.Addr {
+	return [2]netip.Addr{l.Attrs.PublicIP, l.Attrs.PublicIPv6}
+}
 
 // claimedBy names the holder of a public IP that l, the record at key,
 // claims although it is another's: this node, or another lease's key. ""
