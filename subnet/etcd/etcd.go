@@ -14,6 +14,7 @@
 package etcd
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -24,8 +25,10 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -113,6 +116,9 @@ type Manager struct {
 	listed    *listing   // guarded by mu; AcquireLease's listing, for Run to start from
 	prefetch  *prefetch  // guarded by mu; a listing started ahead of AcquireLease
 	connState connState  // guarded by mu
+
+	// conflicts counts overwrites of this node's lease by another client.
+	conflicts atomic.Uint64
 }
 
 type ownLease struct {
@@ -122,6 +128,9 @@ type ownLease struct {
 	etcdID   clientv3.LeaseID // 0 for a reservation
 	expires  time.Time
 	reserved bool
+	// pending is a value this node is writing to key, seen by the watch
+	// perhaps before the write returns: its own, not another client's.
+	pending []byte
 }
 
 // New returns a Manager.
@@ -593,7 +602,7 @@ func (m *Manager) watch(ctx context.Context, publish func(subnet.Change)) error 
 		}
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		wch := m.cli.Watch(wctx, m.SubnetsPrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithProgressNotify())
-		relist, err := m.consume(wch, &rev, publish, &bo)
+		relist, err := m.consume(ctx, wch, &rev, publish, &bo)
 		cancel()
 		if err != nil {
 			return err
@@ -613,7 +622,7 @@ func (m *Manager) watch(ctx context.Context, publish func(subnet.Change)) error 
 
 // consume applies watch responses until the channel ends. It reports
 // whether a fresh listing is needed (compaction).
-func (m *Manager) consume(wch clientv3.WatchChan, rev *int64, publish func(subnet.Change), bo *backoff) (bool, error) {
+func (m *Manager) consume(ctx context.Context, wch clientv3.WatchChan, rev *int64, publish func(subnet.Change), bo *backoff) (bool, error) {
 	for resp := range wch {
 		if resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted) {
 			return true, nil
@@ -647,6 +656,9 @@ func (m *Manager) consume(wch clientv3.WatchChan, rev *int64, publish func(subne
 			default:
 				e := m.parse(key, ev.Kv.Value, ev.Kv.Lease)
 				batch[key] = &e
+				if key == ownKey {
+					m.checkOwn(ctx, ev.Kv)
+				}
 			}
 			*rev = ev.Kv.ModRevision
 		}
@@ -654,6 +666,46 @@ func (m *Manager) consume(wch clientv3.WatchChan, rev *int64, publish func(subne
 	}
 	return false, nil
 }
+
+// checkOwn looks at a write to this node's own lease key: one this node
+// did not make (another client with the prefix's credentials, which etcd's
+// RBAC cannot tell from this node's) is counted, said loudly, and undone,
+// unless the key changed again since.
+func (m *Manager) checkOwn(ctx context.Context, kv *mvccpb.KeyValue) {
+	m.mu.Lock()
+	own := m.own
+	m.mu.Unlock()
+	if bytes.Equal(kv.Value, own.attrs) || bytes.Equal(kv.Value, own.pending) {
+		return
+	}
+	m.conflicts.Add(1)
+	found := "unparsable"
+	if a, err := subnet.ParseLeaseAttrs(kv.Value); err == nil {
+		found = a.PublicIP.String()
+		if a.PublicIPv6.IsValid() {
+			found += " " + a.PublicIPv6.String()
+		}
+	}
+	m.log.Error("this node's lease was overwritten by another client (etcd's RBAC cannot keep nodes off each other's leases); writing it back",
+		"key", own.key, "found_public_ip", found, "want_public_ip", own.lease.Attrs.PublicIP, "revision", kv.ModRevision)
+	var opts []clientv3.OpOption
+	if !own.reserved {
+		opts = append(opts, clientv3.WithLease(own.etcdID))
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := m.cli.Txn(wctx).
+		If(clientv3.Compare(clientv3.ModRevision(own.key), "=", kv.ModRevision)).
+		Then(clientv3.OpPut(own.key, string(own.attrs), opts...)).
+		Commit()
+	if err != nil {
+		m.log.Warn("writing this node's lease back failed; the next change to it is checked again", "key", own.key, "err", err)
+	}
+}
+
+// OwnLeaseConflicts is how many times another client overwrote this
+// node's lease.
+func (m *Manager) OwnLeaseConflicts() uint64 { return m.conflicts.Load() }
 
 // takeListing returns the listing AcquireLease made, once, or a new one.
 func (m *Manager) takeListing(ctx context.Context) (*listing, error) {
@@ -766,6 +818,9 @@ func (m *Manager) UpdateBackendData(ctx context.Context, data, v6Data json.RawMe
 	if !own.reserved {
 		opts = append(opts, clientv3.WithLease(own.etcdID))
 	}
+	m.mu.Lock()
+	m.own.pending = value
+	m.mu.Unlock()
 	resp, err := m.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(own.key), ">", 0)).
 		Then(clientv3.OpPut(own.key, string(value), opts...)).

@@ -406,3 +406,50 @@ func getKV(t *testing.T, c *clientv3.Client, key string) *mvccpb.KeyValue {
 	}
 	return resp.Kvs[0]
 }
+
+// Another client overwriting this node's lease (a node with the same
+// prefix credentials, pointing the subnet at itself) is undone: the value
+// and the etcd lease are this node's again, and the overwrite is counted.
+// The node's own updates are not counted.
+func TestOwnLeaseOverwriteUndone(t *testing.T) {
+	c := client(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m := newManager(t, c, 11)
+	cfg := config(t, c, m, `{"Network":"10.54.0.0/16","Backend":{"Type":"host-gw"}}`)
+	own, err := m.AcquireLease(ctx, cfg, attrs("192.168.11.1"), subnet.Lease{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s snapshots
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx, s.publish) }()
+	s.waitFor(t, "the own lease", func(sn subnet.Snapshot) bool { return has(sn, own.Subnet.String()) })
+	key := m.SubnetsPrefix() + own.Key()
+	before := getKV(t, c, key)
+
+	if err := m.UpdateBackendData(ctx, []byte(`{"VNI":1}`), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(ctx, key, `{"PublicIP":"192.168.11.66","BackendType":"host-gw"}`); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		kv := getKV(t, c, key)
+		if strings.Contains(string(kv.Value), `"192.168.11.1"`) && kv.Lease == before.Lease {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the overwritten lease was not written back: %s (etcd lease %x, want %x)", kv.Value, kv.Lease, before.Lease)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := m.OwnLeaseConflicts(); n != 1 {
+		t.Errorf("OwnLeaseConflicts() = %d, want 1 (one overwrite; the node's own update is not one)", n)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
