@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/twill-net/twill/internal/cluster"
+	"github.com/twill-net/twill/internal/pki"
 	"github.com/twill-net/twill/internal/sysctl"
 	"github.com/twill-net/twill/internal/topology"
 )
@@ -36,7 +37,7 @@ func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, 
 	s.Kubernetes, s.KubeBinDir, s.ImageDir = true, o.KubeBinDir, o.ImageDir
 	s.APIServer = fmt.Sprintf("https://%s:%d", topo.BridgeAddr, APIServerPort)
 	step("Kubernetes control plane in %s", topo.Underlay)
-	p, err := newPKI(filepath.Join(s.Dir, "pki"))
+	p, err := pki.New(filepath.Join(s.Dir, "pki"), "twill-lab-ca")
 	if err != nil {
 		return err
 	}
@@ -47,7 +48,7 @@ func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, 
 	step("containerd, kubelet and kube-proxy in every node")
 	// kube-proxy's identity: the built-in system:node-proxier binding
 	// grants it what it needs.
-	pxCrt, pxKey, err := p.issue(certSpec{name: "kube-proxy", cn: "system:kube-proxy"})
+	pxCrt, pxKey, err := p.Issue(pki.Cert{Name: "kube-proxy", CN: "system:kube-proxy"})
 	if err != nil {
 		return err
 	}
@@ -56,7 +57,7 @@ func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, 
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	for i := range s.Nodes {
-		crt, key, err := p.issue(certSpec{name: "node-" + s.Nodes[i].Name, cn: "system:node:" + s.Nodes[i].Name, orgs: []string{"system:nodes"}})
+		crt, key, err := p.Issue(pki.Cert{Name: "node-" + s.Nodes[i].Name, CN: "system:node:" + s.Nodes[i].Name, Orgs: []string{"system:nodes"}})
 		if err != nil {
 			return err
 		}
@@ -117,12 +118,12 @@ func nodeImages(dir string) []string {
 
 // startControlPlane runs kube-apiserver, kube-controller-manager and
 // kube-scheduler in the underlay namespace, each with its own identity.
-func (s *State) startControlPlane(ctx context.Context, p *pki, topo *topology.Topology) error {
-	saKey, saPub, err := p.serviceAccountKey()
+func (s *State) startControlPlane(ctx context.Context, p *pki.CA, topo *topology.Topology) error {
+	saKey, saPub, err := serviceAccountKey(p)
 	if err != nil {
 		return err
 	}
-	admCrt, admKey, err := p.issue(certSpec{name: "admin", cn: "twill-lab-admin", orgs: []string{"system:masters"}})
+	admCrt, admKey, err := p.Issue(pki.Cert{Name: "admin", CN: "twill-lab-admin", Orgs: []string{"system:masters"}})
 	if err != nil {
 		return err
 	}
@@ -148,7 +149,7 @@ func (s *State) startControlPlane(ctx context.Context, p *pki, topo *topology.To
 			"--bind-address=127.0.0.1", "--secure-port=10257", "--v=1"}},
 		{"kube-scheduler", "system:kube-scheduler", []string{"--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=10259", "--v=1"}},
 	} {
-		crt, key, err := p.issue(certSpec{name: c.name, cn: c.cn})
+		crt, key, err := p.Issue(pki.Cert{Name: c.name, CN: c.cn})
 		if err != nil {
 			return err
 		}
@@ -166,17 +167,17 @@ func (s *State) startControlPlane(ctx context.Context, p *pki, topo *topology.To
 
 // startAPIServer runs kube-apiserver on the underlay bridge's address,
 // waits until it is ready, and lets it reach kubelets (exec, logs).
-func (s *State) startAPIServer(ctx context.Context, p *pki, topo *topology.Topology, saKey, saPub string) error {
+func (s *State) startAPIServer(ctx context.Context, p *pki.CA, topo *topology.Topology, saKey, saPub string) error {
 	addr := topo.BridgeAddr
-	apiCrt, apiKey, err := p.issue(certSpec{name: "apiserver", cn: "kube-apiserver", server: true,
-		ips: []netip.Addr{addr, netip.MustParseAddr(KubernetesSvc), netip.MustParseAddr("127.0.0.1")},
-		dns: []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}})
+	apiCrt, apiKey, err := p.Issue(pki.Cert{Name: "apiserver", CN: "kube-apiserver", Server: true,
+		IPs: []netip.Addr{addr, netip.MustParseAddr(KubernetesSvc), netip.MustParseAddr("127.0.0.1")},
+		DNS: []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}})
 	if err != nil {
 		return err
 	}
 	// The apiserver's identity towards kubelets: bound to
 	// system:kubelet-api-admin below, not a member of system:masters.
-	kcCrt, kcKey, err := p.issue(certSpec{name: "apiserver-kubelet-client", cn: "kube-apiserver-kubelet-client"})
+	kcCrt, kcKey, err := p.Issue(pki.Cert{Name: "apiserver-kubelet-client", CN: "kube-apiserver-kubelet-client"})
 	if err != nil {
 		return err
 	}
