@@ -68,7 +68,7 @@ e2e-images: build kube-tools ## make kube-images, and stand-ins for the images K
 	$(MKIMAGE) -coredns build/kube/current -e2e build/kube/current
 
 .PHONY: setup
-setup: setup-base kube-tools flannel-tools ## Install what a fresh machine lacks: Debian packages (iproute2, iptables, containerd, ...), Go modules, the Kubernetes binaries, flanneld; only what is missing
+setup: setup-base kube-tools flannel-tools etcd-tools ## Install what a fresh machine lacks: Debian packages (iproute2, iptables, containerd, ...), Go modules, the Kubernetes binaries, flanneld, etcdctl; only what is missing
 
 .PHONY: setup-base
 setup-base: ## What the lab needs: the Debian packages and the Go modules
@@ -90,6 +90,10 @@ kube-tools: ## Build the Kubernetes binaries and crictl from the Go module proxy
 .PHONY: flannel-tools
 flannel-tools: ## Build flanneld from the Go module proxy, for the flannel-takeover tests (cached in build/flannel/<version>)
 	bash tools/flannel/build.sh
+
+.PHONY: etcd-tools
+etcd-tools: ## Build etcdctl from the Go module proxy, for Documentation/etcd.md's RBAC commands (cached in build/etcd/<version>)
+	bash tools/etcd/build.sh
 
 .PHONY: test
 test: setup lint cover ## Everything this machine can run, as root: unit, privileged, e2e (listed test by test), fuzz seeds, benchmarks once

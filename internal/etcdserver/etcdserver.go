@@ -25,6 +25,13 @@ type Config struct {
 	// default error.
 	LogLevel string
 	// SnapshotCount and the quota are left at etcd's defaults.
+
+	// CertFile and KeyFile are the serving certificate for https client
+	// URLs; with ClientCertAuth, clients must present a certificate
+	// TrustedCAFile signed, and (once auth is enabled) its common name is
+	// their etcd user name.
+	CertFile, KeyFile, TrustedCAFile string
+	ClientCertAuth                   bool
 }
 
 // Server is a running member.
@@ -65,6 +72,8 @@ func Start(ctx context.Context, c Config) (*Server, error) {
 		return nil, fmt.Errorf("etcd peer URL %q: %w", peer, err)
 	}
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = cus, cus
+	cfg.ClientTLSInfo.CertFile, cfg.ClientTLSInfo.KeyFile = c.CertFile, c.KeyFile
+	cfg.ClientTLSInfo.TrustedCAFile, cfg.ClientTLSInfo.ClientCertAuth = c.TrustedCAFile, c.ClientCertAuth
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	cfg.InitialCluster = cfg.Name + "=" + pu.String()
 	e, err := embed.StartEtcd(cfg)

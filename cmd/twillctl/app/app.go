@@ -70,6 +70,7 @@ type etcdOptions struct {
 	dataDir    string
 	clientURLs []string
 	peerURL    string
+	tls        etcdserver.Config // its TLS fields
 }
 
 func newEtcdCommand() *cobra.Command {
@@ -85,12 +86,18 @@ func newEtcdCommand() *cobra.Command {
 	cmd.Flags().StringVar(&o.dataDir, "data-dir", "", "data directory (required)")
 	cmd.Flags().StringSliceVar(&o.clientURLs, "listen-client-urls", []string{"http://127.0.0.1:2379"}, "client URLs to listen on and advertise (http://IP:PORT or unix:///path)")
 	cmd.Flags().StringVar(&o.peerURL, "listen-peer-url", "", "peer URL (default: a free loopback port)")
+	cmd.Flags().StringVar(&o.tls.CertFile, "cert-file", "", "serving certificate for https client URLs")
+	cmd.Flags().StringVar(&o.tls.KeyFile, "key-file", "", "key of --cert-file")
+	cmd.Flags().StringVar(&o.tls.TrustedCAFile, "trusted-ca-file", "", "CA that signs client certificates")
+	cmd.Flags().BoolVar(&o.tls.ClientCertAuth, "client-cert-auth", false, "require a client certificate signed by --trusted-ca-file (its common name is the etcd user once auth is enabled)")
 	_ = cmd.MarkFlagRequired("data-dir")
 	return cmd
 }
 
 func runEtcd(ctx context.Context, o etcdOptions) error {
-	srv, err := etcdserver.Start(ctx, etcdserver.Config{Dir: o.dataDir, ClientURLs: o.clientURLs, PeerURL: o.peerURL})
+	c := o.tls
+	c.Dir, c.ClientURLs, c.PeerURL = o.dataDir, o.clientURLs, o.peerURL
+	srv, err := etcdserver.Start(ctx, c)
 	if err != nil {
 		return err
 	}
