@@ -31,18 +31,23 @@ import (
 const flannelPrefix = "/coreos.com/network"
 
 // flanneldBinary builds flanneld once (cached in build/flannel/<version>).
-func flanneldBinary(t *testing.T) string {
+func flanneldBinary(t *testing.T) string { return builtTool(t, "flannel", "flanneld") }
+
+// builtTool builds (or finds cached) a tool of tools/<dir>/build.sh, which
+// ends by printing "<what>: <version> in <dir>", and returns the path of
+// its binary name.
+func builtTool(t *testing.T, dir, name string) string {
 	t.Helper()
 	root := kubetest.Root(t)
-	out, err := exec.Command("bash", filepath.Join(root, "tools", "flannel", "build.sh")).CombinedOutput()
+	out, err := exec.Command("bash", filepath.Join(root, "tools", dir, "build.sh")).CombinedOutput()
 	if err != nil {
-		t.Fatalf("building flanneld (tools/flannel/build.sh): %v\n%s", err, out)
+		t.Fatalf("building %s (tools/%s/build.sh): %v\n%s", name, dir, err, out)
 	}
-	m := regexp.MustCompile(`flannel: (\S+) in (\S+)`).FindStringSubmatch(string(out))
+	m := regexp.MustCompile(`: (\S+) in (\S+)\n*$`).FindStringSubmatch(string(out))
 	if m == nil {
-		t.Fatalf("tools/flannel/build.sh said:\n%s", out)
+		t.Fatalf("tools/%s/build.sh said:\n%s", dir, out)
 	}
-	return filepath.Join(m[2], "flanneld")
+	return filepath.Join(m[2], name)
 }
 
 // flannelCluster is a cluster whose nodes run flanneld or twilld, on
