@@ -346,14 +346,25 @@ var docScenarios = map[string]func(t *testing.T, e *docEnv){
 	// The flannel migration: the same three machines, with flanneld (built
 	// from the Go module proxy: tools/flannel) on the PATH.
 	"flannel": func(t *testing.T, e *docEnv) {
-		dir := filepath.Dir(flanneldBinary(t))
 		bareLab(t, e, "fl")
-		for i, v := range e.env {
-			if p, ok := strings.CutPrefix(v, "PATH="); ok {
-				e.env[i] = "PATH=" + dir + ":" + p
-			}
-		}
+		e.onPath(filepath.Dir(flanneldBinary(t)))
 	},
+	// etcd with TLS and RBAC: the quickstart's machines, with etcdctl
+	// (built from the Go module proxy: tools/etcd) on the PATH.
+	"etcdauth": func(t *testing.T, e *docEnv) {
+		bareLab(t, e, "ea")
+		e.onPath(filepath.Dir(builtTool(t, "etcd", "etcdctl")))
+		t.Cleanup(func() { os.RemoveAll("/tmp/twill-etcd-pki") })
+	},
+}
+
+// onPath puts dir first on the scenario's PATH.
+func (e *docEnv) onPath(dir string) {
+	for i, v := range e.env {
+		if p, ok := strings.CutPrefix(v, "PATH="); ok {
+			e.env[i] = "PATH=" + dir + ":" + p
+		}
+	}
 }
 
 // bareLab makes three bare machines on 10.0.0.0/24 (node1 is the etcd
