@@ -22,7 +22,9 @@ const healthPort = 10267
 // TestRoguePublicIPs: leases whose PublicIP is loopback, multicast,
 // broadcast or link-local are refused by every vxlan node, named in the
 // log, counted in twill_leases_refused and by twillctl status, and never
-// become a route, a neighbour or an FDB entry.
+// become a route, a neighbour or an FDB entry. With eight more leases the
+// backend refuses (wrong VNI) and one claiming node2's address, all 13 are
+// named, each with its reason, in the log and in twillctl status.
 func TestRoguePublicIPs(t *testing.T) {
 	c := newCluster(t, 2)
 	c.put("/twill.io/network/config", netConfVXLAN)
@@ -39,6 +41,12 @@ func TestRoguePublicIPs(t *testing.T) {
 	for sub, ip := range rogue {
 		c.put("/twill.io/network/subnets/"+sub+"-24",
 			`{"PublicIP":"`+ip+`","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0a:bb:00:00:00:01"}}`)
+	}
+	// Refused by the vxlan backend (another VNI), and one claiming node2's
+	// address once node2 holds it.
+	for i := range 8 {
+		c.put(fmt.Sprintf("/twill.io/network/subnets/10.244.%d.0-24", 240+i),
+			fmt.Sprintf(`{"PublicIP":"10.99.0.%d","BackendType":"vxlan","BackendData":{"VNI":7,"VtepMAC":"0a:bb:00:00:01:%02x"}}`, 60+i, i))
 	}
 	// Once failed, what each node saw: node2's route on node1 failed to
 	// appear once in CI, with node1 never logging node2's lease.
@@ -60,6 +68,11 @@ func TestRoguePublicIPs(t *testing.T) {
 	c.put("/twill.io/network/subnets/10.244.254.0-24",
 		`{"PublicIP":"10.99.0.50","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0a:bb:00:00:00:02"}}`)
 	waitFor(t, 10*time.Second, "the witness lease's route", func() bool { return strings.Contains(c.routes(0), "10.244.254.0/24") })
+	c.put("/twill.io/network/subnets/10.244.249.0-24",
+		`{"PublicIP":"`+c.topo.Nodes[1].Addr.Addr().String()+`","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0a:bb:00:00:00:03"}}`)
+	waitFor(t, 10*time.Second, "the lease on node2's address refused", func() bool {
+		return strings.Contains(d.Output(), "public IP "+c.topo.Nodes[1].Addr.Addr().String()+" is held by")
+	})
 
 	ns := c.topo.Nodes[0].NS
 	fdb, _ := exec.Command("bridge", "-n", ns, "fdb", "show", "dev", "twill.1").CombinedOutput()
@@ -83,13 +96,29 @@ func TestRoguePublicIPs(t *testing.T) {
 			t.Errorf("node1's log names %q %d times, want once:\n%s", want, strings.Count(log, want), log)
 		}
 	}
-	if got := metricIn(t, ns, healthPort, "twill_leases_refused"); got != "4" {
-		t.Errorf("twill_leases_refused = %s, want 4", got)
+	if got := metricIn(t, ns, healthPort, "twill_leases_refused"); got != "5" {
+		t.Errorf("twill_leases_refused = %s, want 5 (4 rogue addresses, 1 on node2's)", got)
+	}
+	if got := metricIn(t, ns, healthPort, "twill_lease_conflicts_total"); got != "1" {
+		t.Errorf("twill_lease_conflicts_total = %s, want 1", got)
 	}
 	out, _ := exec.Command("ip", "netns", "exec", ns, c.bin+"/twillctl", "status", "--etcd-endpoints", c.etcdURL,
 		"--subnet-file", c.subnetFile(0), "--iface", "eth0").CombinedOutput()
-	if !strings.Contains(string(out), "2 valid, 4 refused") || !strings.Contains(string(out), "224.0.0.1 is a multicast address") {
+	if !strings.Contains(string(out), "2 valid, 13 refused") || !strings.Contains(string(out), "224.0.0.1 is a multicast address") {
 		t.Errorf("twillctl status on node1 (local %s):\n%s", local.Subnet, out)
+	}
+	// Every one of the 13, by subnet, in the log and in the status.
+	for i := 240; i <= 253; i++ {
+		if i == 248 {
+			continue // no lease there
+		}
+		sub := fmt.Sprintf("10.244.%d.0/24", i)
+		if !strings.Contains(log, sub) {
+			t.Errorf("node1's log never names the refused lease %s", sub)
+		}
+		if !strings.Contains(string(out), sub) {
+			t.Errorf("twillctl status does not name the refused lease %s", sub)
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package subnet
 import (
 	"encoding/json"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -181,4 +182,32 @@ func FuzzParseSubnetKey(f *testing.F) {
 			t.Fatalf("round trip of %q: %s %v", key, back, err)
 		}
 	})
+}
+
+// Peers refuses a lease claiming the local node's public IP, and of two
+// claiming one address keeps the one that sorts first, naming the holder.
+func TestPeersOneLeasePerAddress(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := func(s, ip string) Lease {
+		return Lease{Subnet: netip.MustParsePrefix(s), Attrs: LeaseAttrs{PublicIP: netip.MustParseAddr(ip), BackendType: "host-gw"}}
+	}
+	local := l("10.244.1.0/24", "10.0.0.1")
+	snap := Snapshot{Leases: []Lease{local, l("10.244.3.0/24", "10.0.0.2"), l("10.244.2.0/24", "10.0.0.2"), l("10.244.4.0/24", "10.0.0.1"), l("10.244.5.0/24", "10.0.0.5")}}
+	peers, refused := Peers(cfg, local, snap, nil)
+	var got []string
+	for _, p := range peers {
+		got = append(got, p.String())
+	}
+	if !slices.Equal(got, []string{"10.244.2.0/24", "10.244.5.0/24"}) {
+		t.Errorf("peers %v, want 10.244.2.0/24 (the first of the two on 10.0.0.2) and 10.244.5.0/24", got)
+	}
+	if why := refused["10.244.3.0/24"]; !strings.Contains(why, "public IP 10.0.0.2 is held by 10.244.2.0/24") {
+		t.Errorf("10.244.3.0/24 refused for %q", why)
+	}
+	if why := refused["10.244.4.0/24"]; !strings.Contains(why, "public IP 10.0.0.1 is held by this node") {
+		t.Errorf("10.244.4.0/24 refused for %q", why)
+	}
 }
