@@ -84,6 +84,19 @@ func TestKubeNodeIsolation(t *testing.T) {
 		}
 	}
 
+	// Someone else changing what twilld published (here with node1's
+	// token, which the policy allows on node1): twilld publishes it
+	// again, and counts the conflict.
+	if err := patch(twill1, node1, `{"metadata":{"annotations":{"twill.io/public-ip":"10.99.0.250"}}}`); err != nil {
+		t.Fatalf("node1's token patching node1's public-ip: %v", err)
+	}
+	waitFor(t, 15*time.Second, "node1's public-ip published again", func() bool {
+		return k.node(node1).Annotations["twill.io/public-ip"] == k.topo.Nodes[0].Addr.Addr().String()
+	})
+	if got := k.metric(0, "twill_lease_conflicts_total"); got != "1" {
+		t.Errorf("node1's twill_lease_conflicts_total = %s, want 1", got)
+	}
+
 	// twill's account without a node claim (a token made by hand) can
 	// change no Node, not even one.
 	unbound := as(k.api.UnboundToken(t, "kube-twill", "twill"))

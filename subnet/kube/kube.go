@@ -67,6 +67,9 @@ type Manager struct {
 	ready     atomic.Bool
 	// lastListErr is the informer's last failed list, for the wait message.
 	lastListErr atomic.Value
+	// conflicts counts the times someone else changed twill's annotations
+	// on this node's Node.
+	conflicts atomic.Uint64
 }
 
 // New returns a Manager. Nothing talks to the apiserver until
@@ -392,6 +395,10 @@ func (m *Manager) checkSelf() error {
 	return nil
 }
 
+// OwnLeaseConflicts is how many times this node's twill annotations were
+// found changed by someone else (and published again).
+func (m *Manager) OwnLeaseConflicts() uint64 { return m.conflicts.Load() }
+
 // repairSelf re-publishes the annotations if someone changed them, and
 // sets NetworkUnavailable=False once ready if it is not.
 func (m *Manager) repairSelf(ctx context.Context) error {
@@ -404,6 +411,7 @@ func (m *Manager) repairSelf(ctx context.Context) error {
 	}
 	for k, v := range want {
 		if n.Annotations[k] != v {
+			m.conflicts.Add(1)
 			m.log.Warn("the node's twill annotations were changed; publishing them again", "annotation", k, "found", clip(n.Annotations[k]))
 			if err := m.patchAnnotations(ctx, want); err != nil {
 				return err
