@@ -269,3 +269,42 @@ func TestPublishForFlannel(t *testing.T) {
 		}
 	}
 }
+
+// Which addresses vouch for a public IP, in each family: the Node's
+// InternalIP and ExternalIP of that family. A Hostname or InternalDNS entry
+// that happens to be written as an IP does not (kubelet does not check
+// them as addresses), nor does an address of the other family.
+func TestNodeLeaseAddressTypes(t *testing.T) {
+	a := ann(t)
+	for _, tc := range []struct {
+		name    string
+		typ     corev1.NodeAddressType
+		addr    string
+		key     string
+		pub     string
+		vouched bool
+	}{
+		{"v4 InternalIP", corev1.NodeInternalIP, "192.168.0.9", "twill.io/public-ip", "192.168.0.9", true},
+		{"v4 ExternalIP", corev1.NodeExternalIP, "192.168.0.9", "twill.io/public-ip", "192.168.0.9", true},
+		{"v4 Hostname", corev1.NodeHostName, "192.168.0.9", "twill.io/public-ip", "192.168.0.9", false},
+		{"v4 InternalDNS", corev1.NodeInternalDNS, "192.168.0.9", "twill.io/public-ip", "192.168.0.9", false},
+		{"v6 InternalIP", corev1.NodeInternalIP, "fd00::9", "twill.io/public-ipv6", "fd00::9", true},
+		{"v6 ExternalIP", corev1.NodeExternalIP, "fd00::9", "twill.io/public-ipv6", "fd00::9", true},
+		{"v6 Hostname", corev1.NodeHostName, "fd00::9", "twill.io/public-ipv6", "fd00::9", false},
+		{"v4-mapped v6 for a v4", corev1.NodeInternalIP, "::ffff:192.168.0.9", "twill.io/public-ip", "192.168.0.9", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := map[string]string{"twill.io/backend-type": "host-gw", tc.key: tc.pub}
+			n := node("x", "10.244.9.0/24", "192.168.0.250", m)
+			if tc.key == "twill.io/public-ipv6" {
+				n.Spec.PodCIDRs = []string{"10.244.9.0/24", "fd00:9::/64"}
+				m["twill.io/public-ip"] = "192.168.0.250"
+			}
+			n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: tc.typ, Address: tc.addr})
+			_, _, err := a.NodeLease(n)
+			if got := err == nil; got != tc.vouched {
+				t.Errorf("%s %s as %s: err %v; want vouched %v", tc.typ, tc.addr, tc.key, err, tc.vouched)
+			}
+		})
+	}
+}
