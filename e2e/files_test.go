@@ -32,7 +32,14 @@ func TestFilesAndPorts(t *testing.T) {
 	if err := os.Chmod(state, 0o755); err != nil { // as a hostPath DirectoryOrCreate makes it
 		t.Fatal(err)
 	}
-	c.startDaemon(0, "--healthz-ip", "127.0.0.1", "--healthz-port", fmt.Sprint(healthPort))
+	conf := filepath.Join(c.dir, "cni-conf.json")
+	confDest := filepath.Join(c.dir, "net.d", "10-twill.conflist")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, `{"cniVersion":"1.0.0","name":"pods","plugins":[{"type":"twill","subnetFile":%q,"dataDir":%q}]}`,
+		c.subnetFile(0), filepath.Join(state, "networks")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.startDaemon(0, "--healthz-ip", "127.0.0.1", "--healthz-port", fmt.Sprint(healthPort),
+		"--cni-conflist", conf, "--cni-conflist-dest", confDest)
 	c.env(0)
 	nsName := c.topo.Nodes[0].NS
 	_, _ = c.addPod(0, "files")
@@ -58,6 +65,10 @@ func TestFilesAndPorts(t *testing.T) {
 	if m := mode(c.subnetFile(0)); m != 0o644 {
 		t.Errorf("subnet.env: mode %o, want 644", m)
 	}
+	waitFor(t, 10*time.Second, "the conflist installed", func() bool { _, err := os.Stat(confDest); return err == nil })
+	if m := mode(confDest); m != 0o644 {
+		t.Errorf("the installed conflist: mode %o, want 644", m)
+	}
 	records, _ := filepath.Glob(filepath.Join(state, "networks", "pods", "10.*"))
 	if len(records) != 1 {
 		t.Fatalf("address records: %v, want one", records)
@@ -65,10 +76,12 @@ func TestFilesAndPorts(t *testing.T) {
 	if m := mode(records[0]); m != 0o600 {
 		t.Errorf("address record %s: mode %o, want 600", records[0], m)
 	}
-	// subnet.env is written whole (to a temporary file renamed over it):
-	// no temporary file is left beside it.
-	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(c.subnetFile(0)), ".*.tmp*")); len(left) != 0 {
-		t.Errorf("temporary files left: %v", left)
+	// subnet.env and the conflist are written whole (to a temporary file
+	// renamed over them): no temporary file is left beside them.
+	for _, dir := range []string{filepath.Dir(c.subnetFile(0)), filepath.Dir(confDest)} {
+		if left, _ := filepath.Glob(filepath.Join(dir, ".*.tmp*")); len(left) != 0 {
+			t.Errorf("temporary files left: %v", left)
+		}
 	}
 
 	// Served on 127.0.0.1 alone: the node's own address is refused.
