@@ -23,6 +23,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/twill-net/twill/dist"
 	"github.com/twill-net/twill/internal/cluster"
 	"github.com/twill-net/twill/internal/pki"
 	"github.com/twill-net/twill/internal/sysctl"
@@ -87,16 +88,23 @@ func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, 
 		return err
 	}
 
-	step("twill: kubectl apply -f dist/kube-twill.yml (image %s)", s.TwillImage)
-	manifest, err := InstallManifest(s.TwillImage, o.Backend)
-	if err != nil {
-		return err
-	}
-	if out, err := s.Kubectl(ctx, bytes.NewReader(manifest), "apply", "-f", "-"); err != nil {
-		return fmt.Errorf("kubectl apply -f kube-twill.yml: %w\n%s", err, out)
-	}
-	if err := s.waitTwill(ctx); err != nil {
-		return err
+	if s.FlannelImage != "" {
+		step("flannel: kube-flannel's DaemonSet (image %s, backend %s)", s.FlannelImage, o.Backend)
+		if err := s.installFlannel(ctx, o.Backend); err != nil {
+			return err
+		}
+	} else {
+		step("twill: kubectl apply -f dist/kube-twill.yml (image %s)", s.TwillImage)
+		manifest, err := InstallManifest(s.TwillImage, o.Backend)
+		if err != nil {
+			return err
+		}
+		if out, err := s.Kubectl(ctx, bytes.NewReader(manifest), "apply", "-f", "-"); err != nil {
+			return fmt.Errorf("kubectl apply -f kube-twill.yml: %w\n%s", err, out)
+		}
+		if err := s.waitTwill(ctx); err != nil {
+			return err
+		}
 	}
 	step("CoreDNS, the cluster DNS at %s (image %s)", ClusterDNS, s.CoreDNSImage)
 	if err := s.deployDNS(ctx); err != nil {
@@ -110,6 +118,9 @@ func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, 
 // when make e2e-images wrote them.
 func nodeImages(dir string) []string {
 	imgs := []string{"twill.tar", "pause.tar", "coredns.tar"}
+	if _, err := os.Stat(filepath.Join(dir, "flannel.tar")); err == nil {
+		imgs = append(imgs, "flannel.tar")
+	}
 	if _, err := os.Stat(filepath.Join(dir, "e2e-images.tar")); err == nil {
 		imgs = append(imgs, "e2e-images.tar")
 	}
@@ -267,6 +278,12 @@ func (s *State) startNode(ctx context.Context, i int, nodeCrt, nodeKey string) e
 			"images", "import", filepath.Join(s.ImageDir, img)); err != nil {
 			return fmt.Errorf("importing %s into %s's containerd: %w\n%s", img, n.Name, err, out)
 		}
+	}
+	// twill's image under the name the manifests ship with too, so that
+	// what the docs apply as written (dist/flannel-migration) runs here.
+	if out, err := s.NodeExec(ctx, n.Name, nil, "/usr/bin/ctr", "-a", "/run/containerd/containerd.sock", "-n", "k8s.io",
+		"images", "tag", "--force", s.TwillImage, dist.ShippedImage); err != nil {
+		return fmt.Errorf("tagging %s as %s in %s's containerd: %w\n%s", s.TwillImage, dist.ShippedImage, n.Name, err, out)
 	}
 	if err := s.spawnInNode("kubelet", n.NS, root, filepath.Join(s.KubeBinDir, "kubelet"),
 		"--config="+filepath.Join(dir, "kubelet.yaml"), "--kubeconfig="+filepath.Join(dir, "kubelet.kubeconfig"),

@@ -201,3 +201,7 @@ func podReady(p corev1.Pod) bool {
 	}
 	return false
 }
+
+// RefreshPods reads the ready pods of the lab's namespace again into
+// s.Pods (not saved).
+func (s *State) RefreshPods(ctx context.Context) error { return s.refreshPods(ctx) }

@@ -54,6 +54,10 @@ type Options struct {
 	Kubernetes bool
 	KubeBinDir string
 	ImageDir   string
+	// Flannel starts the Kubernetes lab on flannel instead of twill:
+	// kube-flannel's DaemonSet shape, flanneld --kube-subnet-mgr from
+	// ImageDir's flannel.tar, to try the migration to twill on.
+	Flannel bool
 	// KeepOnFailure leaves a lab whose up failed in place, to look at.
 	KeepOnFailure bool
 	// NetnsPrefix replaces "twl" in the names of the lab's namespaces.
@@ -125,6 +129,9 @@ func (o *Options) Validate() error {
 	case "auto", "iptables", "nftables":
 	default:
 		return fmt.Errorf("--netfilter %q: auto, iptables or nftables", o.Netfilter)
+	}
+	if o.Flannel && (!o.Kubernetes || (o.Backend != "vxlan" && o.Backend != "host-gw")) {
+		return fmt.Errorf("--flannel: a Kubernetes lab (--kubernetes) with --backend vxlan or host-gw, the backends twill takes over from flannel")
 	}
 	if o.Kubernetes && o.Netfilter != "auto" {
 		return fmt.Errorf("--netfilter %s --kubernetes: the Kubernetes lab runs dist/kube-twill.yml as shipped, whose twilld chooses the mode itself (auto); drop --netfilter", o.Netfilter)
@@ -222,6 +229,7 @@ type State struct {
 	TwillImage      string `json:"twillImage,omitempty"`
 	PauseImage      string `json:"pauseImage,omitempty"`
 	CoreDNSImage    string `json:"corednsImage,omitempty"`
+	FlannelImage    string `json:"flannelImage,omitempty"`
 
 	// mu guards Processes and saving while nodes start in parallel.
 	mu sync.Mutex

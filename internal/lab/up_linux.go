@@ -104,6 +104,11 @@ func newState(o Options) (*State, error) {
 		if s.CoreDNSImage, err = ociimage.Ref(filepath.Join(o.ImageDir, "coredns.tar")); err != nil {
 			return nil, err
 		}
+		if o.Flannel {
+			if s.FlannelImage, err = ociimage.Ref(filepath.Join(o.ImageDir, "flannel.tar")); err != nil {
+				return nil, fmt.Errorf("--flannel: %w", err)
+			}
+		}
 	}
 	return s, s.save()
 }

@@ -41,6 +41,20 @@ func TwillImage(ref, binDir string, debs []string) Spec {
 		Dirs: []string{"/tmp", "/run", "/var/lib/twill"}}
 }
 
+// FlannelImage is the Kubernetes lab's kube-flannel image: flanneld (built
+// with cgo: tools/flannel), twill's stand-in for flannel's CNI plugin
+// (tools/flannelcni) and the reference bridge and host-local plugins it
+// delegates to (from cniDir), in /opt/bin, on twill's userland (debs: libc
+// and iptables-nft, which flanneld runs).
+func FlannelImage(ref, flanneld, standIn, cniDir string, debs []string) Spec {
+	files := []File{{Src: flanneld, Dst: "/opt/bin/flanneld"}, {Src: standIn, Dst: "/opt/bin/flannelcni"}}
+	for _, p := range []string{"bridge", "host-local"} {
+		files = append(files, File{Src: filepath.Join(cniDir, p), Dst: "/opt/bin/" + p})
+	}
+	return Spec{Ref: ref, Entrypoint: []string{"/opt/bin/flanneld"}, Debs: debs, Files: files, Symlinks: iptablesLinks,
+		Dirs: []string{"/tmp", "/run"}}
+}
+
 // PauseImage is a pod sandbox image holding one static pause binary.
 func PauseImage(ref, pauseBin string) Spec {
 	return Spec{Ref: ref, Entrypoint: []string{"/pause"}, Files: []File{{Src: pauseBin, Dst: "/pause"}}}

@@ -104,6 +104,7 @@ func labUpCommand(o *labOptions) *cobra.Command {
 	up.Flags().Var(prefixFlag{&o.UnderlayCIDR}, "underlay-cidr", "the nodes' segment, an IPv4 /24 (default 10.99.0.0/24)")
 	up.Flags().BoolVar(&o.KeepOnFailure, "keep-on-failure", false, "leave what was built in place when up fails, to inspect it (lab down removes it)")
 	up.Flags().BoolVar(&o.Kubernetes, "kubernetes", false, "a Kubernetes cluster: control plane, containerd, kubelet and kube-proxy per node, twill installed from dist/kube-twill.yml")
+	up.Flags().BoolVar(&o.Flannel, "flannel", false, "with --kubernetes: install flannel (kube-flannel's DaemonSet, image-dir's flannel.tar) instead of twill, to try the migration on")
 	up.Flags().StringVar(&o.KubeBinDir, "kube-bin-dir", "", "with --kubernetes: the Kubernetes binaries (default: build/kube/current next to bin/, made by make setup)")
 	up.Flags().StringVar(&o.ImageDir, "image-dir", "", "with --kubernetes: twill.tar, pause.tar, coredns.tar and optionally e2e-images.tar (default: build/images next to bin/, made by make kube-images)")
 
