@@ -238,4 +238,3 @@ func allReachAll(t *testing.T, s *lab.State, when string) {
 	}
 	t.Fatalf("%s: %d of %d pod pairs fail: %v", when, r.Failed, len(from)*len(to), r.Errors)
 }
-
