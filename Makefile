@@ -60,8 +60,9 @@ image: build ## Build twill's image and the lab's pause image as tarballs in bui
 	$(MKIMAGE)
 
 .PHONY: kube-images
-kube-images: build kube-tools ## make image, and the Kubernetes lab's CoreDNS image (build/images/coredns.tar)
-	$(MKIMAGE) -coredns build/kube/current
+kube-images: build kube-tools flannel-tools ## make image, the Kubernetes lab's CoreDNS image (build/images/coredns.tar) and kube-flannel's (flannel.tar, for lab up --flannel)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o build/images/.flannelcni ./tools/flannelcni
+	$(MKIMAGE) -coredns build/kube/current -flannel build/flannel/current/flanneld -flannelcni build/images/.flannelcni
 
 .PHONY: e2e-images
 e2e-images: build kube-tools ## make kube-images, and stand-ins for the images Kubernetes' e2e suite runs, under the names it asks for (build/images/e2e-images.tar)

@@ -341,6 +341,19 @@ var docScenarios = map[string]func(t *testing.T, e *docEnv){
 	},
 	// The Kubernetes lab pages.
 	"kube": func(t *testing.T, e *docEnv) { labEnv(t, e) },
+	// The Kubernetes migration from flannel, on a lab up --flannel: the
+	// page's kubectl is the lab's (twillctl lab kubectl), flanneld and
+	// etcdctl are built.
+	"kubeflannel": func(t *testing.T, e *docEnv) {
+		labEnv(t, e)
+		flanneldBinary(t)
+		dir := t.TempDir()
+		wrapper := "#!/bin/sh\nexec " + filepath.Join(e.root, "bin", "twillctl") + " lab kubectl \"$@\"\n"
+		if err := os.WriteFile(filepath.Join(dir, "kubectl"), []byte(wrapper), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		e.env = append(e.env, "PATH="+dir+":"+os.Getenv("PATH"))
+	},
 	// The etcd quickstart.
 	"etcd": func(t *testing.T, e *docEnv) { bareLab(t, e, "qs") },
 	// The flannel migration: the same three machines, with flanneld (built

@@ -131,6 +131,17 @@ func testKubeLabFlannel(t *testing.T, backend string) {
 			seen[p.IP] = p.Name
 		}
 		allReachAll(t, s, fmt.Sprintf("after %s switched", n.Name))
+		// twillctl leases names the nodes still on flannel.
+		out, err := l.run("exec", "--name", name, n.Name, "--", "twillctl", "leases", "--kube-annotation-prefix", "flannel.alpha.coreos.com")
+		if err != nil {
+			t.Fatalf("twillctl leases on %s: %v\n%s", n.Name, err, out)
+		}
+		for j, o := range s.Nodes {
+			onFlannel := strings.Contains(lineOf(out, o.Name+" "), "peer (flannel)")
+			if onFlannel != (j > i) {
+				t.Errorf("after %s switched, twillctl leases says of %s: %q (on flannel: %v, want %v)", n.Name, o.Name, lineOf(out, o.Name+" "), onFlannel, j > i)
+			}
+		}
 	}
 	for i, p := range probes {
 		gap, failed, total := p.stop()
@@ -199,6 +210,16 @@ spec:
       command: ["/usr/local/bin/twillctl", "lab", "echo-server", "--port", "%d"]
       readinessProbe: {tcpSocket: {port: %d}, periodSeconds: 1}
 `
+
+// lineOf is the first line of out that starts with prefix.
+func lineOf(out, prefix string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return ""
+}
 
 // envValue reads one variable of an env file on a lab node.
 func envValue(t *testing.T, s *lab.State, node, path, key string) string {

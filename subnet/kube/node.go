@@ -28,13 +28,28 @@ const (
 	// (--kube-annotation-prefix flannel.alpha.coreos.com), flannel nodes
 	// and twill nodes route to each other while a cluster is switched.
 	AnnKubeSubnetManager = "kube-subnet-manager"
+	// AnnNodeAgent is "twill" on nodes twilld runs on: under flannel's
+	// prefix, the nodes without it are the ones still on flanneld.
+	AnnNodeAgent = "node-agent"
 )
+
+// FlannelAnnotationPrefix is flanneld's annotation prefix, which twill runs
+// with while a flannel cluster is switched to it.
+const FlannelAnnotationPrefix = "flannel.alpha.coreos.com"
 
 // DefaultAnnotationPrefix is --kube-annotation-prefix's default.
 const DefaultAnnotationPrefix = "twill.io"
 
 // Annotations names twill's Node annotations under one prefix.
 type Annotations struct{ prefix string }
+
+// OnFlannel reports whether n is a peer published by flanneld rather than
+// twilld: under flannel's prefix, a node without twill's node-agent
+// annotation.
+func (a Annotations) OnFlannel(n *corev1.Node) bool {
+	_, twill := n.Annotations[a.Key(AnnNodeAgent)]
+	return strings.TrimSuffix(a.prefix, "/") == FlannelAnnotationPrefix && !twill
+}
 
 // NewAnnotations checks prefix (a DNS subdomain such as "twill.io", with or
 // without the trailing slash) and returns the annotation names under it.
@@ -193,7 +208,7 @@ func clip(s string) string {
 
 // Publish is the annotation set a node with these attributes carries.
 func (a Annotations) Publish(attrs subnet.LeaseAttrs) map[string]string {
-	m := map[string]string{a.Key(AnnBackendType): attrs.BackendType, a.Key(AnnKubeSubnetManager): "true"}
+	m := map[string]string{a.Key(AnnBackendType): attrs.BackendType, a.Key(AnnKubeSubnetManager): "true", a.Key(AnnNodeAgent): "twill"}
 	raw := func(r json.RawMessage) string {
 		if len(bytes.TrimSpace(r)) == 0 {
 			return "null"

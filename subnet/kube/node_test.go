@@ -308,3 +308,20 @@ func TestNodeLeaseAddressTypes(t *testing.T) {
 		})
 	}
 }
+
+// Under flannel's prefix, a node without twill's node-agent annotation is
+// on flanneld; under twill's own prefix, none is.
+func TestOnFlannel(t *testing.T) {
+	fl, err := NewAnnotations(FlannelAnnotationPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flannelNode := node("a", "10.244.1.0/24", "192.168.0.1", map[string]string{"flannel.alpha.coreos.com/backend-type": "vxlan"})
+	twillNode := node("b", "10.244.2.0/24", "192.168.0.2", fl.Publish(subnet.LeaseAttrs{BackendType: "vxlan"}))
+	if !fl.OnFlannel(flannelNode) || fl.OnFlannel(twillNode) {
+		t.Errorf("OnFlannel: flanneld's node %v, twilld's %v; want true, false", fl.OnFlannel(flannelNode), fl.OnFlannel(twillNode))
+	}
+	if tw := ann(t); tw.OnFlannel(flannelNode) {
+		t.Error("under twill.io, a node is never flannel's")
+	}
+}

@@ -4,7 +4,8 @@
 //	go run ./tools/mkimage -bin bin -pause build/images/pause -debs build/debs -out build/images -tag v0.2.0
 //
 // With -coredns (make kube-images) it also writes the Kubernetes lab's
-// CoreDNS image (coredns.tar), and with -e2e (make e2e-images) stand-ins
+// CoreDNS image (coredns.tar), with -flannel kube-flannel's (flannel.tar,
+// for lab up --flannel), and with -e2e (make e2e-images) stand-ins
 // for the e2e suite's test images (e2e-images.tar), from the binaries
 // tools/kube/build.sh built.
 //
@@ -35,6 +36,8 @@ func run() error {
 	tag := flag.String("tag", "dev", "image tag")
 	repo := flag.String("repo", "twill.local/twill", "image repository")
 	coredns := flag.String("coredns", "", "also write coredns.tar from this directory's coredns (build/kube/current)")
+	flanneld := flag.String("flannel", "", "also write flannel.tar (kube-flannel's image, for lab up --flannel) with this flanneld")
+	flannelCNI := flag.String("flannelcni", "", "with -flannel: twill's stand-in for flannel's CNI plugin (tools/flannelcni)")
 	e2e := flag.String("e2e", "", "with -pause: also write e2e-images.tar from this directory's e2e.test, agnhost and coredns")
 	flag.Parse()
 	files, err := ociimage.FetchDebs(*debs, ociimage.TwillDebs)
@@ -59,6 +62,17 @@ func run() error {
 		path := filepath.Join(*out, "coredns.tar")
 		ref, err := ociimage.WriteCoreDNS(path, *coredns)
 		if err != nil {
+			return err
+		}
+		fmt.Printf("%s: %s\n", path, ref)
+	}
+	if *flanneld != "" {
+		if *flannelCNI == "" {
+			return fmt.Errorf("-flannel %s needs -flannelcni", *flanneld)
+		}
+		ref := "twill.local/flannel:" + *tag
+		path := filepath.Join(*out, "flannel.tar")
+		if err := ociimage.Write(path, ociimage.FlannelImage(ref, *flanneld, *flannelCNI, "/usr/lib/cni", files)); err != nil {
 			return err
 		}
 		fmt.Printf("%s: %s\n", path, ref)

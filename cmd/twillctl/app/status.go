@@ -381,6 +381,9 @@ func kubeLeases(ctx context.Context, w io.Writer, o kubeLeaseOptions) error {
 			}
 		}
 		state := "peer"
+		if ann.OnFlannel(n) {
+			state = "peer (flannel)"
+		}
 		switch {
 		case refused[n.Name] != "":
 			state = "REFUSED: " + refused[n.Name]
