@@ -32,7 +32,12 @@ func flannelManifest(image, backend string) (string, error) {
 		return "", err
 	}
 	r := strings.NewReplacer("IMAGE", image, "NETCONF", string(conf), "NAMESPACE", FlannelNamespace, "DAEMONSET", FlannelDaemonSet)
-	return r.Replace(`apiVersion: v1
+	return r.Replace(flannelTemplate), nil
+}
+
+// flannelTemplate is flannelManifest with IMAGE, NETCONF, NAMESPACE and
+// DAEMONSET to fill in.
+const flannelTemplate = `apiVersion: v1
 kind: Namespace
 metadata:
   name: NAMESPACE
@@ -111,8 +116,7 @@ spec:
         - {name: cni, hostPath: {path: /etc/cni/net.d}}
         - {name: flannel-cfg, configMap: {name: kube-flannel-cfg}}
         - {name: xtables-lock, hostPath: {path: /run/xtables.lock, type: FileOrCreate}}
-`), nil
-}
+`
 
 // installFlannel applies kube-flannel and waits until every node's
 // flanneld has written its subnet.env.
