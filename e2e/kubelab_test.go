@@ -80,6 +80,7 @@ func snapshotHost() hostSnapshot {
 		b, _ := os.ReadFile("/proc/sys/" + k)
 		s[k] = strings.TrimSpace(string(b))
 	}
+	s["hostname"], _ = os.Hostname()
 	return s
 }
 
@@ -120,6 +121,22 @@ func testKubeLab(t *testing.T, backend string) {
 	cond := kubectl("get", "nodes", "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="NetworkUnavailable")].status}/{.status.conditions[?(@.type=="NetworkUnavailable")].reason}{"\n"}{end}`)
 	if strings.Count(cond, "=False/TwillIsUp") != 2 {
 		t.Fatalf("NetworkUnavailable on the Nodes:\n%s", cond)
+	}
+
+	// Each node has its own host name, its Node's: a shell on it, its
+	// kubelet and its containerd (whose hostNetwork pods share it) see it.
+	for _, n := range s.Nodes {
+		if out, err := s.NodeExec(ctx, n.Name, nil, "hostname"); err != nil || strings.TrimSpace(out) != n.Name {
+			t.Errorf("hostname on %s: %q (%v), want %s", n.Name, strings.TrimSpace(out), err, n.Name)
+		}
+		for _, p := range s.Processes {
+			if p.NS == n.NS && (p.Role == "kubelet" || p.Role == "containerd") {
+				out, err := exec.Command("nsenter", "-t", fmt.Sprint(p.PID), "-u", "hostname").CombinedOutput()
+				if err != nil || strings.TrimSpace(string(out)) != n.Name {
+					t.Errorf("%s's %s sees the host name %q (%v), want %s", n.Name, p.Role, strings.TrimSpace(string(out)), err, n.Name)
+				}
+			}
+		}
 	}
 
 	// node1's twill pod's own token (kubelet's projected one) can change

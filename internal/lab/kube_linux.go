@@ -300,14 +300,16 @@ func (s *State) startNode(ctx context.Context, i int, nodeCrt, nodeKey string) e
 // place, and returns its PID.
 func (s *State) startNodeRoot(ctx context.Context, n Node, dir string, keep ...string) (int, error) {
 	ready := filepath.Join(dir, "root.ready")
-	argv := []string{"nsenter", "--net=/var/run/netns/" + n.NS, filepath.Join(s.BinDir, "twillctl"), "lab", "node-root", "--dir", dir, "--ready-file", ready}
+	argv := []string{"nsenter", "--net=/var/run/netns/" + n.NS, filepath.Join(s.BinDir, "twillctl"), "lab", "node-root", "--dir", dir, "--ready-file", ready,
+		"--hostname", n.Name}
 	for _, k := range keep {
 		argv = append(argv, "--keep", k)
 	}
 	// CLONE_NEWNS: the child gets its own mount namespace, and Go makes
 	// its root mount private before exec, so nothing mounted in it
-	// propagates back to the machine.
-	pid, err := s.start("node-root", n.NS, argv, &syscall.SysProcAttr{Setsid: true, Unshareflags: syscall.CLONE_NEWNS})
+	// propagates back to the machine. CLONE_NEWUTS: its own host name, the
+	// Node's, for kubelet, containerd and hostNetwork pods.
+	pid, err := s.start("node-root", n.NS, argv, &syscall.SysProcAttr{Setsid: true, Unshareflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS})
 	if err != nil {
 		return 0, err
 	}
@@ -318,10 +320,10 @@ func (s *State) startNodeRoot(ctx context.Context, n Node, dir string, keep ...s
 }
 
 // spawnInNode starts a node process in the node's network namespace and
-// in its root's mount namespace. nsenter rather than `ip netns exec`,
+// in its root's mount and UTS namespaces. nsenter rather than `ip netns exec`,
 // which mounts a fresh /sys without the cgroup hierarchies runc needs.
 func (s *State) spawnInNode(role, nsName string, rootPID int, bin string, args ...string) error {
-	argv := append([]string{"nsenter", "-t", strconv.Itoa(rootPID), "-m", "--net=/var/run/netns/" + nsName, bin}, args...)
+	argv := append([]string{"nsenter", "-t", strconv.Itoa(rootPID), "-m", "-u", "--net=/var/run/netns/" + nsName, bin}, args...)
 	_, err := s.start(role, nsName, argv, &syscall.SysProcAttr{Setsid: true})
 	return err
 }
@@ -339,7 +341,7 @@ func (s *State) rootPID(nsName string) (int, error) {
 }
 
 // NodeExec runs a command on a node as its own processes see it: in its
-// network namespace and its root's mount namespace.
+// network namespace and its root's mount and UTS namespaces.
 func (s *State) NodeExec(ctx context.Context, node string, stdin io.Reader, name string, args ...string) (string, error) {
 	c, err := s.nodeCommand(node, append([]string{name}, args...))
 	if err != nil {
@@ -365,7 +367,7 @@ func (s *State) nodeCommand(node string, argv []string) (*exec.Cmd, error) {
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"-t", strconv.Itoa(pid), "-m", "--net=/var/run/netns/" + nsName}
+	args := []string{"-t", strconv.Itoa(pid), "-m", "-u", "--net=/var/run/netns/" + nsName}
 	if wd, err := os.Getwd(); err == nil {
 		args = append(args, "--wd="+wd) // the caller's directory, as for any command
 	}

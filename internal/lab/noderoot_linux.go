@@ -56,12 +56,19 @@ type NodeRootOptions struct {
 	Keep []string
 	// ReadyFile is created once the mounts are in place.
 	ReadyFile string
+	// Hostname is the node's host name, set in the UTS namespace the
+	// process was started in (node-root is started with CLONE_NEWUTS):
+	// the Node's name, as on a real cluster. Empty: left alone.
+	Hostname string
 }
 
 // RunNodeRoot builds the node's mounts in the calling process's mount
 // namespace, which must be a private one made for it (twillctl lab
 // node-root is started with CLONE_NEWNS), then blocks until ctx is done.
 func RunNodeRoot(ctx context.Context, o NodeRootOptions) error {
+	if err := setHostname(o.Hostname); err != nil {
+		return err
+	}
 	if err := buildNodeRoot(o); err != nil {
 		return err
 	}
@@ -69,6 +76,25 @@ func RunNodeRoot(ctx context.Context, o NodeRootOptions) error {
 		return err
 	}
 	<-ctx.Done()
+	return nil
+}
+
+// setHostname names the node in its own UTS namespace, and refuses to in
+// the machine's.
+func setHostname(name string) error {
+	if name == "" {
+		return nil
+	}
+	self, err := os.Readlink("/proc/self/ns/uts")
+	if err != nil {
+		return fmt.Errorf("node-root: %w", err)
+	}
+	if init, err := os.Readlink("/proc/1/ns/uts"); err != nil || self == init {
+		return errors.New("node-root: refusing to set the host name in the machine's own UTS namespace")
+	}
+	if err := unix.Sethostname([]byte(name)); err != nil {
+		return fmt.Errorf("node-root: setting the host name %q: %w", name, err)
+	}
 	return nil
 }
 

@@ -263,6 +263,7 @@ func labNodeRootCommand() *cobra.Command {
 	nodeRoot.Flags().StringVar(&root.Dir, "dir", "", "the node's directory")
 	nodeRoot.Flags().StringVar(&root.ReadyFile, "ready-file", "", "created once the mounts are in place")
 	nodeRoot.Flags().StringSliceVar(&root.Keep, "keep", nil, "a path of the machine the node must still see")
+	nodeRoot.Flags().StringVar(&root.Hostname, "hostname", "", "the node's host name, set in its own UTS namespace")
 	return nodeRoot
 }
 
