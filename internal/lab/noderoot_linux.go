@@ -89,7 +89,13 @@ func setHostname(name string) error {
 	if err != nil {
 		return fmt.Errorf("node-root: %w", err)
 	}
-	if init, err := os.Readlink("/proc/1/ns/uts"); err != nil || self == init {
+	// The machine's: init's, or (where init's is not ours to read, in a
+	// container) that of lab up, which started this process.
+	machine, err := os.Readlink("/proc/1/ns/uts")
+	if err != nil {
+		machine, err = os.Readlink(fmt.Sprintf("/proc/%d/ns/uts", os.Getppid()))
+	}
+	if err != nil || self == machine {
 		return errors.New("node-root: refusing to set the host name in the machine's own UTS namespace")
 	}
 	if err := unix.Sethostname([]byte(name)); err != nil {
