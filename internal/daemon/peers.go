@@ -302,6 +302,7 @@ func (s *peerSet) delta(cfg *subnet.Config, local subnet.Lease) (upserted, remov
 			}
 		}
 	}
+	upserted = s.freed(local, refused, upserted)
 	s.report(refused, s.programmed)
 	s.refused = refused
 	return upserted, removed
@@ -310,6 +311,36 @@ func (s *peerSet) delta(cfg *subnet.Config, local subnet.Lease) (upserted, remov
 // conflicts is how many times a record was refused for claiming a
 // public IP another lease held.
 func (s *peerSet) conflictCount() uint64 { return s.conflicts.Load() }
+
+// freed programs the records refused for claiming an address another
+// lease held once that address is free (its holder gone or moved), rather
+// than at the next full reconcile, and returns upserted with them.
+func (s *peerSet) freed(local subnet.Lease, refused map[string]refusal, upserted []subnet.Lease) []subnet.Lease {
+	for k, r := range refused {
+		if !r.conflict {
+			continue
+		}
+		s.mu.Lock()
+		e := s.entries[k]
+		s.mu.Unlock()
+		if e == nil || claimedBy(k, e.Lease, local, s.holders) != "" {
+			continue
+		}
+		delete(refused, k)
+		if was := s.programmed[k]; was != nil {
+			release(s.holders, k, was.Lease)
+			if was.Lease.Same(e.Lease) {
+				s.programmed[k] = e
+				hold(s.holders, k, e.Lease)
+				continue
+			}
+		}
+		upserted = append(upserted, e.Lease)
+		s.programmed[k] = e
+		hold(s.holders, k, e.Lease)
+	}
+	return upserted
+}
 
 // count is the number of peers handed to the backend, and of records
 // refused.

@@ -174,3 +174,30 @@ func TestPeerSetConflictFirstListing(t *testing.T) {
 		}
 	}
 }
+
+// A lease refused for claiming an address another lease held is programmed
+// as soon as the holder is gone, not at the next full reconcile.
+func TestPeerSetConflictFreed(t *testing.T) {
+	s := newPeerSet(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := lease("10.244.1.0/24", "192.168.1.1")
+	s.apply(subnet.Change{Full: true, Set: []subnet.Entry{{Key: "a", Lease: local}, {Key: "b", Lease: lease("10.244.2.0/24", "192.168.1.2")}}})
+	s.all(cfg, local)
+	// A new node on b's address while b's lease lingers: refused.
+	s.apply(subnet.Change{Set: []subnet.Entry{{Key: "x", Lease: lease("10.244.9.0/24", "192.168.1.2")}}})
+	if up, _ := s.delta(cfg, local); len(up) != 0 {
+		t.Fatalf("x programmed while b holds its address: %q", names(up))
+	}
+	// b's lease goes: x is programmed in the same step.
+	s.apply(subnet.Change{Deleted: []string{"b"}})
+	up, rm := s.delta(cfg, local)
+	if !slices.Equal(names(up), []string{"10.244.9.0/24 via 192.168.1.2"}) || !slices.Equal(names(rm), []string{"10.244.2.0/24 via 192.168.1.2"}) {
+		t.Fatalf("b gone: upserted %q, removed %q; want x in, b out", names(up), names(rm))
+	}
+	if _, refused := s.count(); refused != 0 {
+		t.Errorf("%d refused after b left", refused)
+	}
+}
