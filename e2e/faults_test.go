@@ -235,7 +235,8 @@ func TestExternalInterfaceFlap(t *testing.T) {
 // target is 2 s; before, gRPC's default reconnect backoff made it 9-15 s).
 func TestEtcdOutage(t *testing.T) {
 	c := newCluster(t, 2)
-	c.put("/twill.io/network/config", netConfHostGW)
+	// The nodes' subnets stay away from the test's own lease (10.244.77.0).
+	c.put("/twill.io/network/config", `{"Network":"10.244.0.0/16","SubnetMin":"10.244.100.0","SubnetMax":"10.244.199.0","Backend":{"Type":"host-gw"}}`)
 	d := c.startDaemon(0, "--healthz-ip", "127.0.0.1", "--healthz-port", fmt.Sprint(healthPort))
 	c.startDaemon(1)
 	peer := c.env(1).Subnet
