@@ -175,7 +175,8 @@ func TestCNIDelWithMissingChainedPlugin(t *testing.T) {
 // exits non-zero although the kernel matches the rest.
 func TestStatusReportsRefusedPeers(t *testing.T) {
 	c := newCluster(t, 2)
-	c.put("/twill.io/network/config", netConfHostGW)
+	// The nodes' subnets stay away from the test's own lease (10.244.240.0).
+	c.put("/twill.io/network/config", `{"Network":"10.244.0.0/16","SubnetMin":"10.244.1.0","SubnetMax":"10.244.199.0","Backend":{"Type":"host-gw"}}`)
 	c.startDaemon(0)
 	c.startDaemon(1)
 	peer := c.env(1).Subnet
