@@ -167,6 +167,10 @@ type RouteFilter struct {
 	LinkIndex int
 }
 
+// ErrNotSupported is returned (wrapped) when the kernel lacks what a call
+// needs (a link type whose module is absent).
+var ErrNotSupported = errors.New("not supported by this kernel")
+
 // ErrLinkNotFound is returned (wrapped) when a named or indexed link is absent.
 var ErrLinkNotFound = errors.New("link not found")
 

@@ -439,6 +439,32 @@ func (h *Handle) VXLANAdd(v VXLAN) (Link, error) {
 	return h.LinkByName(v.Name)
 }
 
+// WireGuardAdd creates a kernel WireGuard device. A kernel without the
+// wireguard module answers with an error wrapping ErrNotSupported.
+func (h *Handle) WireGuardAdd(name string, mtu int) (Link, error) {
+	la := netlink.NewLinkAttrs()
+	la.Name, la.MTU = name, mtu
+	if err := h.h.LinkAdd(&netlink.Wireguard{LinkAttrs: la}); err != nil {
+		if errors.Is(err, unix.EOPNOTSUPP) {
+			err = fmt.Errorf("%w: %w", ErrNotSupported, err)
+		}
+		return Link{}, fmt.Errorf("creating wireguard device %s: %w", name, err)
+	}
+	return h.LinkByName(name)
+}
+
+// LinkSetMTU sets a link's MTU.
+func (h *Handle) LinkSetMTU(index, mtu int) error {
+	l, err := h.h.LinkByIndex(index)
+	if err != nil {
+		return fmt.Errorf("finding link #%d: %w", index, err)
+	}
+	if err := h.h.LinkSetMTU(l, mtu); err != nil {
+		return fmt.Errorf("setting %s's MTU to %d: %w", l.Attrs().Name, mtu, err)
+	}
+	return nil
+}
+
 // VXLANByName reads a VXLAN device's configuration; a link of that name
 // that is not VXLAN is reported with ok false.
 func (h *Handle) VXLANByName(name string) (Link, VXLAN, bool, error) {

@@ -85,3 +85,7 @@ const (
 
 // VXLANDevicePrefix is the name prefix of twill's VTEP devices ("twill.<VNI>").
 const VXLANDevicePrefix = "twill."
+
+// WireGuardDevicePrefix is the name prefix of twill's WireGuard devices
+// ("twill-wg", "twill-wg-v6").
+const WireGuardDevicePrefix = "twill-wg"

@@ -30,6 +30,8 @@ type Kernel struct {
 	neighs    map[int]map[netip.Addr]nl.Neigh // guarded by mu; by link, IP
 	fdb       map[int]map[[6]byte]nl.Neigh    // guarded by mu; by link, MAC
 	rules     []nl.Rule                       // guarded by mu
+	// NoWireGuard makes it a kernel without the wireguard module.
+	NoWireGuard bool
 	// Fail, when set, is consulted before every change: a non-nil error is
 	// returned instead of making it (a kernel that refuses).
 	Fail func(what string) error
@@ -64,6 +66,17 @@ func (k *Kernel) AddLink(name string, mtu int, up bool, addrs ...netip.Prefix) n
 	l := nl.Link{Index: k.nextIndex, Name: name, MTU: mtu, Up: up, Type: "veth", HardwareAddr: []byte{0x52, 0x54, 0, 0, 0, byte(k.nextIndex)}}
 	k.nextIndex++
 	k.links[l.Index] = &link{l: l, addrs: slices.Clone(addrs)}
+	return l
+}
+
+// AddTUN adds a TUN device, down (a userspace WireGuard device's, say).
+func (k *Kernel) AddTUN(name string, mtu int) nl.Link {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	l := nl.Link{Index: k.nextIndex, Name: name, MTU: mtu, Type: "tuntap"}
+	k.nextIndex++
+	k.links[l.Index] = &link{l: l}
 	return l
 }
 
@@ -244,6 +257,45 @@ func (k *Kernel) VXLANByName(name string) (nl.Link, nl.VXLAN, bool, error) {
 		return l.l, v, true, nil
 	}
 	return nl.Link{}, nl.VXLAN{}, false, fmt.Errorf("finding link %q: %w", name, nl.ErrLinkNotFound)
+}
+
+// WireGuardAdd creates a WireGuard device, as a kernel with the module
+// does; with NoWireGuard set it answers as one without.
+func (k *Kernel) WireGuardAdd(name string, mtu int) (nl.Link, error) {
+	if err := k.fail("wireguard add"); err != nil {
+		return nl.Link{}, err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	if k.NoWireGuard {
+		return nl.Link{}, fmt.Errorf("creating wireguard device %s: %w: %w", name, nl.ErrNotSupported, unix.EOPNOTSUPP)
+	}
+	for _, l := range k.links {
+		if l.l.Name == name {
+			return nl.Link{}, fmt.Errorf("creating wireguard device %s: %w", name, unix.EEXIST)
+		}
+	}
+	l := nl.Link{Index: k.nextIndex, Name: name, MTU: mtu, Type: "wireguard"}
+	k.nextIndex++
+	k.links[l.Index] = &link{l: l}
+	return l, nil
+}
+
+// LinkSetMTU sets a link's MTU.
+func (k *Kernel) LinkSetMTU(index, mtu int) error {
+	if err := k.fail("link set mtu"); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	l, err := k.linkLocked(index)
+	if err != nil {
+		return err
+	}
+	l.l.MTU = mtu
+	return nil
 }
 
 // SetMTU changes a link's MTU (a change behind twill's back).
