@@ -143,6 +143,13 @@ type DriftReporter interface {
 	Drift(ctx context.Context, peers []subnet.Lease) (Drift, error)
 }
 
+// StatusReporter is implemented by a Network with more to tell an
+// operator than drift (twillctl status prints each line): how its devices
+// are implemented, its keys, its sessions.
+type StatusReporter interface {
+	Status(ctx context.Context) []string
+}
+
 // Drift lists kernel objects that differ from the desired state, each as a
 // line an operator can read ("route 10.244.3.0/24 via 10.0.0.3 dev eth0").
 type Drift struct {
@@ -260,6 +267,9 @@ type Options struct {
 	// the kernel before reading the kernel back.
 	FullSyncEvery time.Duration
 	Metrics       *Metrics
+	// KeyRotations delivers on-demand requests to replace the node's key
+	// pair (twilld: SIGUSR1), for backends that have one; nil never does.
+	KeyRotations <-chan struct{}
 	// CheckOnly asks the factory only to validate Config (twillctl config
 	// put, on any machine): Netlink and ExtIface are unset, and it must
 	// check nothing that depends on the machine it runs on.
@@ -276,6 +286,8 @@ type Metrics struct {
 	// PeersUnroutable is the number of peers the backend refused to program
 	// because it cannot reach them (host-gw: public IP not on-link).
 	PeersUnroutable prometheus.Gauge
+	// Registerer takes a backend's own metrics (nil: none are exported).
+	Registerer prometheus.Registerer
 }
 
 // AddDriftRepairs records n repairs.

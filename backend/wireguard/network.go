@@ -1,0 +1,388 @@
+package wireguard
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/subnet"
+)
+
+// pollEvery is how often the devices are read back for hand-made changes:
+// WireGuard sends no events for them.
+const pollEvery = 2 * time.Second
+
+// Network programs the peers of one lease.
+type Network struct {
+	b       *Backend
+	local   subnet.Lease
+	sh      shared
+	routes  *backend.RouteSync
+	refused *backend.RefusedPeers
+	poll    time.Duration // how often the devices are read back
+
+	mu sync.Mutex
+	// guarded by mu:
+	key     wgtypes.Key
+	last    map[string]map[wgtypes.Key]peer // device -> the peers last applied
+	publish bool                            // the public key changed since it was published
+	poke    func()                          // asks the daemon for a Reconcile (set by WatchKernel)
+}
+
+var (
+	_ backend.KernelWatcher  = (*Network)(nil)
+	_ backend.DriftReporter  = (*Network)(nil)
+	_ backend.DataPublisher  = (*Network)(nil)
+	_ backend.Runner         = (*Network)(nil)
+	_ backend.StatusReporter = (*Network)(nil)
+)
+
+func newNetwork(b *Backend, lease subnet.Lease, key wgtypes.Key) *Network {
+	sh := shared{keepalive: b.s.keepalive}
+	if b.s.psk != nil {
+		sh.psk = *b.s.psk
+	}
+	return &Network{
+		b: b, local: lease, sh: sh, key: key, last: map[string]map[wgtypes.Key]peer{},
+		poll:    pollEvery,
+		routes:  &backend.RouteSync{NL: b.devices.k, FullSyncEvery: b.opts.FullSyncEvery, Log: b.log},
+		refused: &backend.RefusedPeers{Log: b.log, Message: "refusing peers with unusable wireguard backend data (no or a shared public key, no public IP of the tunnel's family)"},
+	}
+}
+
+// MTU is the smallest of the devices' MTUs: pods of every family get one.
+func (n *Network) MTU() int {
+	m := 0
+	for _, t := range n.b.tunnels {
+		if m == 0 || t.mtu < m {
+			m = t.mtu
+		}
+	}
+	return m
+}
+
+// addrs are the addresses of t's device: the network address of each
+// subnet it carries, as a host prefix, so that traffic the node itself
+// sends to pods elsewhere leaves with an address peers route back here.
+func (n *Network) addrs(t tunnel) []netip.Prefix {
+	var out []netip.Prefix
+	if t.pod4 && n.local.Subnet.IsValid() {
+		out = append(out, netip.PrefixFrom(n.local.Subnet.Addr(), 32))
+	}
+	if t.pod6 && n.local.IPv6Subnet.IsValid() {
+		out = append(out, netip.PrefixFrom(n.local.IPv6Subnet.Addr(), 128))
+	}
+	return out
+}
+
+// Reconcile makes every device's peers, and the routes through the
+// devices, match peers.
+func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
+	n.mu.Lock()
+	key := n.key
+	n.mu.Unlock()
+	var (
+		errs    []error
+		rs      []nl.Route
+		refused []string
+		changed int
+	)
+	for _, t := range n.b.tunnels {
+		want, ref := desired(t, key, peers)
+		refused = append(refused, ref...)
+		dev, link, err := n.b.devices.ensure(ctx, t, n.addrs(t))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		routes(want, link.Index, func(r nl.Route) { rs = append(rs, r) })
+		c, err := n.apply(ctx, t, dev, key, want)
+		changed += c
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	n.refused.Report(refused)
+	st, err := n.routes.Sync(func(emit func(nl.Route)) {
+		for _, r := range rs {
+			emit(r)
+		}
+	})
+	if err != nil {
+		errs = append(errs, err)
+	}
+	n.b.opts.Metrics.AddDriftRepairs(st.Repaired)
+	n.b.log.Debug("reconciled", "peers", len(peers), "device_changes", changed, "routes_added", st.Added, "routes_deleted", st.Deleted)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("wireguard: %w", err)
+	}
+	return nil
+}
+
+// apply changes t's device to have key and want, reading the device back
+// first: its peers are compared with the device as it is, not with a
+// record, so a peer removed or altered by hand is put back.
+func (n *Network) apply(ctx context.Context, t tunnel, dev Device, key wgtypes.Key, want map[wgtypes.Key]peer) (int, error) {
+	have, err := dev.Get(ctx)
+	if err != nil {
+		return 0, err
+	}
+	cfg, c := plan(have, key, t.port, want, n.sh)
+	n.mu.Lock()
+	prev, had := n.last[t.name]
+	n.mu.Unlock()
+	if c == 0 {
+		n.record(t, want)
+		return 0, nil
+	}
+	if err := dev.Set(ctx, cfg); err != nil {
+		return 0, err
+	}
+	if had && key == n.currentKey() && maps.EqualFunc(prev, want, equalPeer) {
+		n.b.opts.Metrics.AddDriftRepairs(c)
+		n.b.log.Info("repaired WireGuard peers that had drifted", "device", t.name, "changes", c)
+	}
+	n.record(t, want)
+	return c, nil
+}
+
+func (n *Network) currentKey() wgtypes.Key {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.key
+}
+
+func (n *Network) record(t tunnel, want map[wgtypes.Key]peer) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.last[t.name] = want
+}
+
+func equalPeer(a, b peer) bool {
+	return a.key == b.key && a.endpoint == b.endpoint && slices.Equal(a.allowed, b.allowed)
+}
+
+// WatchKernel pokes when a device no longer matches what was applied (a
+// peer removed or altered by hand, the device gone) or one of the routes
+// changed.
+func (n *Network) WatchKernel(ctx context.Context, poke, watching func()) error {
+	n.mu.Lock()
+	n.poke = poke
+	n.mu.Unlock()
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return n.routes.Watch(ctx, n.b.log, poke, watching) })
+	g.Go(func() error { return n.pollDevices(ctx, poke) })
+	return g.Wait()
+}
+
+func (n *Network) pollDevices(ctx context.Context, poke func()) error {
+	t := time.NewTicker(n.poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if n.drifted(ctx) {
+			poke()
+		}
+	}
+}
+
+// drifted reports whether a device differs from what was last applied.
+func (n *Network) drifted(ctx context.Context) bool {
+	n.mu.Lock()
+	key, last := n.key, maps.Clone(n.last)
+	n.mu.Unlock()
+	for _, t := range n.b.tunnels {
+		want, ok := last[t.name]
+		if !ok {
+			continue
+		}
+		link, err := n.b.devices.k.LinkByName(t.name)
+		if err != nil || !link.Up || link.MTU != t.mtu {
+			return true
+		}
+		dev, err := n.b.devices.open(t.name, n.b.devices.Impl(t.name))
+		if err != nil {
+			return true
+		}
+		have, err := dev.Get(ctx)
+		if err != nil {
+			return true
+		}
+		if _, c := plan(have, key, t.port, want, n.sh); c > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Drift compares the devices and routes with what peers call for,
+// changing nothing.
+func (n *Network) Drift(ctx context.Context, peers []subnet.Lease) (backend.Drift, error) {
+	key := n.currentKey()
+	var (
+		d  backend.Drift
+		rs []nl.Route
+	)
+	for _, t := range n.b.tunnels {
+		want, refused := desired(t, key, peers)
+		d.Refused = append(d.Refused, refused...)
+		d.Objects += len(want)
+		link, err := n.b.devices.k.LinkByName(t.name)
+		if err != nil {
+			d.Missing = append(d.Missing, "wireguard device "+t.name)
+			continue
+		}
+		routes(want, link.Index, func(r nl.Route) { rs = append(rs, r) })
+		dev, err := n.b.devices.open(t.name, n.b.devices.Impl(t.name))
+		if err != nil {
+			return d, err
+		}
+		have, err := dev.Get(ctx)
+		if err != nil {
+			return d, err
+		}
+		peerDrift(&d, t, have, key, want, n.sh)
+	}
+	rd, err := backend.RouteDrift(n.b.devices.k, 0, rs)
+	d.Missing, d.Extra, d.Wrong = append(d.Missing, rd.Missing...), append(d.Extra, rd.Extra...), append(d.Wrong, rd.Wrong...)
+	d.Objects += rd.Objects
+	d.Shadowed = rd.Shadowed
+	return d, err
+}
+
+func peerDrift(d *backend.Drift, t tunnel, have *wgtypes.Device, key wgtypes.Key, want map[wgtypes.Key]peer, sh shared) {
+	if have.PrivateKey != key {
+		d.Wrong = append(d.Wrong, "wireguard device "+t.name+": not this node's private key")
+	}
+	if have.ListenPort != t.port {
+		d.Wrong = append(d.Wrong, fmt.Sprintf("wireguard device %s: listen port %d, not %d", t.name, have.ListenPort, t.port))
+	}
+	seen := map[wgtypes.Key]bool{}
+	for _, hp := range have.Peers {
+		seen[hp.PublicKey] = true
+		p, ok := want[hp.PublicKey]
+		switch {
+		case !ok:
+			d.Extra = append(d.Extra, "wireguard peer "+hp.PublicKey.String()+" dev "+t.name)
+		case !samePeer(hp, p, sh):
+			d.Wrong = append(d.Wrong, "wireguard peer "+p.describe()+" dev "+t.name)
+		}
+	}
+	for k, p := range want {
+		if !seen[k] {
+			d.Missing = append(d.Missing, "wireguard peer "+p.describe()+" dev "+t.name)
+		}
+	}
+}
+
+func (p peer) describe() string {
+	return fmt.Sprintf("%s endpoint %s allowed-ips %s (%s)", p.key, p.endpoint, prefixList(p.allowed), p.lease)
+}
+
+// BackendData publishes the public key again once it changed (rotation).
+func (n *Network) BackendData() (data, v6Data json.RawMessage, changed bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.publish {
+		return nil, nil, false
+	}
+	n.publish = false
+	data, v6Data = n.b.data(n.key.PublicKey())
+	return data, v6Data, true
+}
+
+// Rotate replaces the node's key pair: the new private key is stored,
+// then the devices take it at the next Reconcile (asked for here), and
+// the new public key is published right after it.
+func (n *Network) Rotate() error {
+	k, err := n.b.keys.rotate()
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	n.key, n.publish = k, true
+	poke := n.poke
+	n.mu.Unlock()
+	n.b.log.Info("rotated the WireGuard key pair", "public_key", k.PublicKey().String())
+	if poke != nil {
+		poke()
+	}
+	return nil
+}
+
+// Run rotates the key pair every KeyRotationInterval, and whenever asked
+// through Rotations (SIGUSR1 to twilld).
+func (n *Network) Run(ctx context.Context) error {
+	var tick <-chan time.Time
+	if n.b.s.rotate > 0 {
+		t := time.NewTicker(n.b.s.rotate)
+		defer t.Stop()
+		tick = t.C
+	}
+	asked := n.b.opts.KeyRotations
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick:
+		case <-asked:
+		}
+		if err := n.Rotate(); err != nil {
+			n.b.log.Error("rotating the WireGuard key pair failed; keeping the current one", "err", err)
+		}
+	}
+}
+
+// Status says, per device, how it is implemented and what it holds.
+func (n *Network) Status(ctx context.Context) []string {
+	key := n.currentKey()
+	var out []string
+	for _, t := range n.b.tunnels {
+		impl := n.b.devices.Impl(t.name)
+		if impl == "" {
+			out = append(out, t.name+": MISSING")
+			continue
+		}
+		what := impl + " WireGuard"
+		if impl == ImplUserspace {
+			what += " (twill-wg, socket " + Socket(n.b.opts.StateDir, t.name) + ")"
+		}
+		dev, err := n.b.devices.open(t.name, impl)
+		var have *wgtypes.Device
+		if err == nil {
+			have, err = dev.Get(ctx)
+		}
+		if err != nil {
+			out = append(out, fmt.Sprintf("%s: %s, unreadable: %v", t.name, what, err))
+			continue
+		}
+		recent := 0
+		for _, p := range have.Peers {
+			if time.Since(p.LastHandshakeTime) < 3*time.Minute {
+				recent++
+			}
+		}
+		mine := "this node's key"
+		if have.PrivateKey != key {
+			mine = "NOT this node's stored key"
+		}
+		out = append(out, fmt.Sprintf("%s: %s, public key %s (%s), port %d, MTU %d, %d peers, %d with a handshake in the last 3 minutes",
+			t.name, what, have.PublicKey, mine, have.ListenPort, t.mtu, len(have.Peers), recent))
+	}
+	return out
+}

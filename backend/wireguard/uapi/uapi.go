@@ -1,0 +1,262 @@
+// Package uapi speaks WireGuard's cross-platform userspace API, the text
+// protocol a userspace device (wireguard-go, twill-wg) serves on a unix
+// socket: "get=1" reads the device's configuration, "set=1" changes it.
+// wgctrl speaks it too, but only to sockets under /var/run/wireguard;
+// twill keeps each node's socket in its own state directory, so that
+// nodes sharing a machine (the lab) and a restarted twilld find theirs.
+package uapi
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+)
+
+// Client talks to the device whose socket is at Path.
+type Client struct {
+	Path string
+	// Timeout bounds one exchange (default 5s).
+	Timeout time.Duration
+}
+
+// ErrNoDevice is returned (wrapped) when nothing listens on the socket.
+var ErrNoDevice = errors.New("no userspace WireGuard device listens there")
+
+func (c *Client) dial(ctx context.Context) (net.Conn, error) {
+	t := c.Timeout
+	if t == 0 {
+		t = 5 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, t)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", c.Path)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w: %w", c.Path, ErrNoDevice, err)
+	}
+	_ = conn.SetDeadline(time.Now().Add(t))
+	return conn, nil
+}
+
+// Get reads the device's configuration.
+func (c *Client) Get(ctx context.Context) (*wgtypes.Device, error) {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "get=1\n\n"); err != nil {
+		return nil, fmt.Errorf("reading device %s: %w", c.Path, err)
+	}
+	d, err := ParseGet(bufio.NewReader(conn))
+	if err != nil {
+		return nil, fmt.Errorf("reading device %s: %w", c.Path, err)
+	}
+	return d, nil
+}
+
+// Set applies cfg. The device applies a set in one transaction.
+func (c *Client) Set(ctx context.Context, cfg wgtypes.Config) error {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, EncodeSet(cfg)); err != nil {
+		return fmt.Errorf("configuring device %s: %w", c.Path, err)
+	}
+	r := bufio.NewReader(conn)
+	errno := -1
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return fmt.Errorf("configuring device %s: reading the reply: %w", c.Path, err)
+		}
+		line = strings.TrimSuffix(line, "\n")
+		if line == "" {
+			break
+		}
+		if v, ok := strings.CutPrefix(line, "errno="); ok {
+			if errno, err = strconv.Atoi(v); err != nil {
+				return fmt.Errorf("configuring device %s: reply %q", c.Path, line)
+			}
+		}
+	}
+	if errno != 0 {
+		return fmt.Errorf("configuring device %s: the device refused the change (errno %d)", c.Path, errno)
+	}
+	return nil
+}
+
+// EncodeSet is the "set=1" request for cfg, ending with the blank line.
+func EncodeSet(cfg wgtypes.Config) string {
+	var b strings.Builder
+	b.WriteString("set=1\n")
+	kv := func(k, v string) { b.WriteString(k + "=" + v + "\n") }
+	if cfg.PrivateKey != nil {
+		kv("private_key", hex.EncodeToString(cfg.PrivateKey[:]))
+	}
+	if cfg.ListenPort != nil {
+		kv("listen_port", strconv.Itoa(*cfg.ListenPort))
+	}
+	if cfg.FirewallMark != nil {
+		kv("fwmark", strconv.Itoa(*cfg.FirewallMark))
+	}
+	if cfg.ReplacePeers {
+		kv("replace_peers", "true")
+	}
+	for _, p := range cfg.Peers {
+		kv("public_key", hex.EncodeToString(p.PublicKey[:]))
+		if p.Remove {
+			kv("remove", "true")
+			continue
+		}
+		if p.UpdateOnly {
+			kv("update_only", "true")
+		}
+		if p.PresharedKey != nil {
+			kv("preshared_key", hex.EncodeToString(p.PresharedKey[:]))
+		}
+		if p.Endpoint != nil {
+			kv("endpoint", p.Endpoint.String())
+		}
+		if p.PersistentKeepaliveInterval != nil {
+			kv("persistent_keepalive_interval", strconv.Itoa(int(p.PersistentKeepaliveInterval.Seconds())))
+		}
+		if p.ReplaceAllowedIPs {
+			kv("replace_allowed_ips", "true")
+		}
+		for _, ip := range p.AllowedIPs {
+			kv("allowed_ip", ip.String())
+		}
+	}
+	b.WriteString("\n")
+	return b.String()
+}
+
+// maxLines bounds a reply: a device with 100,000 peers and a few allowed
+// IPs each stays well below it.
+const maxLines = 4 << 20
+
+// ParseGet reads a "get=1" reply up to its blank line. It rejects lines it
+// cannot read and a nonzero errno, naming the line.
+func ParseGet(r *bufio.Reader) (*wgtypes.Device, error) {
+	d := &wgtypes.Device{Type: wgtypes.Userspace}
+	var peer *wgtypes.Peer
+	errno := -1
+	for n := 0; ; n++ {
+		if n > maxLines {
+			return nil, fmt.Errorf("reply longer than %d lines", maxLines)
+		}
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return nil, fmt.Errorf("reply ended before its blank line: %w", err)
+		}
+		line = strings.TrimSuffix(line, "\n")
+		if line == "" {
+			break
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			return nil, fmt.Errorf("reply line %q: not key=value", line)
+		}
+		if k == "public_key" {
+			key, err := parseKey(v)
+			if err != nil {
+				return nil, fmt.Errorf("reply line %q: %w", line, err)
+			}
+			d.Peers = append(d.Peers, wgtypes.Peer{PublicKey: key})
+			peer = &d.Peers[len(d.Peers)-1]
+			continue
+		}
+		if k == "errno" {
+			if errno, err = strconv.Atoi(v); err != nil {
+				return nil, fmt.Errorf("reply line %q: %w", line, err)
+			}
+			continue
+		}
+		if peer == nil {
+			err = deviceField(d, k, v)
+		} else {
+			err = peerField(peer, k, v)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reply line %q: %w", line, err)
+		}
+	}
+	if errno != 0 {
+		return nil, fmt.Errorf("the device answered errno %d", errno)
+	}
+	return d, nil
+}
+
+func deviceField(d *wgtypes.Device, k, v string) error {
+	var err error
+	switch k {
+	case "private_key":
+		if d.PrivateKey, err = parseKey(v); err == nil {
+			d.PublicKey = d.PrivateKey.PublicKey()
+		}
+	case "listen_port":
+		var p uint64
+		p, err = strconv.ParseUint(v, 10, 16)
+		d.ListenPort = int(p)
+	case "fwmark":
+		var m uint64
+		m, err = strconv.ParseUint(v, 10, 32)
+		d.FirewallMark = int(m)
+	}
+	return err // other keys are ignored: newer devices may add some
+}
+
+func peerField(p *wgtypes.Peer, k, v string) error {
+	var err error
+	switch k {
+	case "preshared_key":
+		p.PresharedKey, err = parseKey(v)
+	case "endpoint":
+		var ap netip.AddrPort
+		if ap, err = netip.ParseAddrPort(v); err == nil {
+			p.Endpoint = net.UDPAddrFromAddrPort(ap)
+		}
+	case "persistent_keepalive_interval":
+		var s uint64
+		s, err = strconv.ParseUint(v, 10, 16)
+		p.PersistentKeepaliveInterval = time.Duration(s) * time.Second
+	case "allowed_ip":
+		var pf netip.Prefix
+		if pf, err = netip.ParsePrefix(v); err == nil {
+			p.AllowedIPs = append(p.AllowedIPs, net.IPNet{IP: pf.Addr().AsSlice(), Mask: net.CIDRMask(pf.Bits(), pf.Addr().BitLen())})
+		}
+	case "last_handshake_time_sec":
+		var s int64
+		if s, err = strconv.ParseInt(v, 10, 64); err == nil && s != 0 {
+			p.LastHandshakeTime = time.Unix(s, int64(p.LastHandshakeTime.Nanosecond()))
+		}
+	case "rx_bytes":
+		p.ReceiveBytes, err = strconv.ParseInt(v, 10, 64)
+	case "tx_bytes":
+		p.TransmitBytes, err = strconv.ParseInt(v, 10, 64)
+	case "protocol_version":
+		p.ProtocolVersion, err = strconv.Atoi(v)
+	}
+	return err
+}
+
+func parseKey(v string) (wgtypes.Key, error) {
+	b, err := hex.DecodeString(v)
+	if err != nil || len(b) != wgtypes.KeyLen {
+		return wgtypes.Key{}, fmt.Errorf("a key is %d bytes in hex, not %q", wgtypes.KeyLen, v)
+	}
+	return wgtypes.Key(b), nil
+}

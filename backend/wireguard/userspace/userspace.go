@@ -1,0 +1,112 @@
+// Package userspace runs a WireGuard device in a process of its own, for
+// kernels without the wireguard module: a TUN device driven by
+// wireguard-go, configured through the userspace API on a unix socket.
+//
+// It is a process apart from twilld (cmd/twill-wg) so that pod traffic
+// does not depend on twilld: twilld restarts, upgrades and crashes leave
+// the device, its keys, its sessions and its peers as they were, and the
+// twilld that comes back finds the device through its socket and carries
+// on reconciling it. The device lives until the process is told to stop,
+// or until its TUN device is deleted (the link removed by hand, its
+// network namespace gone), which wireguard-go notices and stops on.
+package userspace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"golang.zx2c4.com/wireguard/conn"
+	"golang.zx2c4.com/wireguard/device"
+	"golang.zx2c4.com/wireguard/tun"
+)
+
+// Options describe the device.
+type Options struct {
+	Logger *slog.Logger
+	// Name is the TUN device's name.
+	Name string
+	// Socket is where the userspace API is served; PIDFile (optional)
+	// records this process's PID beside it.
+	Socket  string
+	PIDFile string
+	MTU     int
+	// TUN, when set, is used instead of creating a TUN device named Name
+	// (tests: an in-memory one).
+	TUN tun.Device
+	// Bind, when set, carries the encrypted packets instead of UDP
+	// sockets (tests: DiscardBind).
+	Bind conn.Bind
+}
+
+// Run creates the device and serves it until ctx is done (the device is
+// then deleted) or the device stops by itself.
+func Run(ctx context.Context, o Options) error {
+	if o.Name == "" || o.Socket == "" {
+		return errors.New("userspace device: a name and a socket path are required")
+	}
+	if o.MTU == 0 {
+		o.MTU = 1420
+	}
+	log := o.Logger.With("device", o.Name)
+	if err := os.MkdirAll(filepath.Dir(o.Socket), 0o700); err != nil {
+		return fmt.Errorf("creating the socket's directory: %w", err)
+	}
+	if c, err := net.Dial("unix", o.Socket); err == nil {
+		c.Close()
+		return fmt.Errorf("a device already serves %s", o.Socket)
+	}
+	_ = os.Remove(o.Socket) // a stale socket from a process that died
+	t := o.TUN
+	if t == nil {
+		var err error
+		if t, err = tun.CreateTUN(o.Name, o.MTU); err != nil {
+			return fmt.Errorf("creating TUN device %s: %w", o.Name, err)
+		}
+	}
+	bind := o.Bind
+	if bind == nil {
+		bind = conn.NewDefaultBind()
+	}
+	dev := device.NewDevice(t, bind, &device.Logger{
+		Verbosef: func(string, ...any) {},
+		Errorf:   func(f string, a ...any) { log.Warn(fmt.Sprintf(f, a...)) },
+	})
+	defer dev.Close()
+	l, err := net.Listen("unix", o.Socket)
+	if err != nil {
+		return fmt.Errorf("serving the userspace API on %s: %w", o.Socket, err)
+	}
+	defer l.Close()
+	if err := os.Chmod(o.Socket, 0o600); err != nil {
+		return fmt.Errorf("restricting %s: %w", o.Socket, err)
+	}
+	if o.PIDFile != "" {
+		if err := os.WriteFile(o.PIDFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
+			return fmt.Errorf("writing %s: %w", o.PIDFile, err)
+		}
+		defer os.Remove(o.PIDFile)
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go dev.IpcHandle(c)
+		}
+	}()
+	log.Info("userspace WireGuard device ready", "socket", o.Socket, "mtu", o.MTU)
+	select {
+	case <-ctx.Done():
+		log.Info("stopping; the device is deleted")
+	case <-dev.Wait():
+		log.Info("the device was closed (its TUN device is gone); stopping")
+	}
+	return nil
+}

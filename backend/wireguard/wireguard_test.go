@@ -1,0 +1,261 @@
+package wireguard
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/internal/kernelfake"
+	"github.com/twill-net/twill/subnet"
+)
+
+func conf(t testing.TB, backendJSON string) *subnet.Config {
+	t.Helper()
+	c, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16","IPv6Network":"fd10::/56","EnableIPv6":true,"Backend":` + backendJSON + `}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestConfigErrorsNameFieldAndValue(t *testing.T) {
+	for _, tc := range []struct{ backend, want string }{
+		{`{"Type":"wireguard","Mode":"tunnel"}`, `Backend.Mode "tunnel"`},
+		{`{"Type":"wireguard","ListenPort":70000}`, `Backend.ListenPort 70000`},
+		{`{"Type":"wireguard","ListenPortV6":0}`, `Backend.ListenPortV6 0`},
+		{`{"Type":"wireguard","ListenPort":"51820"}`, `ListenPort`},
+		{`{"Type":"wireguard","PSK":"nope"}`, `Backend.PSK`},
+		{`{"Type":"wireguard","MTU":100}`, `Backend.MTU 100`},
+		{`{"Type":"wireguard","MTU":1460}`, `Backend.MTU 1460: must be at most 1440`},
+		{`{"Type":"wireguard","PersistentKeepaliveInterval":-1}`, `Backend.PersistentKeepaliveInterval -1`},
+		{`{"Type":"wireguard","KeyRotationInterval":"1s"}`, `Backend.KeyRotationInterval "1s"`},
+		{`{"Type":"wireguard","VNI":1}`, `VNI`},
+	} {
+		_, err := New(options(t, &kernelfake.Kernel{}, conf(t, tc.backend), t.TempDir()))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want it to name %q", tc.backend, err, tc.want)
+		}
+	}
+}
+
+func options(t testing.TB, k *kernelfake.Kernel, cfg *subnet.Config, state string) backend.Options {
+	t.Helper()
+	ext, _ := k.LinkByName("eth0")
+	if ext.Index == 0 {
+		ext = k.AddLink("eth0", 1500, true, netip.MustParsePrefix("192.168.1.1/24"), netip.MustParsePrefix("fd00::1/64"))
+	}
+	return backend.Options{
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Netlink: k, Config: cfg, StateDir: state,
+		ExtIface: backend.ExternalInterface{Link: ext, Addr: netip.MustParseAddr("192.168.1.1"), AddrV6: netip.MustParseAddr("fd00::1"),
+			PublicIP: netip.MustParseAddr("192.168.1.1"), PublicIPv6: netip.MustParseAddr("fd00::1")},
+	}
+}
+
+// node is one node's backend over a fake kernel and fake devices.
+type node struct {
+	k    *kernelfake.Kernel
+	devs *fakeDevices
+	b    *Backend
+	nw   *Network
+	pub  wgtypes.Key
+}
+
+func newNode(t testing.TB, backendJSON, state string, lease subnet.Lease) *node {
+	t.Helper()
+	n := &node{k: &kernelfake.Kernel{}, devs: &fakeDevices{}}
+	be, err := New(options(t, n.k, conf(t, backendJSON), state))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.b = be.(*Backend)
+	n.b.devices.opener = n.devs.open
+	attrs, err := n.b.Prepare(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d Data
+	if err := json.Unmarshal(attrs.BackendData, &d); err != nil {
+		t.Fatal(err)
+	}
+	if n.pub, err = wgtypes.ParseKey(d.PublicKey); err != nil {
+		t.Fatal(err)
+	}
+	nw, err := n.b.Attach(context.Background(), lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.nw = nw.(*Network)
+	return n
+}
+
+func lease(sub, sub6, ip, ip6 string, pub wgtypes.Key) subnet.Lease {
+	d, _ := json.Marshal(Data{PublicKey: pub.String()})
+	l := subnet.Lease{Subnet: netip.MustParsePrefix(sub), Attrs: subnet.LeaseAttrs{PublicIP: netip.MustParseAddr(ip), BackendType: Type, BackendData: d, BackendV6Data: d}}
+	if sub6 != "" {
+		l.IPv6Subnet, l.Attrs.PublicIPv6 = netip.MustParsePrefix(sub6), netip.MustParseAddr(ip6)
+	}
+	return l
+}
+
+func key(t testing.TB) wgtypes.Key {
+	t.Helper()
+	k, err := wgtypes.GeneratePrivateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.PublicKey()
+}
+
+func routeDsts(t testing.TB, k *kernelfake.Kernel, dev string) []string {
+	t.Helper()
+	link, err := k.LinkByName(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := k.Routes(nl.FamilyAll, nl.RouteFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, r := range rs {
+		if r.LinkIndex == link.Index {
+			out = append(out, r.Dst.String())
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestReconcileFollowsLeases(t *testing.T) {
+	ctx := context.Background()
+	state := t.TempDir()
+	self := lease("10.244.1.0/24", "fd10:0:0:1::/64", "192.168.1.1", "fd00::1", wgtypes.Key{})
+	n := newNode(t, `{"Type":"wireguard","PersistentKeepaliveInterval":25}`, state, self)
+	if fi, err := os.Stat(filepath.Join(state, keyFile)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("key file: %v %v", fi, err)
+	}
+	k2, k3 := key(t), key(t)
+	p2 := lease("10.244.2.0/24", "fd10:0:0:2::/64", "192.168.1.2", "fd00::2", k2)
+	p3 := lease("10.244.3.0/24", "fd10:0:0:3::/64", "192.168.1.3", "fd00::3", k3)
+	if err := n.nw.Reconcile(ctx, []subnet.Lease{p2, p3}); err != nil {
+		t.Fatal(err)
+	}
+	v4, v6 := n.devs.dev(DeviceName).describe(), n.devs.dev(DeviceNameV6).describe()
+	if len(v4) != 2 || !strings.Contains(strings.Join(v4, ";"), "192.168.1.2:51820 [10.244.2.0/24]") {
+		t.Fatalf("twill-wg peers %v", v4)
+	}
+	if len(v6) != 2 || !strings.Contains(strings.Join(v6, ";"), "[fd00::3]:51821 [fd10:0:0:3::/64]") {
+		t.Fatalf("twill-wg-v6 peers %v", v6)
+	}
+	if got := routeDsts(t, n.k, DeviceName); !slices.Equal(got, []string{"10.244.2.0/24", "10.244.3.0/24"}) {
+		t.Fatalf("routes via twill-wg %v", got)
+	}
+	if got := routeDsts(t, n.k, DeviceNameV6); !slices.Equal(got, []string{"fd10:0:0:2::/64", "fd10:0:0:3::/64"}) {
+		t.Fatalf("routes via twill-wg-v6 %v", got)
+	}
+	// A peer's public IP moves: the endpoint follows. A lease goes: its
+	// peer and routes go.
+	p2.Attrs.PublicIP = netip.MustParseAddr("192.168.1.22")
+	if err := n.nw.Reconcile(ctx, []subnet.Lease{p2}); err != nil {
+		t.Fatal(err)
+	}
+	if v4 := n.devs.dev(DeviceName).describe(); len(v4) != 1 || !strings.Contains(v4[0], "192.168.1.22:51820") {
+		t.Fatalf("after the change, twill-wg peers %v", v4)
+	}
+	if got := routeDsts(t, n.k, DeviceName); !slices.Equal(got, []string{"10.244.2.0/24"}) {
+		t.Fatalf("routes via twill-wg %v", got)
+	}
+	// A peer removed by hand is noticed and put back.
+	dev := n.devs.dev(DeviceName)
+	if err := dev.Set(ctx, wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: k2, Remove: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	if !n.nw.drifted(ctx) {
+		t.Fatal("a hand-removed peer is not seen as drift")
+	}
+	if d, _ := n.nw.Drift(ctx, []subnet.Lease{p2}); len(d.Missing) != 1 || !strings.Contains(d.Missing[0], k2.String()) {
+		t.Fatalf("drift %+v", d)
+	}
+	if err := n.nw.Reconcile(ctx, []subnet.Lease{p2}); err != nil {
+		t.Fatal(err)
+	}
+	if v4 := dev.describe(); len(v4) != 1 || n.nw.drifted(ctx) {
+		t.Fatalf("after the repair, twill-wg peers %v", v4)
+	}
+	// The same state directory keeps the same key.
+	again := newNode(t, `{"Type":"wireguard"}`, state, self)
+	if again.pub != n.pub {
+		t.Fatal("the public key changed across a restart with the same state directory")
+	}
+}
+
+func TestRoguePeersRefused(t *testing.T) {
+	ctx := context.Background()
+	n := newNode(t, `{"Type":"wireguard","Mode":"auto"}`, t.TempDir(), lease("10.244.1.0/24", "fd10:0:0:1::/64", "192.168.1.1", "fd00::1", wgtypes.Key{}))
+	shared, good := key(t), key(t)
+	leases := []subnet.Lease{
+		lease("10.244.2.0/24", "", "192.168.1.2", "", shared),
+		lease("10.244.3.0/24", "", "192.168.1.3", "", shared),
+		lease("10.244.4.0/24", "", "192.168.1.4", "", n.pub),
+		lease("10.244.5.0/24", "", "192.168.1.5", "", good),
+	}
+	bad := lease("10.244.6.0/24", "", "192.168.1.6", "", good)
+	bad.Attrs.BackendData = json.RawMessage(`{"PublicKey":"not-a-key"}`)
+	bad.Attrs.BackendV6Data = nil
+	leases = append(leases, bad)
+	if err := n.nw.Reconcile(ctx, leases); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.devs.dev(DeviceName).describe(); len(got) != 1 || !strings.Contains(got[0], "192.168.1.5:51820") {
+		t.Fatalf("peers %v: only the one with a key of its own should be there", got)
+	}
+	d, err := n.nw.Drift(ctx, leases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Refused) != 4 {
+		t.Fatalf("refused %v", d.Refused)
+	}
+	if got := routeDsts(t, n.k, DeviceName); !slices.Equal(got, []string{"10.244.5.0/24"}) {
+		t.Fatalf("routes %v", got)
+	}
+}
+
+func TestRotate(t *testing.T) {
+	ctx := context.Background()
+	state := t.TempDir()
+	n := newNode(t, `{"Type":"wireguard"}`, state, lease("10.244.1.0/24", "fd10:0:0:1::/64", "192.168.1.1", "fd00::1", wgtypes.Key{}))
+	if _, _, changed := n.nw.BackendData(); changed {
+		t.Fatal("backend data changed before any rotation")
+	}
+	if err := n.nw.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.nw.Reconcile(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	data, _, changed := n.nw.BackendData()
+	var d Data
+	_ = json.Unmarshal(data, &d)
+	dev, _ := n.devs.dev(DeviceName).Get(ctx)
+	if !changed || d.PublicKey == n.pub.String() || d.PublicKey != dev.PublicKey.String() {
+		t.Fatalf("after rotation: published %q (changed %v), device %s, old %s", d.PublicKey, changed, dev.PublicKey, n.pub)
+	}
+	raw, _ := os.ReadFile(filepath.Join(state, keyFile))
+	if strings.TrimSpace(string(raw)) != dev.PrivateKey.String() {
+		t.Fatal("the rotated key was not stored")
+	}
+}
+
+func mustPrefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
