@@ -40,7 +40,7 @@ func TestMain(m *testing.M) {
 func binaries(t testing.TB) string {
 	t.Helper()
 	return buildtest.Binaries(t, "github.com/twill-net/twill/cmd/twilld", "github.com/twill-net/twill/cmd/twilld-lab",
-		"github.com/twill-net/twill/cmd/twillctl", "github.com/twill-net/twill/cmd/twill")
+		"github.com/twill-net/twill/cmd/twillctl", "github.com/twill-net/twill/cmd/twill", "github.com/twill-net/twill/cmd/twill-wg")
 }
 
 // proc is a process the test started inside a namespace; it is stopped by

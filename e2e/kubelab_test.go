@@ -419,6 +419,12 @@ func startProber(t *testing.T, s *lab.State, from lab.Pod, to netip.AddrPort) *p
 	if err != nil {
 		t.Fatal(err)
 	}
+	return startProberIn(t, nsPath, to)
+}
+
+// startProberIn probes from the network namespace at nsPath.
+func startProberIn(t *testing.T, nsPath string, to netip.AddrPort) *prober {
+	t.Helper()
 	// Hold the namespace open: /proc/<pid>/ns/net goes with its process.
 	netns, err := ns.GetNS(nsPath)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	_ "github.com/twill-net/twill/backend/eni" // built-in backends register in init()
 	_ "github.com/twill-net/twill/backend/hostgw"
 	_ "github.com/twill-net/twill/backend/vxlan"
+	_ "github.com/twill-net/twill/backend/wireguard"
 	"github.com/twill-net/twill/cmd/twilld/app"
 )
 

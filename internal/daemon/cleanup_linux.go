@@ -69,7 +69,9 @@ func Cleanup(log *slog.Logger, h *nl.Handle, o CleanupOptions) error {
 	}
 	var removed []string
 	for _, l := range links {
-		if strings.HasPrefix(l.Name, owned.VXLANDevicePrefix) {
+		// Deleting a userspace WireGuard device's TUN link stops its
+		// twill-wg too.
+		if strings.HasPrefix(l.Name, owned.VXLANDevicePrefix) || strings.HasPrefix(l.Name, owned.WireGuardDevicePrefix) {
 			if err := h.LinkDel(l.Index); err != nil {
 				errs = append(errs, err)
 				continue
@@ -86,6 +88,8 @@ func Cleanup(log *slog.Logger, h *nl.Handle, o CleanupOptions) error {
 	var state []string
 	if o.StateDir != "" {
 		files, _ := filepath.Glob(filepath.Join(o.StateDir, "vxlan-*.mac"))
+		keys, _ := filepath.Glob(filepath.Join(o.StateDir, "wireguard.key"))
+		files = append(files, keys...)
 		for _, f := range files {
 			if err := os.Remove(f); err != nil {
 				errs = append(errs, err)

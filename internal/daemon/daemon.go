@@ -93,6 +93,9 @@ type Options struct {
 	Iface    network.IfaceOptions
 
 	SubnetFile string
+	// KeyRotations asks the backend to replace its key pair (see
+	// backend.Options).
+	KeyRotations <-chan struct{}
 	// CNIConflist, when set, is written to CNIConflistPath once the node
 	// is ready (so the runtime starts pods only once they can be wired),
 	// and kept there like subnet.env.
@@ -235,7 +238,8 @@ func (d *Daemon) attach(ctx context.Context, cfg *subnet.Config) (backend.Extern
 	d.log.Info("using external interface", "iface", ext.Link.Name, "addr", ext.Addr, "public_ip", ext.PublicIP, "mtu", ext.Link.MTU)
 	be, err := d.o.Registry.New(cfg.BackendType, backend.Options{
 		Logger: d.log, Netlink: d.o.Netlink, ExtIface: ext, Config: cfg, StateDir: d.o.StateDir,
-		FullSyncEvery: d.o.Resync, Metrics: &backend.Metrics{DriftRepairs: d.metrics.driftRepairs, PeersUnroutable: d.metrics.unroutable},
+		FullSyncEvery: d.o.Resync, KeyRotations: d.o.KeyRotations,
+		Metrics: &backend.Metrics{DriftRepairs: d.metrics.driftRepairs, PeersUnroutable: d.metrics.unroutable, Registerer: d.metrics.reg},
 	})
 	if err != nil {
 		return ext, lease, nil, err

@@ -29,12 +29,12 @@ var iptablesLinks = map[string]string{
 	"/usr/sbin/ip6tables-restore": "ip6tables-nft-restore",
 }
 
-// TwillImage is twill's image: twilld, the twill CNI plugin and twillctl
-// in /usr/local/bin (where dist/kube-twill.yml runs them from), on top of
+// TwillImage is twill's image: twilld, the twill CNI plugin, twillctl and
+// twill-wg in /usr/local/bin (where dist/kube-twill.yml runs them from), on top of
 // debs (the files FetchDebs returned for TwillDebs).
 func TwillImage(ref, binDir string, debs []string) Spec {
 	var files []File
-	for _, b := range []string{"twilld", "twill", "twillctl"} {
+	for _, b := range []string{"twilld", "twill", "twillctl", "twill-wg"} {
 		files = append(files, File{Src: filepath.Join(binDir, b), Dst: "/usr/local/bin/" + b})
 	}
 	return Spec{Ref: ref, Entrypoint: []string{"/usr/local/bin/twilld"}, Debs: debs, Files: files, Symlinks: iptablesLinks,

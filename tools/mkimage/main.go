@@ -29,7 +29,7 @@ func main() {
 }
 
 func run() error {
-	bin := flag.String("bin", "bin", "directory holding twilld, twill and twillctl")
+	bin := flag.String("bin", "bin", "directory holding twilld, twill, twillctl and twill-wg")
 	pause := flag.String("pause", "", "pause binary for the pause image (none: no pause image)")
 	debs := flag.String("debs", "build/debs", "cache of the Debian packages the image is made of")
 	out := flag.String("out", "build/images", "directory to write twill.tar (and pause.tar) to")

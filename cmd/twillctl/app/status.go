@@ -135,6 +135,11 @@ func (v *nodeView) print(ctx context.Context, w io.Writer) error {
 		leaseState = "NOT FOUND in etcd"
 	}
 	fmt.Fprintf(tw, "lease\t%s (%s)\tbackend %s\tpublic IP %s\tMTU %d\n", v.env.Subnet, leaseState, v.cfg.BackendType, v.ext.PublicIP, v.env.MTU)
+	if sr, ok := v.nw.(backend.StatusReporter); ok {
+		for _, line := range sr.Status(ctx) {
+			fmt.Fprintf(tw, "backend\t%s\n", line)
+		}
+	}
 	dr, ok := v.nw.(backend.DriftReporter)
 	var d backend.Drift
 	if ok {

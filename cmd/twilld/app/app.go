@@ -293,16 +293,14 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 		return err
 	}
 	defer h.Close()
-	health := ""
-	if o.healthzPort != 0 {
-		health = net.JoinHostPort(o.healthzIP, strconv.Itoa(o.healthzPort))
-	}
+	health := healthAddr(o)
 	log.Info("starting twilld", "version", version.Version, "backends", reg.Names())
-	dest := ""
+	var dest string
 	if conflist != nil {
 		dest = o.cniConflistDest
 	}
 	d := daemon.New(daemon.Options{
+		KeyRotations:    keyRotations(ctx),
 		CNIConflistPath: dest,
 		Logger:          log,
 		Registry:        reg,
@@ -346,4 +344,35 @@ func kubeManager(ctx context.Context, log *slog.Logger, o options) (*kubesm.Mana
 	}
 	return kubesm.New(kubesm.Options{Client: cli, NodeName: node, Annotations: ann, NetConfPath: o.netConfigPath,
 		Logger: log, Resync: o.kubeResync}), nil
+}
+
+// keyRotations turns SIGUSR1 into requests to replace the backend's key
+// pair (the wireguard backend's), until ctx is done.
+func keyRotations(ctx context.Context) <-chan struct{} {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGUSR1)
+	out := make(chan struct{}, 1)
+	go func() {
+		defer signal.Stop(sig)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-sig:
+				select {
+				case out <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	return out
+}
+
+// healthAddr is where /healthz, /readyz and /metrics are served ("": not).
+func healthAddr(o options) string {
+	if o.healthzPort == 0 {
+		return ""
+	}
+	return net.JoinHostPort(o.healthzIP, strconv.Itoa(o.healthzPort))
 }

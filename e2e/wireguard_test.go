@@ -1,0 +1,417 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/twill-net/twill/backend/wireguard"
+	"github.com/twill-net/twill/backend/wireguard/uapi"
+	twcluster "github.com/twill-net/twill/internal/cluster"
+	"github.com/twill-net/twill/subnet"
+)
+
+const netConfWireGuard = `{"Network":"10.244.0.0/16","Backend":{"Type":"wireguard","PersistentKeepaliveInterval":25}}`
+
+// stopWireGuardDevices stops, by the PID it recorded, every twill-wg the
+// cluster's daemons started: it outlives twilld by design.
+func (c *cluster) stopWireGuardDevices() {
+	for _, n := range c.topo.Nodes {
+		for _, dev := range []string{wireguard.DeviceName, wireguard.DeviceNameV6} {
+			raw, err := os.ReadFile(wireguard.PIDFile(twcluster.NodeDir(c.dir, n.Name), dev))
+			if err != nil {
+				continue
+			}
+			pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+			if err == nil && pid > 1 && cmdlineMentions(pid, c.dir) {
+				_ = syscall.Kill(pid, syscall.SIGTERM)
+			}
+		}
+	}
+}
+
+func cmdlineMentions(pid int, s string) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && bytes.Contains(b, []byte(s))
+}
+
+// wgDevice reads node i's userspace WireGuard device through its socket.
+func (c *cluster) wgDevice(i int) (*wgtypes.Device, error) {
+	cl := &uapi.Client{Path: wireguard.Socket(twcluster.NodeDir(c.dir, c.topo.Nodes[i].Name), wireguard.DeviceName)}
+	return cl.Get(context.Background())
+}
+
+func (c *cluster) wgPeerKeys(i int) map[string]bool {
+	c.t.Helper()
+	d, err := c.wgDevice(i)
+	if err != nil {
+		return nil
+	}
+	out := map[string]bool{}
+	for _, p := range d.Peers {
+		out[p.PublicKey.String()] = true
+	}
+	return out
+}
+
+// publishedKey is the public key in node i's lease.
+func (c *cluster) publishedKey(i int) string {
+	c.t.Helper()
+	sub := c.env(i).Subnet
+	resp, err := c.cli.Get(context.Background(), "/twill.io/network/subnets/"+strings.Replace(sub.String(), "/", "-", 1))
+	if err != nil || len(resp.Kvs) != 1 {
+		c.t.Fatalf("reading node%d's lease: %v", i+1, err)
+	}
+	attrs, err := subnet.ParseLeaseAttrs(resp.Kvs[0].Value)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	var d wireguard.Data
+	_ = json.Unmarshal(attrs.BackendData, &d)
+	return d.PublicKey
+}
+
+// echoServer serves a line echo on port 7 of a pod's namespace.
+func echoServer(t *testing.T, podNS string, addr netip.Addr) netip.AddrPort {
+	t.Helper()
+	var l net.Listener
+	err := ns.WithNetNSPath("/var/run/netns/"+podNS, func(ns.NetNS) error {
+		var err error
+		l, err = net.Listen("tcp", netip.AddrPortFrom(addr, 7).String())
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+		}
+	}()
+	return netip.AddrPortFrom(addr, 7)
+}
+
+// TestEtcdWireGuard: three nodes with the wireguard backend over userspace
+// devices (this kernel has no wireguard module): pods talk across nodes
+// and nothing of theirs crosses the underlay in clear; a twilld restart
+// and a key rotation leave a continuous probe without a gap over 1s; a
+// removed node's peer goes, a hand-removed peer comes back, and a node
+// keeps its key across restarts.
+func TestEtcdWireGuard(t *testing.T) {
+	c := newCluster(t, 3)
+	t.Cleanup(c.stopWireGuardDevices)
+	c.put("/twill.io/network/config", netConfWireGuard)
+	for i := range c.topo.Nodes {
+		c.startDaemon(i, "--healthz-port", "9412")
+	}
+	subnets := make([]netip.Prefix, 3)
+	for i := range subnets {
+		subnets[i] = c.env(i).Subnet
+	}
+	if mtu := c.env(0).MTU; mtu != 1500-60 {
+		t.Errorf("subnet.env MTU %d, want the underlay's 1500 minus 60", mtu)
+	}
+	keys := []string{c.publishedKey(0), c.publishedKey(1), c.publishedKey(2)}
+	waitFor(t, 10*time.Second, "every device holding both other nodes' keys", func() bool {
+		for i := range 3 {
+			got := c.wgPeerKeys(i)
+			for j := range 3 {
+				if i != j && !got[keys[j]] {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	podA, addrA := c.addPod(0, "wa")
+	podB, addrB := c.addPod(1, "wb")
+	_, addrC := c.addPod(2, "wc")
+	for _, dst := range []netip.Addr{addrB, addrC} {
+		if err := ping(podA, dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ping(podB, addrA); err != nil {
+		t.Fatal(err)
+	}
+	if got := metricLine(t, c.topo.Nodes[0].NS, 9412, "twill_wireguard_device_info"); !strings.Contains(got, `implementation="userspace"`) {
+		t.Errorf("metrics say %q, want the userspace implementation", got)
+	}
+	echo := echoServer(t, podB, addrB)
+
+	t.Run("nothing of the pods crosses the underlay in clear", func(t *testing.T) {
+		marker := []byte("twill-capture-marker-" + strconv.FormatInt(time.Now().UnixNano(), 36))
+		cp := startCapture(t, c.topo.Underlay)
+		podIPs := []netip.Addr{addrA, addrB, addrC}
+		sent := 0
+		for range 50 {
+			if err := sendLine(podA, echo, marker); err != nil {
+				t.Fatal(err)
+			}
+			sent++
+		}
+		if err := ping(podA, addrC); err != nil {
+			t.Fatal(err)
+		}
+		frames := cp.stop()
+		nodes := map[netip.Addr]bool{}
+		for _, n := range c.topo.Nodes {
+			nodes[n.Addr.Addr()] = true
+		}
+		var wg int
+		for _, f := range frames {
+			if bytes.Contains(f, marker) {
+				t.Fatalf("the payload marker crossed the underlay in clear: % x", f)
+			}
+			p, ok := parseIPv4(f)
+			if !ok {
+				continue
+			}
+			for _, ip := range podIPs {
+				if p.src == ip || p.dst == ip {
+					t.Fatalf("a pod address crossed the underlay in clear: %s -> %s proto %d", p.src, p.dst, p.proto)
+				}
+			}
+			if !nodes[p.src] || !nodes[p.dst] {
+				continue // to or from etcd
+			}
+			if p.proto != unix.IPPROTO_UDP || (p.sport != wireguard.DefaultListenPort && p.dport != wireguard.DefaultListenPort) {
+				t.Fatalf("a packet between nodes is not WireGuard's: %s:%d -> %s:%d proto %d", p.src, p.sport, p.dst, p.dport, p.proto)
+			}
+			wg++
+		}
+		if wg < sent {
+			t.Fatalf("captured %d WireGuard packets between nodes for %d exchanges: the capture missed the traffic", wg, sent)
+		}
+		t.Logf("%d frames captured, %d of them WireGuard between nodes, none in clear", len(frames), wg)
+	})
+
+	t.Run("a twilld restart keeps the probe without a gap over 1s and the key", func(t *testing.T) {
+		keyFile := filepath.Join(twcluster.NodeDir(c.dir, c.topo.Nodes[0].Name), "wireguard.key")
+		before, err := os.ReadFile(keyFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := startProberIn(t, "/var/run/netns/"+podA, echo)
+		time.Sleep(500 * time.Millisecond)
+		for _, i := range []int{0, 1} {
+			c.daemons[i].Stop(t)
+			c.startDaemon(i, "--healthz-port", "9412")
+			waitFor(t, 10*time.Second, "ready after the restart", func() bool { return strings.Contains(c.daemons[i].Output(), "msg=ready") })
+		}
+		time.Sleep(time.Second)
+		gap, failed, total := p.stop()
+		if gap > time.Second || total < 10 {
+			t.Fatalf("longest gap %s (%d of %d probes failed)", gap, failed, total)
+		}
+		after, err := os.ReadFile(keyFile)
+		if err != nil || !bytes.Equal(before, after) {
+			t.Fatalf("the key changed across the restart (%v)", err)
+		}
+		if got := c.publishedKey(0); got != keys[0] {
+			t.Fatalf("the published key changed across the restart: %s -> %s", keys[0], got)
+		}
+		t.Logf("longest gap %s over %d probes (%d failed)", gap.Round(time.Millisecond), total, failed)
+	})
+
+	t.Run("a key rotation keeps the probe without a gap over 1s", func(t *testing.T) {
+		p := startProberIn(t, "/var/run/netns/"+podA, echo)
+		time.Sleep(500 * time.Millisecond)
+		if err := c.daemons[0].cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+			t.Fatal(err)
+		}
+		var rotated string
+		waitFor(t, 10*time.Second, "node1 publishing a new key, and node2 using it", func() bool {
+			rotated = c.publishedKey(0)
+			return rotated != keys[0] && c.wgPeerKeys(1)[rotated] && !c.wgPeerKeys(1)[keys[0]]
+		})
+		time.Sleep(time.Second)
+		gap, failed, total := p.stop()
+		if gap > time.Second || total < 10 {
+			t.Fatalf("longest gap %s (%d of %d probes failed)", gap, failed, total)
+		}
+		keys[0] = rotated
+		t.Logf("longest gap %s over %d probes (%d failed)", gap.Round(time.Millisecond), total, failed)
+	})
+
+	t.Run("a hand-removed peer comes back within 5s", func(t *testing.T) {
+		cl := &uapi.Client{Path: wireguard.Socket(twcluster.NodeDir(c.dir, c.topo.Nodes[0].Name), wireguard.DeviceName)}
+		k, err := wgtypes.ParseKey(keys[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.Set(context.Background(), wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: k, Remove: true}}}); err != nil {
+			t.Fatal(err)
+		}
+		took := waitFor(t, 5*time.Second, "node2's peer back on node1", func() bool { return c.wgPeerKeys(0)[keys[1]] })
+		if err := ping(podA, addrB); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("back in %s", took.Round(time.Millisecond))
+	})
+
+	t.Run("a removed node's peer is gone from every device within 2s", func(t *testing.T) {
+		c.daemons[2].Stop(t)
+		c.del("/twill.io/network/subnets/" + strings.Replace(subnets[2].String(), "/", "-", 1))
+		took := waitFor(t, 2*time.Second, "node3's peer gone from node1 and node2", func() bool {
+			return !c.wgPeerKeys(0)[keys[2]] && !c.wgPeerKeys(1)[keys[2]] && c.wgPeerKeys(0) != nil && c.wgPeerKeys(1) != nil
+		})
+		if strings.Contains(c.routes(0), subnets[2].String()) {
+			t.Fatalf("node1 still routes node3's subnet:\n%s", c.routes(0))
+		}
+		t.Logf("gone in %s", took.Round(time.Millisecond))
+	})
+}
+
+// metricLine is the first line of a daemon's /metrics naming the metric.
+func metricLine(t testing.TB, nsName string, port int, name string) string {
+	t.Helper()
+	_, body := nodeGet(t, nsName, port, "/metrics")
+	for _, line := range strings.Split(body, "\n") {
+		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
+			return line
+		}
+	}
+	return ""
+}
+
+// sendLine sends one line to an echo server from a pod and reads it back.
+func sendLine(podNS string, to netip.AddrPort, line []byte) error {
+	var c net.Conn
+	err := ns.WithNetNSPath("/var/run/netns/"+podNS, func(ns.NetNS) error {
+		var err error
+		c, err = net.DialTimeout("tcp", to.String(), 5*time.Second)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write(append(bytes.Clone(line), '\n')); err != nil {
+		return err
+	}
+	got := make([]byte, len(line)+1)
+	if _, err := io.ReadFull(c, got); err != nil {
+		return err
+	}
+	if !bytes.Equal(got[:len(line)], line) {
+		return fmt.Errorf("echo %q", got)
+	}
+	return nil
+}
+
+// capture records every frame any interface of a namespace sees, through
+// one packet socket bound to no interface.
+type capture struct {
+	fd     int
+	mu     sync.Mutex
+	frames [][]byte
+	done   chan struct{}
+}
+
+func startCapture(t *testing.T, nsName string) *capture {
+	t.Helper()
+	c := &capture{fd: -1, done: make(chan struct{})}
+	err := ns.WithNetNSPath("/var/run/netns/"+nsName, func(ns.NetNS) error {
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
+		c.fd = fd
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A receive timeout lets the reader notice stop.
+	tv := unix.Timeval{Usec: 100000}
+	if err := unix.SetsockoptTimeval(c.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	_ = unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 8<<20)
+	go func() {
+		defer close(c.done)
+		buf := make([]byte, 65536)
+		for {
+			n, _, err := unix.Recvfrom(c.fd, buf, 0)
+			if err != nil {
+				if err == unix.EAGAIN || err == unix.EINTR {
+					select {
+					case <-c.done:
+						return
+					default:
+					}
+					c.mu.Lock()
+					stopped := c.fd < 0
+					c.mu.Unlock()
+					if stopped {
+						return
+					}
+					continue
+				}
+				return
+			}
+			c.mu.Lock()
+			c.frames = append(c.frames, bytes.Clone(buf[:n]))
+			c.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { c.stop() })
+	return c
+}
+
+func (c *capture) stop() [][]byte {
+	c.mu.Lock()
+	fd := c.fd
+	c.fd = -1
+	c.mu.Unlock()
+	if fd >= 0 {
+		<-c.done
+		unix.Close(fd)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.frames
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+type ipv4Packet struct {
+	src, dst     netip.Addr
+	proto        int
+	sport, dport int
+}
+
+// parseIPv4 reads an Ethernet frame's IPv4 header (and UDP/TCP ports).
+func parseIPv4(f []byte) (ipv4Packet, bool) {
+	if len(f) < 14+20 || binary.BigEndian.Uint16(f[12:14]) != 0x0800 {
+		return ipv4Packet{}, false
+	}
+	ip := f[14:]
+	ihl := int(ip[0]&0x0f) * 4
+	p := ipv4Packet{src: netip.AddrFrom4([4]byte(ip[12:16])), dst: netip.AddrFrom4([4]byte(ip[16:20])), proto: int(ip[9])}
+	if (p.proto == unix.IPPROTO_UDP || p.proto == unix.IPPROTO_TCP) && len(ip) >= ihl+4 {
+		p.sport, p.dport = int(binary.BigEndian.Uint16(ip[ihl:])), int(binary.BigEndian.Uint16(ip[ihl+2:]))
+	}
+	return p, true
+}
