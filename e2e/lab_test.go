@@ -148,7 +148,8 @@ func TestLabRoutedVXLAN(t *testing.T) {
 }
 
 // TestLabIPFamilies: an IPv6-only lab on a routed IPv6 underlay (vxlan)
-// and a dual-stack lab (host-gw) pass lab check, which probes every
+// and dual-stack labs (host-gw; wireguard, one device per family) pass
+// lab check, which probes every
 // address of every pod; a dual-stack pod is probed at both.
 func TestLabIPFamilies(t *testing.T) {
 	for _, tc := range []struct {
@@ -157,10 +158,11 @@ func TestLabIPFamilies(t *testing.T) {
 	}{
 		{"ipv6", "vxlan", "routed", 4},
 		{"dual", "host-gw", "flat", 8},
+		{"dual", "wireguard", "flat", 8},
 	} {
 		t.Run(tc.family+"-"+tc.backend, func(t *testing.T) {
 			l := newLabCtl(t)
-			n := labName("i" + tc.family[:1])
+			n := labName("i" + tc.family[:1] + tc.backend[:1])
 			l.up(n, "--nodes", "2", "--pods-per-node", "2", "--backend", tc.backend, "--underlay", tc.underlay, "--ip-family", tc.family)
 			out, err := l.run("check", "--name", n)
 			if want := fmt.Sprintf("%d of %d pairs OK", 4*tc.targets, 4*tc.targets); err != nil || !strings.Contains(out, want) {

@@ -164,7 +164,6 @@ func TestEtcdWireGuard(t *testing.T) {
 	t.Run("nothing of the pods crosses the underlay in clear", func(t *testing.T) {
 		marker := []byte("twill-capture-marker-" + strconv.FormatInt(time.Now().UnixNano(), 36))
 		cp := startCapture(t, c.topo.Underlay)
-		podIPs := []netip.Addr{addrA, addrB, addrC}
 		sent := 0
 		for range 50 {
 			if err := sendLine(podA, echo, marker); err != nil {
@@ -180,27 +179,9 @@ func TestEtcdWireGuard(t *testing.T) {
 		for _, n := range c.topo.Nodes {
 			nodes[n.Addr.Addr()] = true
 		}
-		var wg int
-		for _, f := range frames {
-			if bytes.Contains(f, marker) {
-				t.Fatalf("the payload marker crossed the underlay in clear: % x", f)
-			}
-			p, ok := parseIPv4(f)
-			if !ok {
-				continue
-			}
-			for _, ip := range podIPs {
-				if p.src == ip || p.dst == ip {
-					t.Fatalf("a pod address crossed the underlay in clear: %s -> %s proto %d", p.src, p.dst, p.proto)
-				}
-			}
-			if !nodes[p.src] || !nodes[p.dst] {
-				continue // to or from etcd
-			}
-			if p.proto != unix.IPPROTO_UDP || (p.sport != wireguard.DefaultListenPort && p.dport != wireguard.DefaultListenPort) {
-				t.Fatalf("a packet between nodes is not WireGuard's: %s:%d -> %s:%d proto %d", p.src, p.sport, p.dst, p.dport, p.proto)
-			}
-			wg++
+		wg, err := onlyWireGuard(frames, nodes, []netip.Addr{addrA, addrB, addrC}, marker, wireguard.DefaultListenPort)
+		if err != nil {
+			t.Fatal(err)
 		}
 		if wg < sent {
 			t.Fatalf("captured %d WireGuard packets between nodes for %d exchanges: the capture missed the traffic", wg, sent)
@@ -414,4 +395,33 @@ func parseIPv4(f []byte) (ipv4Packet, bool) {
 		p.sport, p.dport = int(binary.BigEndian.Uint16(ip[ihl:])), int(binary.BigEndian.Uint16(ip[ihl+2:]))
 	}
 	return p, true
+}
+
+// onlyWireGuard checks captured frames: none holds the marker or has a pod
+// address in an IPv4 header, and every IPv4 packet between two nodes is
+// UDP to or from port. It returns how many of those there were.
+func onlyWireGuard(frames [][]byte, nodes map[netip.Addr]bool, pods []netip.Addr, marker []byte, port int) (int, error) {
+	var wg int
+	for _, f := range frames {
+		if bytes.Contains(f, marker) {
+			return wg, fmt.Errorf("the payload marker crossed the underlay in clear: % x", f)
+		}
+		p, ok := parseIPv4(f)
+		if !ok {
+			continue
+		}
+		for _, ip := range pods {
+			if p.src == ip || p.dst == ip {
+				return wg, fmt.Errorf("a pod address crossed the underlay in clear: %s -> %s proto %d", p.src, p.dst, p.proto)
+			}
+		}
+		if !nodes[p.src] || !nodes[p.dst] {
+			continue // to or from etcd
+		}
+		if p.proto != unix.IPPROTO_UDP || (p.sport != port && p.dport != port) {
+			return wg, fmt.Errorf("a packet between nodes is not WireGuard's: %s:%d -> %s:%d proto %d", p.src, p.sport, p.dst, p.dport, p.proto)
+		}
+		wg++
+	}
+	return wg, nil
 }

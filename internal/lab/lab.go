@@ -41,7 +41,7 @@ type Options struct {
 	Name        string
 	Nodes       int
 	PodsPerNode int
-	Backend     string // vxlan or host-gw (or any backend the twilld in BinDir has)
+	Backend     string // vxlan, host-gw, wireguard (or any backend the twilld in BinDir has)
 	Underlay    string // flat or routed; "vpc" for eni (set by Validate)
 	ENIMode     string // eni: prefix or secondary-ip
 	Netfilter   string // twilld's --netfilter: auto (default), iptables or nftables
@@ -121,7 +121,7 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("--ip-family %q: ipv4, ipv6 or dual", o.IPFamily)
 	}
 	if o.IPFamily != "ipv4" && (o.Kubernetes || o.Bare || o.Backend == "eni") {
-		return fmt.Errorf("--ip-family %s: the etcd-mode lab's vxlan and host-gw only (the Kubernetes, bare and eni labs are IPv4)", o.IPFamily)
+		return fmt.Errorf("--ip-family %s: the etcd-mode lab's vxlan, host-gw and wireguard only (the Kubernetes, bare and eni labs are IPv4)", o.IPFamily)
 	}
 	switch o.Netfilter {
 	case "":
