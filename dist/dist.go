@@ -10,6 +10,12 @@ import _ "embed"
 //go:embed kube-twill.yml
 var KubeManifest []byte
 
+// WireGuardKeeperManifest is kube-twill-wireguard.yml: the userspace
+// WireGuard keeper, for kernels without the wireguard module.
+//
+//go:embed kube-twill-wireguard.yml
+var WireGuardKeeperManifest []byte
+
 // Conflist is 10-twill.conflist.
 //
 //go:embed 10-twill.conflist

@@ -258,3 +258,40 @@ func TestNodeIsolationPolicyWiring(t *testing.T) {
 		t.Errorf("ANNOTATION_PREFIX is not the ConfigMap's annotation-prefix: %+v", c.Env)
 	}
 }
+
+// TestWireGuardKeeper: the keeper's DaemonSet is not rolled by a new
+// manifest (OnDelete: twilld's upgrades leave the devices alone), serves
+// its socket in the directory twilld keeps its state in (where twilld
+// looks for it), and is the only privileged container (a TUN device needs
+// it). The keeper in action: e2e.TestKubeLabWireGuard.
+func TestWireGuardKeeper(t *testing.T) {
+	data, err := os.ReadFile("kube-twill-wireguard.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds appsv1.DaemonSet
+	if err := yaml.UnmarshalStrict(stripComments(data), &ds); err != nil {
+		t.Fatal(err)
+	}
+	if ds.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType {
+		t.Errorf("update strategy %q, want OnDelete", ds.Spec.UpdateStrategy.Type)
+	}
+	spec := ds.Spec.Template.Spec
+	c := spec.Containers[0]
+	if !spec.HostNetwork || c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
+		t.Error("the keeper needs hostNetwork and a privileged container (/dev/net/tun)")
+	}
+	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+		t.Error("the keeper needs no API credentials: automountServiceAccountToken must be false")
+	}
+	if got := strings.Join(c.Command, " "); !strings.Contains(got, "--socket=/var/lib/twill/twill-wg-keeper.sock") {
+		t.Errorf("command %q: the socket must be in twilld's state directory, /var/lib/twill", got)
+	}
+	m := load(t)
+	if !strings.Contains(strings.Join(m.ds.Spec.Template.Spec.Containers[0].Args, " "), "--state-dir=/var/lib/twill") {
+		t.Error("twilld's state directory is no longer /var/lib/twill: the keeper's socket must follow it")
+	}
+	if c.Image != m.ds.Spec.Template.Spec.Containers[0].Image {
+		t.Errorf("keeper image %q, twilld's %q: one image carries both", c.Image, m.ds.Spec.Template.Spec.Containers[0].Image)
+	}
+}

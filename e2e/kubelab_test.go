@@ -481,6 +481,19 @@ func (p *prober) stop() (gap time.Duration, failed, total int) {
 	return gap, failed, len(p.results)
 }
 
+// failures lists when probes failed.
+func (p *prober) failures() []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []time.Time
+	for _, r := range p.results {
+		if !r.ok {
+			out = append(out, r.at)
+		}
+	}
+	return out
+}
+
 func echoOnce(netns ns.NetNS, to netip.AddrPort) error {
 	var c net.Conn
 	err := netns.Do(func(ns.NetNS) error {

@@ -22,6 +22,7 @@ import (
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/backend/wireguard/uapi"
+	"github.com/twill-net/twill/backend/wireguard/userspace"
 )
 
 // Device is the seam to one WireGuard device's configuration, kernel or
@@ -106,6 +107,12 @@ func Socket(stateDir, name string) string {
 	}
 	return filepath.Join(stateDir, name+".sock")
 }
+
+// KeeperSocket is where a twill-wg keeper serves device requests: when
+// one answers there, twilld asks it for its userspace devices rather than
+// starting twill-wg itself (Kubernetes: the kube-twill-wireguard
+// DaemonSet, which outlives twilld's pods).
+func KeeperSocket(stateDir string) string { return Socket(stateDir, "twill-wg-keeper") }
 
 // PIDFile is where twill-wg records its PID.
 func PIDFile(stateDir, name string) string { return Socket(stateDir, name) + ".pid" }
@@ -217,7 +224,13 @@ func (d *devices) create(ctx context.Context, t tunnel) (nl.Link, error) {
 	if !errors.Is(err, nl.ErrNotSupported) {
 		return nl.Link{}, err
 	}
-	if err := d.spawn(t); err != nil {
+	if keeper := KeeperSocket(d.stateDir); userspace.Answers(keeper) {
+		req := userspace.Request{Name: t.name, Socket: Socket(d.stateDir, t.name), MTU: t.mtu}
+		if err := userspace.Ask(ctx, keeper, req); err != nil {
+			return nl.Link{}, fmt.Errorf("wireguard: this kernel has no wireguard module, and the keeper failed: %w", err)
+		}
+		d.log.Info("this kernel has no wireguard module; the keeper runs a userspace device", "device", t.name, "keeper", keeper)
+	} else if err := d.spawn(t); err != nil {
 		return nl.Link{}, err
 	}
 	// Bounded: twill-wg creates the TUN device, then serves its socket.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/netip"
 	"slices"
 	"sync"
@@ -31,6 +32,7 @@ type Network struct {
 	routes  *backend.RouteSync
 	refused *backend.RefusedPeers
 	poll    time.Duration // how often the devices are read back
+	nudge   func(netip.Addr)
 
 	mu sync.Mutex
 	// guarded by mu:
@@ -56,6 +58,7 @@ func newNetwork(b *Backend, lease subnet.Lease, key wgtypes.Key) *Network {
 	return &Network{
 		b: b, local: lease, sh: sh, key: key, last: map[string]map[wgtypes.Key]peer{},
 		poll:    pollEvery,
+		nudge:   sendNudge,
 		routes:  &backend.RouteSync{NL: b.devices.k, FullSyncEvery: b.opts.FullSyncEvery, Log: b.log},
 		refused: &backend.RefusedPeers{Log: b.log, Message: "refusing peers with unusable wireguard backend data (no or a shared public key, no public IP of the tunnel's family)"},
 	}
@@ -97,6 +100,7 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 		rs      []nl.Route
 		refused []string
 		changed int
+		nudges  []netip.Addr
 	)
 	for _, t := range n.b.tunnels {
 		want, ref := desired(t, key, peers)
@@ -107,8 +111,9 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 			continue
 		}
 		routes(want, link.Index, func(r nl.Route) { rs = append(rs, r) })
-		c, err := n.apply(ctx, t, dev, key, want)
+		c, rekeyed, err := n.apply(ctx, t, dev, key, want)
 		changed += c
+		nudges = append(nudges, rekeyed...)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -122,6 +127,9 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 	if err != nil {
 		errs = append(errs, err)
 	}
+	for _, a := range nudges {
+		n.nudge(a)
+	}
 	n.b.opts.Metrics.AddDriftRepairs(st.Repaired)
 	n.b.log.Debug("reconciled", "peers", len(peers), "device_changes", changed, "routes_added", st.Added, "routes_deleted", st.Deleted)
 	if err := errors.Join(errs...); err != nil {
@@ -132,11 +140,13 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 
 // apply changes t's device to have key and want, reading the device back
 // first: its peers are compared with the device as it is, not with a
-// record, so a peer removed or altered by hand is put back.
-func (n *Network) apply(ctx context.Context, t tunnel, dev Device, key wgtypes.Key, want map[wgtypes.Key]peer) (int, error) {
+// record, so a peer removed or altered by hand is put back. It returns the
+// number of changes, and the device addresses of peers whose key changed
+// (see nudge).
+func (n *Network) apply(ctx context.Context, t tunnel, dev Device, key wgtypes.Key, want map[wgtypes.Key]peer) (int, []netip.Addr, error) {
 	have, err := dev.Get(ctx)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	cfg, c := plan(have, key, t.port, want, n.sh)
 	n.mu.Lock()
@@ -144,17 +154,51 @@ func (n *Network) apply(ctx context.Context, t tunnel, dev Device, key wgtypes.K
 	n.mu.Unlock()
 	if c == 0 {
 		n.record(t, want)
-		return 0, nil
+		return 0, nil, nil
 	}
 	if err := dev.Set(ctx, cfg); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if had && key == n.currentKey() && maps.EqualFunc(prev, want, equalPeer) {
 		n.b.opts.Metrics.AddDriftRepairs(c)
 		n.b.log.Info("repaired WireGuard peers that had drifted", "device", t.name, "changes", c)
 	}
 	n.record(t, want)
-	return c, nil
+	return c, rekeyed(prev, want), nil
+}
+
+// rekeyed lists the device addresses (their subnets' network addresses)
+// of the peers in want whose lease had another key in prev: peers that
+// rotated their key pair.
+func rekeyed(prev, want map[wgtypes.Key]peer) []netip.Addr {
+	if len(prev) == 0 {
+		return nil
+	}
+	byLease := make(map[string]wgtypes.Key, len(prev))
+	for k, p := range prev {
+		byLease[p.lease] = k
+	}
+	var out []netip.Addr
+	for k, p := range want {
+		if old, ok := byLease[p.lease]; ok && old != k && len(p.allowed) > 0 {
+			out = append(out, p.allowed[0].Addr())
+		}
+	}
+	return out
+}
+
+// sendNudge sends one datagram through the tunnel to a peer whose key
+// changed. A peer that rotated its key sends its first handshake at once,
+// but we may not have known its new key yet, and WireGuard waits 5s before
+// it tries again; a packet from us makes our side start the handshake as
+// soon as we know the key, so traffic resumes within a round trip.
+func sendNudge(a netip.Addr) {
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, 9))) // discard
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	_, _ = c.Write([]byte{0})
 }
 
 func (n *Network) currentKey() wgtypes.Key {

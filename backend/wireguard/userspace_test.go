@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -67,6 +68,7 @@ func TestUserspaceDevice(t *testing.T) {
 	}
 	n := nw.(*Network)
 	n.poll = 20 * time.Millisecond
+	n.nudge = func(netip.Addr) {}
 	k2 := key(t)
 	p2 := lease("10.244.2.0/24", "", "192.168.1.2", "", k2)
 	if err := n.Reconcile(ctx, []subnet.Lease{p2}); err != nil {

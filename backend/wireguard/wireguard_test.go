@@ -3,6 +3,7 @@ package wireguard
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -64,11 +65,12 @@ func options(t testing.TB, k *kernelfake.Kernel, cfg *subnet.Config, state strin
 
 // node is one node's backend over a fake kernel and fake devices.
 type node struct {
-	k    *kernelfake.Kernel
-	devs *fakeDevices
-	b    *Backend
-	nw   *Network
-	pub  wgtypes.Key
+	nudged []netip.Addr
+	k      *kernelfake.Kernel
+	devs   *fakeDevices
+	b      *Backend
+	nw     *Network
+	pub    wgtypes.Key
 }
 
 func newNode(t testing.TB, backendJSON, state string, lease subnet.Lease) *node {
@@ -96,6 +98,8 @@ func newNode(t testing.TB, backendJSON, state string, lease subnet.Lease) *node 
 		t.Fatal(err)
 	}
 	n.nw = nw.(*Network)
+	// Unit tests send nothing anywhere: nudges are recorded.
+	n.nw.nudge = func(a netip.Addr) { n.nudged = append(n.nudged, a) }
 	return n
 }
 
@@ -175,6 +179,21 @@ func TestReconcileFollowsLeases(t *testing.T) {
 	}
 	if got := routeDsts(t, n.k, DeviceName); !slices.Equal(got, []string{"10.244.2.0/24"}) {
 		t.Fatalf("routes via twill-wg %v", got)
+	}
+	// A peer that rotated its key is replaced, and nudged (once).
+	k2 = key(t)
+	p2 = lease("10.244.2.0/24", "fd10:0:0:2::/64", "192.168.1.22", "fd00::2", k2)
+	if err := n.nw.Reconcile(ctx, []subnet.Lease{p2}); err != nil {
+		t.Fatal(err)
+	}
+	if v4 := n.devs.dev(DeviceName).describe(); len(v4) != 1 || !strings.HasPrefix(v4[0], k2.String()[:6]) {
+		t.Fatalf("after the peer's rotation, twill-wg peers %v", v4)
+	}
+	if fmt.Sprint(n.nudged) != "[10.244.2.0 fd10:0:0:2::]" {
+		t.Fatalf("nudged %v, want the rotated peer's device addresses on both devices", n.nudged)
+	}
+	if err := n.nw.Reconcile(ctx, []subnet.Lease{p2}); err != nil || len(n.nudged) != 2 {
+		t.Fatalf("a second reconcile nudged again (%v, %v)", n.nudged, err)
 	}
 	// A peer removed by hand is noticed and put back.
 	dev := n.devs.dev(DeviceName)

@@ -23,6 +23,25 @@ func main() {
 	}
 }
 
+// keeperCommand runs devices on twilld's request, in a process of their
+// own: the kube-twill-wireguard DaemonSet.
+func keeperCommand() *cobra.Command {
+	var o userspace.KeeperOptions
+	cmd := &cobra.Command{
+		Use:   "keeper --socket PATH",
+		Short: "Run userspace WireGuard devices on twilld's request, outliving twilld",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+			return userspace.RunKeeper(ctx, o)
+		},
+	}
+	cmd.Flags().StringVar(&o.Socket, "socket", "/var/lib/twill/twill-wg-keeper.sock", "where to serve device requests (twilld's state directory)")
+	return cmd
+}
+
 func run() error {
 	var o userspace.Options
 	cmd := &cobra.Command{
@@ -39,8 +58,9 @@ func run() error {
 		},
 	}
 	cmd.Flags().StringVar(&o.Name, "name", "twill-wg", "the TUN device's name")
-	cmd.Flags().StringVar(&o.Socket, "socket", "", "where to serve the userspace API (required)")
+	cmd.Flags().StringVar(&o.Socket, "socket", "", "where to serve the userspace API (required to run a device)")
 	cmd.Flags().StringVar(&o.PIDFile, "pid-file", "", "where to record this process's PID")
 	cmd.Flags().IntVar(&o.MTU, "mtu", 1420, "the device's MTU")
+	cmd.AddCommand(keeperCommand())
 	return cmd.ExecuteContext(context.Background())
 }

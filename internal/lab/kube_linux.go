@@ -340,6 +340,22 @@ func (s *State) rootPID(nsName string) (int, error) {
 	return 0, fmt.Errorf("node %s has no running root process (lab down, then up again)", nsName)
 }
 
+// NodePath is path on a node as its own processes see it (in its root's
+// mount namespace), reachable from the machine: a file to read, a unix
+// socket to connect to.
+func (s *State) NodePath(node, path string) (string, error) {
+	for _, n := range s.Nodes {
+		if n.Name == node {
+			pid, err := s.rootPID(n.NS)
+			if err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("/proc/%d/root%s", pid, path), nil
+		}
+	}
+	return "", fmt.Errorf("no node %q in the lab", node)
+}
+
 // NodeExec runs a command on a node as its own processes see it: in its
 // network namespace and its root's mount and UTS namespaces.
 func (s *State) NodeExec(ctx context.Context, node string, stdin io.Reader, name string, args ...string) (string, error) {

@@ -100,7 +100,8 @@ iptables: {minSyncPeriod: 0s}
 
 // InstallManifest is dist/kube-twill.yml as the lab applies it: the image
 // reference replaced by the locally built one, and net-conf.json's
-// backend set (the two edits the install docs tell an operator to make).
+// backend set (the two edits the install docs tell an operator to make);
+// for wireguard, with dist/kube-twill-wireguard.yml after it.
 func InstallManifest(image, backendType string) ([]byte, error) {
 	m := dist.KubeManifest
 	if !bytes.Contains(m, []byte(dist.ShippedImage)) {
@@ -115,7 +116,13 @@ func InstallManifest(image, backendType string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return bytes.Replace(m, []byte(vxlan), []byte(`"Type": `+string(t)), 1), nil
+	m = bytes.Replace(m, []byte(vxlan), []byte(`"Type": `+string(t)), 1)
+	if backendType == "wireguard" {
+		// This machine's kernel has no wireguard module: the keeper too.
+		k := bytes.ReplaceAll(dist.WireGuardKeeperManifest, []byte(dist.ShippedImage), []byte(image))
+		m = append(append(m, []byte("\n---\n")...), k...)
+	}
+	return m, nil
 }
 
 // workloadManifest is the lab's test workload: an echo Deployment spread

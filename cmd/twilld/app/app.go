@@ -150,7 +150,7 @@ for example TWILLD_ETCD_ENDPOINTS.`,
 	f.DurationVar(&o.resync, "resync", 30*time.Second, "period of the full reconcile that repairs drift")
 	cmd.PersistentFlags().StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 
-	cmd.AddCommand(newCleanupCommand(&o), newInstallCNICommand(), &cobra.Command{
+	cmd.AddCommand(newCleanupCommand(&o), newInstallCNICommand(), newRotateKeyCommand(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
