@@ -46,8 +46,11 @@ func benchLease(backendType string, i int) (key, value string, dst netip.Prefix)
 func benchLeaseVia(backendType string, i int, ip netip.Addr) (key, value string, dst netip.Prefix) {
 	dst = netip.PrefixFrom(subnet.NthSubnet(benchNetwork.Addr(), uint64(i+1), 24), 24)
 	key = "/twill.io/network/subnets/" + subnet.SubnetKey(dst, netip.Prefix{})
-	if backendType == "vxlan" {
+	switch backendType {
+	case "vxlan":
 		return key, fmt.Sprintf(`{"PublicIP":%q,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":%q}}`, ip, benchMAC(i)), dst
+	case "wireguard":
+		return key, fmt.Sprintf(`{"PublicIP":%q,"BackendType":"wireguard","BackendData":{"PublicKey":%q}}`, ip, benchWGKey(i)), dst
 	}
 	return key, fmt.Sprintf(`{"PublicIP":%q,"BackendType":"host-gw"}`, ip), dst
 }
@@ -131,8 +134,12 @@ func peakRSS(tb testing.TB, pid int) int64 {
 // and peak RSS.
 func BenchmarkEtcd(b *testing.B) {
 	var curve []scalePoint
-	for _, backendType := range []string{"host-gw", "vxlan"} {
-		for _, n := range benchSizes {
+	for _, backendType := range []string{"host-gw", "vxlan", "wireguard"} {
+		sizes := benchSizes
+		if backendType == "wireguard" {
+			sizes = wireguardBenchSizes
+		}
+		for _, n := range sizes {
 			b.Run(fmt.Sprintf("%s/peers=%d", backendType, n), func(b *testing.B) {
 				for range b.N {
 					curve = append(curve, benchEtcd(b, backendType, n))
@@ -180,6 +187,9 @@ func logSlopes(b *testing.B, curve []scalePoint) {
 
 func benchEtcd(b *testing.B, backendType string, n int) scalePoint {
 	c := newClusterOn(b, 1, netip.MustParsePrefix("192.168.0.0/16"))
+	if backendType == "wireguard" {
+		b.Cleanup(c.stopWireGuardDevices)
+	}
 	c.put("/twill.io/network/config", fmt.Sprintf(`{"Network":%q,"Backend":{"Type":%q}}`, benchNetwork, backendType))
 	// The node under test finds its lease far above the peers' (and
 	// keeps it), not at a random subnet a later sample may need.
@@ -221,9 +231,14 @@ func benchEtcd(b *testing.B, backendType string, n int) scalePoint {
 		b.Logf("daemon started at %s; its log:\n%s", start.UTC().Format("15:04:05.000"), d.Output())
 	}
 	pid := d.cmd.Process.Pid
+	pids := []int{pid}
+	if backendType == "wireguard" {
+		requireWireGuardPeers(b, c, n)
+		pids = append(pids, wireGuardPID(b, c))
+	}
 	idle := -1.0
 	if n == 5000 {
-		idle = idleCPU(b, pid)
+		idle = idleCPU(b, pids...)
 	}
 	rss := float64(peakRSS(b, pid)) / 1024
 	b.StopTimer()
@@ -231,7 +246,12 @@ func benchEtcd(b *testing.B, backendType string, n int) scalePoint {
 	if backendType == "vxlan" {
 		requireVXLANObjects(b, c.topo.Nodes[0].NS, n)
 	}
-	floor := kernelFloor(b, backendType, n)
+	var floor time.Duration
+	if backendType == "wireguard" {
+		floor = wireGuardFloor(b, c.bin, n)
+	} else {
+		floor = kernelFloor(b, backendType, n)
+	}
 	b.ReportMetric(float64(startup.Milliseconds()), "start-ms")
 	b.ReportMetric(float64(floor.Milliseconds()), "kernel-floor-ms")
 	b.ReportMetric(ms(median(ev.adds)), "add-p50-ms")
@@ -329,14 +349,20 @@ func benchEvents(b *testing.B, c *cluster, routes *routeWatch, backendType strin
 	return ev
 }
 
-// idleCPU is the share of a core pid and its children use over 15 s of
-// nothing happening.
-func idleCPU(b *testing.B, pid int) float64 {
+// idleCPU is the share of a core the pids and their children use over 15
+// s of nothing happening.
+func idleCPU(b *testing.B, pids ...int) float64 {
 	time.Sleep(2 * time.Second) // let the last events settle
 	const idleFor = 15 * time.Second
-	t0 := cpuTime(b, pid)
+	total := func() (t time.Duration) {
+		for _, pid := range pids {
+			t += cpuTime(b, pid)
+		}
+		return t
+	}
+	t0 := total()
 	time.Sleep(idleFor)
-	return float64(cpuTime(b, pid)-t0) / float64(idleFor) * 100
+	return float64(total()-t0) / float64(idleFor) * 100
 }
 
 // requireVXLANObjects checks the neighbour and FDB sets are complete:

@@ -21,7 +21,7 @@ const dataPlaneRun = 4 * time.Second
 // twice, interleaved, and the better run of each kept, so that a moment of
 // load on the shared machine does not decide the ratio.
 func BenchmarkDataPlane(b *testing.B) {
-	for _, tc := range []struct{ backend, conf string }{{"host-gw", netConfHostGW}, {"vxlan", netConfVXLAN}} {
+	for _, tc := range []struct{ backend, conf string }{{"host-gw", netConfHostGW}, {"vxlan", netConfVXLAN}, {"wireguard", netConfWireGuard}} {
 		b.Run(tc.backend, func(b *testing.B) {
 			for range b.N {
 				benchDataPlane(b, tc.backend, tc.conf)
@@ -32,6 +32,9 @@ func BenchmarkDataPlane(b *testing.B) {
 
 func benchDataPlane(b *testing.B, backendType, conf string) {
 	c := newCluster(b, 2)
+	if backendType == "wireguard" {
+		b.Cleanup(c.stopWireGuardDevices)
+	}
 	c.put("/twill.io/network/config", conf)
 	c.startDaemon(0)
 	c.startDaemon(1)

@@ -306,6 +306,27 @@ func (d *devices) open(name, impl string) (Device, error) {
 type userspaceDevice struct{ c *uapi.Client }
 
 func (u userspaceDevice) Get(ctx context.Context) (*wgtypes.Device, error) { return u.c.Get(ctx) }
+
+// Generation is twill-wg's count of changes (see userspace.GenerationQuery).
+func (u userspaceDevice) Generation(ctx context.Context) (uint64, error) { return u.c.Generation(ctx) }
+
+// generationer is a Device that tells how many times it was changed.
+type generationer interface {
+	Generation(ctx context.Context) (uint64, error)
+}
+
+// generation is dev's count of changes, or 0 when it cannot tell.
+func generation(ctx context.Context, dev Device) uint64 {
+	g, ok := dev.(generationer)
+	if !ok {
+		return 0
+	}
+	n, err := g.Generation(ctx)
+	if err != nil {
+		return 0
+	}
+	return n
+}
 func (u userspaceDevice) Set(ctx context.Context, cfg wgtypes.Config) error {
 	return u.c.Set(ctx, cfg)
 }

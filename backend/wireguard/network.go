@@ -8,7 +8,6 @@ import (
 	"maps"
 	"net"
 	"net/netip"
-	"slices"
 	"sync"
 	"time"
 
@@ -37,9 +36,9 @@ type Network struct {
 	mu sync.Mutex
 	// guarded by mu:
 	key     wgtypes.Key
-	last    map[string]map[wgtypes.Key]peer // device -> the peers last applied
-	publish bool                            // the public key changed since it was published
-	poke    func()                          // asks the daemon for a Reconcile (set by WatchKernel)
+	last    map[string]*record // device name -> what was last applied to it
+	publish bool               // the public key changed since it was published
+	poke    func()             // asks the daemon for a Reconcile (set by WatchKernel)
 }
 
 var (
@@ -56,7 +55,7 @@ func newNetwork(b *Backend, lease subnet.Lease, key wgtypes.Key) *Network {
 		sh.psk = *b.s.psk
 	}
 	return &Network{
-		b: b, local: lease, sh: sh, key: key, last: map[string]map[wgtypes.Key]peer{},
+		b: b, local: lease, sh: sh, key: key, last: map[string]*record{},
 		poll:    pollEvery,
 		nudge:   sendNudge,
 		routes:  &backend.RouteSync{NL: b.devices.k, FullSyncEvery: b.opts.FullSyncEvery, Log: b.log},
@@ -103,7 +102,7 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 		nudges  []netip.Addr
 	)
 	for _, t := range n.b.tunnels {
-		want, ref := desired(t, key, peers)
+		want, ref, conflicted := desired(t, key, peers)
 		refused = append(refused, ref...)
 		dev, link, err := n.b.devices.ensure(ctx, t, n.addrs(t))
 		if err != nil {
@@ -111,9 +110,9 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 			continue
 		}
 		routes(want, link.Index, func(r nl.Route) { rs = append(rs, r) })
-		c, rekeyed, err := n.apply(ctx, t, dev, key, want)
+		c, fresh, err := n.apply(ctx, t, dev, link.Index, key, want, conflicted)
 		changed += c
-		nudges = append(nudges, rekeyed...)
+		nudges = append(nudges, fresh...)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -141,57 +140,68 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 // apply changes t's device to have key and want, reading the device back
 // first: its peers are compared with the device as it is, not with a
 // record, so a peer removed or altered by hand is put back. It returns the
-// number of changes, and the device addresses of peers whose key changed
-// (see nudge).
-func (n *Network) apply(ctx context.Context, t tunnel, dev Device, key wgtypes.Key, want map[wgtypes.Key]peer) (int, []netip.Addr, error) {
+// number of changes, and the device addresses of the peers it added (see
+// sendNudge).
+func (n *Network) apply(ctx context.Context, t tunnel, dev Device, link int, key wgtypes.Key, want map[wgtypes.Key]peer, conflicted map[string]wgtypes.Key) (int, []netip.Addr, error) {
 	have, err := dev.Get(ctx)
 	if err != nil {
 		return 0, nil, err
 	}
 	cfg, c := plan(have, key, t.port, want, n.sh)
 	n.mu.Lock()
-	prev, had := n.last[t.name]
+	prev := n.last[t.name]
 	n.mu.Unlock()
 	if c == 0 {
-		n.record(t, want)
+		n.record(t, want, link, conflicted, generation(ctx, dev))
 		return 0, nil, nil
 	}
 	if err := dev.Set(ctx, cfg); err != nil {
 		return 0, nil, err
 	}
-	if had && key == n.currentKey() && maps.EqualFunc(prev, want, equalPeer) {
-		n.b.opts.Metrics.AddDriftRepairs(c)
-		n.b.log.Info("repaired WireGuard peers that had drifted", "device", t.name, "changes", c)
+	var was map[wgtypes.Key]peer
+	if prev != nil {
+		was = prev.peers
+		if key == n.currentKey() && maps.EqualFunc(was, want, equalPeer) {
+			n.b.opts.Metrics.AddDriftRepairs(c)
+			n.b.log.Info("repaired WireGuard peers that had drifted", "device", t.name, "changes", c)
+		}
 	}
-	n.record(t, want)
-	return c, rekeyed(prev, want), nil
+	n.record(t, want, link, conflicted, generation(ctx, dev))
+	return c, added(have, want), nil
 }
 
-// rekeyed lists the device addresses (their subnets' network addresses)
-// of the peers in want whose lease had another key in prev: peers that
-// rotated their key pair.
-func rekeyed(prev, want map[wgtypes.Key]peer) []netip.Addr {
-	if len(prev) == 0 {
-		return nil
-	}
-	byLease := make(map[string]wgtypes.Key, len(prev))
-	for k, p := range prev {
-		byLease[p.lease] = k
+// maxNudges bounds the nudges of one pass: a node's start in a large
+// cluster adds every peer at once, and leaves the first handshakes to
+// traffic (the peers nudge it as they add it).
+const maxNudges = 64
+
+// added lists the device addresses (their subnets' network addresses) of
+// the peers in want the device did not have: new peers, and peers that
+// rotated their key (see sendNudge); none when there are over maxNudges.
+func added(have *wgtypes.Device, want map[wgtypes.Key]peer) []netip.Addr {
+	had := make(map[wgtypes.Key]bool, len(have.Peers))
+	for _, p := range have.Peers {
+		had[p.PublicKey] = true
 	}
 	var out []netip.Addr
 	for k, p := range want {
-		if old, ok := byLease[p.lease]; ok && old != k && len(p.allowed) > 0 {
+		if !had[k] && len(p.allowed) > 0 {
 			out = append(out, p.allowed[0].Addr())
 		}
+	}
+	if len(out) > maxNudges {
+		return nil
 	}
 	return out
 }
 
-// sendNudge sends one datagram through the tunnel to a peer whose key
-// changed. A peer that rotated its key sends its first handshake at once,
-// but we may not have known its new key yet, and WireGuard waits 5s before
-// it tries again; a packet from us makes our side start the handshake as
-// soon as we know the key, so traffic resumes within a round trip.
+// sendNudge sends one datagram through the tunnel to a peer just added
+// (or whose key changed). The peer may have sent us a handshake before we
+// knew its key, and WireGuard waits 5s before it tries again; a packet
+// from us makes our side start the handshake as soon as we know the key.
+// Whichever of two nodes learns of the other last succeeds, and traffic
+// flows both ways within a round trip (a node starting beside another, a
+// key rotation).
 func sendNudge(a netip.Addr) {
 	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, 9))) // discard
 	if err != nil {
@@ -207,14 +217,32 @@ func (n *Network) currentKey() wgtypes.Key {
 	return n.key
 }
 
-func (n *Network) record(t tunnel, want map[wgtypes.Key]peer) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.last[t.name] = want
+// record is what was last applied to a device.
+type record struct {
+	peers  map[wgtypes.Key]peer
+	leases map[string]wgtypes.Key // lease name -> its peer's key
+	link   int
+	// conflicted are the leases refused for a key they share, and
+	// shared those keys (see desired).
+	conflicted map[string]wgtypes.Key
+	shared     map[wgtypes.Key]bool
+	// gen is the device's generation after the last change twilld made
+	// (0: it cannot tell, read it back).
+	gen uint64
 }
 
-func equalPeer(a, b peer) bool {
-	return a.key == b.key && a.endpoint == b.endpoint && slices.Equal(a.allowed, b.allowed)
+func (n *Network) record(t tunnel, want map[wgtypes.Key]peer, link int, conflicted map[string]wgtypes.Key, gen uint64) {
+	r := &record{peers: want, leases: make(map[string]wgtypes.Key, len(want)), link: link, conflicted: conflicted,
+		shared: map[wgtypes.Key]bool{}, gen: gen}
+	for _, k := range conflicted {
+		r.shared[k] = true
+	}
+	for k, p := range want {
+		r.leases[p.lease] = k
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.last[t.name] = r
 }
 
 // WatchKernel pokes when a device no longer matches what was applied (a
@@ -245,13 +273,17 @@ func (n *Network) pollDevices(ctx context.Context, poke func()) error {
 	}
 }
 
-// drifted reports whether a device differs from what was last applied.
+// drifted reports whether a device differs from what was last applied: a
+// device that tells its generation is read back only when it changed.
 func (n *Network) drifted(ctx context.Context) bool {
-	n.mu.Lock()
-	key, last := n.key, maps.Clone(n.last)
-	n.mu.Unlock()
 	for _, t := range n.b.tunnels {
-		want, ok := last[t.name]
+		n.mu.Lock()
+		rec, ok := n.last[t.name]
+		var gen uint64
+		if ok {
+			gen = rec.gen
+		}
+		n.mu.Unlock()
 		if !ok {
 			continue
 		}
@@ -263,11 +295,17 @@ func (n *Network) drifted(ctx context.Context) bool {
 		if err != nil {
 			return true
 		}
+		if gen != 0 && generation(ctx, dev) == gen {
+			continue
+		}
 		have, err := dev.Get(ctx)
 		if err != nil {
 			return true
 		}
-		if _, c := plan(have, key, t.port, want, n.sh); c > 0 {
+		n.mu.Lock()
+		_, c := plan(have, n.key, t.port, n.last[t.name].peers, n.sh)
+		n.mu.Unlock()
+		if c > 0 {
 			return true
 		}
 	}
@@ -283,7 +321,7 @@ func (n *Network) Drift(ctx context.Context, peers []subnet.Lease) (backend.Drif
 		rs []nl.Route
 	)
 	for _, t := range n.b.tunnels {
-		want, refused := desired(t, key, peers)
+		want, refused, _ := desired(t, key, peers)
 		d.Refused = append(d.Refused, refused...)
 		d.Objects += len(want)
 		link, err := n.b.devices.k.LinkByName(t.name)

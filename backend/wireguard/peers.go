@@ -26,11 +26,13 @@ type peer struct {
 // leases call for, keyed by public key, and the leases refused, each as
 // "<lease>: <why>". A key that two leases publish, or that is this node's
 // own, is nobody's: every lease publishing it is refused, so that a
-// node's traffic never goes to a peer that copied its key.
-func desired(t tunnel, self wgtypes.Key, leases []subnet.Lease) (map[wgtypes.Key]peer, []string) {
-	want := make(map[wgtypes.Key]peer, len(leases))
+// node's traffic never goes to a peer that copied its key. conflicted
+// maps those leases to the key: a change to one of them can make the
+// others valid, and a lease taking that key joins them.
+func desired(t tunnel, self wgtypes.Key, leases []subnet.Lease) (want map[wgtypes.Key]peer, refused []string, conflicted map[string]wgtypes.Key) {
+	want = make(map[wgtypes.Key]peer, len(leases))
 	holders := map[wgtypes.Key][]string{}
-	var refused []string
+	conflicted = map[string]wgtypes.Key{}
 	for _, l := range leases {
 		p, ok, why := wantPeer(t, l)
 		if why != "" {
@@ -48,17 +50,19 @@ func desired(t tunnel, self wgtypes.Key, leases []subnet.Lease) (map[wgtypes.Key
 		case k == self.PublicKey():
 			for _, h := range hs {
 				refused = append(refused, h+": publishes this node's own WireGuard public key")
+				conflicted[h] = k
 			}
 			delete(want, k)
 		case len(hs) > 1:
 			for _, h := range hs {
 				refused = append(refused, h+": publishes a WireGuard public key "+fmt.Sprint(len(hs)-1)+" other lease(s) publish too")
+				conflicted[h] = k
 			}
 			delete(want, k)
 		}
 	}
 	slices.Sort(refused)
-	return want, refused
+	return want, refused, conflicted
 }
 
 // wantPeer reads one lease for tunnel t: the peer, or ok false when the

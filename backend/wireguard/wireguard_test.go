@@ -180,7 +180,9 @@ func TestReconcileFollowsLeases(t *testing.T) {
 	if got := routeDsts(t, n.k, DeviceName); !slices.Equal(got, []string{"10.244.2.0/24"}) {
 		t.Fatalf("routes via twill-wg %v", got)
 	}
-	// A peer that rotated its key is replaced, and nudged (once).
+	// A peer that rotated its key is replaced, and nudged (once), as
+	// every peer added is.
+	n.nudged = nil
 	k2 = key(t)
 	p2 = lease("10.244.2.0/24", "fd10:0:0:2::/64", "192.168.1.22", "fd00::2", k2)
 	if err := n.nw.Reconcile(ctx, []subnet.Lease{p2}); err != nil {

@@ -65,6 +65,43 @@ func (c *Client) Get(ctx context.Context) (*wgtypes.Device, error) {
 	return d, nil
 }
 
+// Generation asks a twill-wg device how many times its configuration may
+// have changed (see userspace.GenerationQuery); other devices answer with
+// an error.
+func (c *Client) Generation(ctx context.Context) (uint64, error) {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "twill_generation=1\n\n"); err != nil {
+		return 0, err
+	}
+	r := bufio.NewReader(conn)
+	var gen uint64
+	found := false
+	for n := 0; n < 8; n++ {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return 0, fmt.Errorf("reading %s's generation: %w", c.Path, err)
+		}
+		line = strings.TrimSuffix(line, "\n")
+		if line == "" {
+			break
+		}
+		if v, ok := strings.CutPrefix(line, "generation="); ok {
+			if gen, err = strconv.ParseUint(v, 10, 64); err != nil {
+				return 0, fmt.Errorf("reading %s's generation: %q", c.Path, line)
+			}
+			found = true
+		}
+	}
+	if !found {
+		return 0, fmt.Errorf("%s does not tell its generation", c.Path)
+	}
+	return gen, nil
+}
+
 // Set applies cfg. The device applies a set in one transaction.
 func (c *Client) Set(ctx context.Context, cfg wgtypes.Config) error {
 	conn, err := c.dial(ctx)

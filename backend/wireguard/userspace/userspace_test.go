@@ -55,9 +55,16 @@ func TestServesTheUserspaceAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	g1, err := c.Generation(ctx)
+	if err != nil || g1 == 0 {
+		t.Fatalf("generation after a set: %d, %v", g1, err)
+	}
 	d, err := c.Get(ctx)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if g2, err := c.Generation(ctx); err != nil || g2 != g1 {
+		t.Fatalf("a get moved the generation: %d -> %d (%v)", g1, g2, err)
 	}
 	if d.PublicKey != priv.PublicKey() || len(d.Peers) != 1 || d.Peers[0].PublicKey != peer.PublicKey() ||
 		d.Peers[0].Endpoint.String() != "127.0.0.1:51999" || len(d.Peers[0].AllowedIPs) != 1 || d.Peers[0].AllowedIPs[0].String() != "10.244.2.0/24" {
