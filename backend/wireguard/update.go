@@ -24,8 +24,8 @@ type change struct {
 	t      tunnel
 	rec    *record
 	cfg    wgtypes.Config
-	put    []peer   // peers added or changed
-	drop   []string // leases whose peer goes
+	put    []peer       // peers added or changed
+	drop   []string     // leases whose peer goes
 	fresh  []netip.Addr // new peers' device addresses, to nudge
 	routes []nl.Route
 	gone   []netip.Prefix
