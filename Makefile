@@ -133,6 +133,9 @@ fuzz: ## Fuzz every parser of untrusted input for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $${FUZZTIME:-30s} ./backend/eni/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $${FUZZTIME:-30s} ./internal/strictjson/
 	$(GO) test -run '^$$' -fuzz '^FuzzIncrementalReconcileIsFull$$' -fuzztime $${FUZZTIME:-30s} ./backend/vxlan/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $${FUZZTIME:-30s} ./backend/wireguard/
+	$(GO) test -run '^$$' -fuzz '^FuzzIncrementalIsFull$$' -fuzztime $${FUZZTIME:-30s} ./backend/wireguard/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseGet$$' -fuzztime $${FUZZTIME:-30s} ./backend/wireguard/uapi/
 	$(GO) test -run '^$$' -fuzz '^FuzzRouteEvents$$' -fuzztime $${FUZZTIME:-30s} ./backend/nl/
 
 .PHONY: lint

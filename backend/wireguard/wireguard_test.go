@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
@@ -280,3 +281,25 @@ func TestRotate(t *testing.T) {
 }
 
 func mustPrefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+
+// FuzzParseConfig: whatever a Backend object holds, the configuration is
+// refused with the field named, or its values are in range.
+func FuzzParseConfig(f *testing.F) {
+	f.Add(`{"Type":"wireguard","PSK":"","ListenPort":51820,"ListenPortV6":51821,"Mode":"auto","PersistentKeepaliveInterval":25,"MTU":1380,"KeyRotationInterval":"720h"}`)
+	f.Add(`{"Mode":"separate","ListenPort":"x"}`)
+	f.Add(`{"KeyRotationInterval":"-5m"}`)
+	f.Fuzz(func(t *testing.T, raw string) {
+		s, err := parseConfig(json.RawMessage(raw))
+		if err != nil {
+			if !strings.Contains(err.Error(), "net-conf.json") {
+				t.Fatalf("%q: error %q does not say where", raw, err)
+			}
+			return
+		}
+		if s.port < 1 || s.port > 65535 || s.portV6 < 1 || s.portV6 > 65535 || s.keepalive < 0 ||
+			(s.mtu != 0 && (s.mtu < minMTU || s.mtu > 65535)) || (s.rotate != 0 && s.rotate < time.Minute) ||
+			!slices.Contains([]string{ModeSeparate, ModeAuto, ModeIPv4, ModeIPv6}, s.mode) {
+			t.Fatalf("%q: accepted as %+v", raw, s)
+		}
+	})
+}
