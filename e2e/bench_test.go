@@ -241,6 +241,11 @@ func benchEtcd(b *testing.B, backendType string, n int) scalePoint {
 		idle = idleCPU(b, pids...)
 	}
 	rss := float64(peakRSS(b, pid)) / 1024
+	if backendType == "wireguard" {
+		dev := float64(peakRSS(b, pids[1])) / 1024
+		b.ReportMetric(dev, "twill-wg-peak-rss-MiB")
+		b.Logf("wireguard, %d peers: twill-wg (the userspace device) peak RSS %.1f MiB", n, dev)
+	}
 	b.StopTimer()
 
 	if backendType == "vxlan" {
