@@ -276,9 +276,13 @@ func (d *devices) spawn(t tunnel) error {
 	return nil
 }
 
-// answers reports whether t's userspace device serves its socket.
+// answers reports whether t's userspace device serves its socket: asked
+// for its generation (cheap), else for its configuration.
 func (d *devices) answers(ctx context.Context, t tunnel) bool {
 	c := &uapi.Client{Path: Socket(d.stateDir, t.name), Timeout: 2 * time.Second}
+	if _, err := c.Generation(ctx); err == nil {
+		return true
+	}
 	_, err := c.Get(ctx)
 	return err == nil
 }
