@@ -21,10 +21,13 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/twill-net/twill/backend/wireguard"
 	"github.com/twill-net/twill/backend/wireguard/uapi"
 	twcluster "github.com/twill-net/twill/internal/cluster"
+	"github.com/twill-net/twill/internal/topology"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -424,4 +427,43 @@ func onlyWireGuard(frames [][]byte, nodes map[netip.Addr]bool, pods []netip.Addr
 		wg++
 	}
 	return wg, nil
+}
+
+// TestKubeWireGuardDualStack: Kubernetes mode (an apiserver and Nodes with
+// an IPv4 and an IPv6 podCIDR) with the wireguard backend's default
+// separate mode: one device per family, each over its own underlay
+// family, the public key published in backend-data and backend-v6-data,
+// the pod MTU the smaller of the two (IPv6's 1500 - 80), and pods on
+// different nodes talking over both families.
+func TestKubeWireGuardDualStack(t *testing.T) {
+	k := newKubeClusterWith(t, topology.Options{Nodes: 2, Underlay: netip.MustParsePrefix("10.99.0.0/24"), UnderlayV6: netip.MustParsePrefix("fd99::/64")},
+		`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10::/56","Backend":{"Type":"wireguard"}}`)
+	t.Cleanup(k.stopWireGuardDevices)
+	v6CIDR := func(i int) netip.Prefix { return netip.MustParsePrefix(fmt.Sprintf("fd00:10:0:%x::/64", i+1)) }
+	for i, n := range k.topo.Nodes {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name}}
+		node.Spec.PodCIDR, node.Spec.PodCIDRs = podCIDR(i).String(), []string{podCIDR(i).String(), v6CIDR(i).String()}
+		node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.Addr.Addr().String()},
+			{Type: corev1.NodeInternalIP, Address: n.AddrV6.Addr().String()}, {Type: corev1.NodeHostName, Address: n.Name}}
+		if _, err := k.nodes.Create(t.Context(), node, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("creating Node %s: %v", n.Name, err)
+		}
+	}
+	for i := range k.topo.Nodes {
+		k.startKubeDaemon(i)
+	}
+	for i, n := range k.topo.Nodes {
+		if env := k.env(i); env.Subnet != podCIDR(i) || env.IPv6Subnet != v6CIDR(i) || env.MTU != 1420 {
+			t.Fatalf("%s subnet.env %+v: want its two podCIDRs and MTU 1420", n.Name, env)
+		}
+	}
+	waitFor(t, 10*time.Second, "the public key in backend-data and backend-v6-data", func() bool {
+		ann := k.published(0)
+		return strings.Contains(ann["twill.io/backend-data"], `"PublicKey"`) && ann["twill.io/backend-v6-data"] == ann["twill.io/backend-data"]
+	})
+	waitFor(t, 10*time.Second, "node2's routes on node1, one device per family", func() bool {
+		return strings.Contains(k.routes(0), podCIDR(1).String()+" dev twill-wg proto 167") &&
+			strings.Contains(k.routes6(0), v6CIDR(1).String()+" dev twill-wg-v6 proto 167")
+	})
+	k.podsTalk(t, 1420, true, true)
 }
