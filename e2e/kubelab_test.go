@@ -105,14 +105,7 @@ func testKubeLab(t *testing.T, backend string) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	kubectl := func(args ...string) string {
-		t.Helper()
-		out, err := s.Kubectl(ctx, nil, args...)
-		if err != nil {
-			t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return out
-	}
+	kubectl := labKubectl(t, s)
 
 	// The DaemonSet rolled out and every Node says its network is up.
 	if why, err := s.TwillReady(ctx); err != nil || why != "" {
@@ -231,6 +224,19 @@ func testKubeLab(t *testing.T, backend string) {
 	l.requireGone(name)
 	if after := snapshotHost(); !mapsEqual(before, after) {
 		t.Errorf("the machine changed:\nbefore %v\nafter  %v", before, after)
+	}
+}
+
+// labKubectl runs kubectl against the lab's apiserver and fails the test
+// when it fails.
+func labKubectl(t *testing.T, s *lab.State) func(args ...string) string {
+	return func(args ...string) string {
+		t.Helper()
+		out, err := s.Kubectl(context.Background(), nil, args...)
+		if err != nil {
+			t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return out
 	}
 }
 

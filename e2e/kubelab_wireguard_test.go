@@ -34,14 +34,7 @@ func TestKubeLabWireGuard(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	kubectl := func(args ...string) string {
-		t.Helper()
-		out, err := s.Kubectl(ctx, nil, args...)
-		if err != nil {
-			t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return out
-	}
+	kubectl := labKubectl(t, s)
 	l.checkAll(name)
 
 	node := func(i int) string { return s.Nodes[i].Name }

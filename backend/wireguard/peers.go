@@ -154,9 +154,14 @@ func plan(have *wgtypes.Device, key wgtypes.Key, port int, want map[wgtypes.Key]
 			cfg.Peers = append(cfg.Peers, peerConfig(p, sh))
 		}
 	}
-	// Adds and changes before removals: a peer moving its key keeps a
-	// path for as long as it can.
-	slices.SortStableFunc(cfg.Peers, func(a, b wgtypes.PeerConfig) int {
+	removalsLast(cfg.Peers)
+	return cfg, n + len(cfg.Peers)
+}
+
+// removalsLast orders a set's peers adds and changes first: a peer moving
+// its key keeps a path for as long as it can.
+func removalsLast(ps []wgtypes.PeerConfig) {
+	slices.SortStableFunc(ps, func(a, b wgtypes.PeerConfig) int {
 		switch {
 		case a.Remove == b.Remove:
 			return 0
@@ -165,7 +170,6 @@ func plan(have *wgtypes.Device, key wgtypes.Key, port int, want map[wgtypes.Key]
 		}
 		return 1
 	})
-	return cfg, n + len(cfg.Peers)
 }
 
 func samePeer(hp wgtypes.Peer, p peer, sh shared) bool {

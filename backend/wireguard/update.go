@@ -141,17 +141,7 @@ func (n *Network) planUpdateLocked(t tunnel, self wgtypes.Key, upserted, removed
 			c.routes = append(c.routes, nl.Route{Dst: a, LinkIndex: rec.link, Scope: nl.ScopeLink})
 		}
 	}
-	// Removals last, as in plan: a lease moving its key keeps its peer
-	// until the new one is in.
-	slices.SortStableFunc(c.cfg.Peers, func(a, b wgtypes.PeerConfig) int {
-		switch {
-		case a.Remove == b.Remove:
-			return 0
-		case b.Remove:
-			return -1
-		}
-		return 1
-	})
+	removalsLast(c.cfg.Peers)
 	return c, nil
 }
 
