@@ -303,3 +303,29 @@ func FuzzParseConfig(f *testing.F) {
 		}
 	})
 }
+
+// KeyRotationInterval: the key pair is replaced on the period, and the new
+// public key published.
+func TestRotatesOnPeriod(t *testing.T) {
+	n := newNode(t, `{"Type":"wireguard","KeyRotationInterval":"1m"}`, t.TempDir(), lease("10.244.1.0/24", "fd10:0:0:1::/64", "192.168.1.1", "fd00::1", wgtypes.Key{}))
+	if n.b.s.rotate != time.Minute {
+		t.Fatalf("KeyRotationInterval parsed as %s", n.b.s.rotate)
+	}
+	n.b.s.rotate = 20 * time.Millisecond // not to wait a minute
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = n.nw.Run(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if data, _, changed := n.nw.BackendData(); changed {
+			if strings.Contains(string(data), n.pub.String()) {
+				t.Fatal("published the old key again")
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no rotation within 10s at a 20ms period")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
