@@ -48,6 +48,7 @@ var docFiles = []string{
 	"Documentation/etcd.md",
 	"Documentation/backends/vxlan.md",
 	"Documentation/backends/host-gw.md",
+	"Documentation/backends/wireguard.md",
 	"Documentation/benchmarks.md",
 	"Documentation/migrating-from-flannel.md",
 }

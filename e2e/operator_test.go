@@ -93,7 +93,7 @@ func TestConfigPutValidates(t *testing.T) {
 	c.put("/twill.io/network/config", netConfHostGW)
 	ns := c.topo.Nodes[0].NS
 	for _, tt := range []struct{ conf, want string }{
-		{`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlen"}}`, `Backend.Type "vxlen": unknown backend type (registered: eni, host-gw, vxlan)`},
+		{`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlen"}}`, `Backend.Type "vxlen": unknown backend type (registered: eni, host-gw, vxlan, wireguard)`},
 		{`{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw","VNI":1}}`, `Backend: unknown key "VNI"`},
 		{`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","VNI":"one"}}`, `Backend.VNI "one": must be a whole number`},
 		{`{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","Port":70000}}`, `Backend.Port 70000`},
