@@ -32,13 +32,19 @@ type Network struct {
 	refused *backend.RefusedPeers
 	poll    time.Duration // how often the devices are read back
 	nudge   func(netip.Addr)
+	// opMu serializes the changes made to the devices: Reconcile's and
+	// Update's, and followHandshakes'.
+	opMu sync.Mutex
 
 	mu sync.Mutex
 	// guarded by mu:
-	key     wgtypes.Key
-	last    map[string]*record // device name -> what was last applied to it
-	publish bool               // the public key changed since it was published
-	poke    func()             // asks the daemon for a Reconcile (set by WatchKernel)
+	key  wgtypes.Key
+	last map[string]*record // device name -> what was last applied to it
+	// greeting holds, per device, the peers just added whose first
+	// handshake is followed (see followHandshakes).
+	greeting map[string]map[wgtypes.Key]greeting
+	publish  bool   // the public key changed since it was published
+	poke     func() // asks the daemon for a Reconcile (set by WatchKernel)
 }
 
 var (
@@ -55,7 +61,7 @@ func newNetwork(b *Backend, lease subnet.Lease, key wgtypes.Key) *Network {
 		sh.psk = *b.s.psk
 	}
 	return &Network{
-		b: b, local: lease, sh: sh, key: key, last: map[string]*record{},
+		b: b, local: lease, sh: sh, key: key, last: map[string]*record{}, greeting: map[string]map[wgtypes.Key]greeting{},
 		poll:    pollEvery,
 		nudge:   sendNudge,
 		routes:  &backend.RouteSync{NL: b.devices.k, FullSyncEvery: b.opts.FullSyncEvery, Log: b.log},
@@ -91,6 +97,8 @@ func (n *Network) addrs(t tunnel) []netip.Prefix {
 // Reconcile makes every device's peers, and the routes through the
 // devices, match peers.
 func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
+	n.opMu.Lock()
+	defer n.opMu.Unlock()
 	n.mu.Lock()
 	key := n.key
 	n.mu.Unlock()
@@ -99,7 +107,7 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 		rs      []nl.Route
 		refused []string
 		changed int
-		nudges  []netip.Addr
+		nudges  []fresh
 	)
 	for _, t := range n.b.tunnels {
 		want, ref, conflicted := desired(t, key, peers)
@@ -126,9 +134,7 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	for _, a := range nudges {
-		n.nudge(a)
-	}
+	n.greet(nudges)
 	n.b.opts.Metrics.AddDriftRepairs(st.Repaired)
 	n.b.log.Debug("reconciled", "peers", len(peers), "device_changes", changed, "routes_added", st.Added, "routes_deleted", st.Deleted)
 	if err := errors.Join(errs...); err != nil {
@@ -142,7 +148,7 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 // record, so a peer removed or altered by hand is put back. It returns the
 // number of changes, and the device addresses of the peers it added (see
 // sendNudge).
-func (n *Network) apply(ctx context.Context, t tunnel, dev Device, link int, key wgtypes.Key, want map[wgtypes.Key]peer, conflicted map[string]wgtypes.Key) (int, []netip.Addr, error) {
+func (n *Network) apply(ctx context.Context, t tunnel, dev Device, link int, key wgtypes.Key, want map[wgtypes.Key]peer, conflicted map[string]wgtypes.Key) (int, []fresh, error) {
 	have, err := dev.Get(ctx)
 	if err != nil {
 		return 0, nil, err
@@ -167,7 +173,7 @@ func (n *Network) apply(ctx context.Context, t tunnel, dev Device, link int, key
 		}
 	}
 	n.record(t, want, link, conflicted, generation(ctx, dev))
-	return c, added(have, want), nil
+	return c, added(t, have, want), nil
 }
 
 // maxNudges bounds the nudges of one pass: a node's start in a large
@@ -175,18 +181,18 @@ func (n *Network) apply(ctx context.Context, t tunnel, dev Device, link int, key
 // traffic (the peers nudge it as they add it).
 const maxNudges = 64
 
-// added lists the device addresses (their subnets' network addresses) of
-// the peers in want the device did not have: new peers, and peers that
-// rotated their key (see sendNudge); none when there are over maxNudges.
-func added(have *wgtypes.Device, want map[wgtypes.Key]peer) []netip.Addr {
+// added lists the peers in want the device did not have: new peers, and
+// peers that rotated their key (see greet); none when there are over
+// maxNudges.
+func added(t tunnel, have *wgtypes.Device, want map[wgtypes.Key]peer) []fresh {
 	had := make(map[wgtypes.Key]bool, len(have.Peers))
 	for _, p := range have.Peers {
 		had[p.PublicKey] = true
 	}
-	var out []netip.Addr
+	var out []fresh
 	for k, p := range want {
 		if !had[k] && len(p.allowed) > 0 {
-			out = append(out, p.allowed[0].Addr())
+			out = append(out, fresh{dev: t.name, key: k, addr: p.allowed[0].Addr()})
 		}
 	}
 	if len(out) > maxNudges {
@@ -255,6 +261,7 @@ func (n *Network) WatchKernel(ctx context.Context, poke, watching func()) error 
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return n.routes.Watch(ctx, n.b.log, poke, watching) })
 	g.Go(func() error { return n.pollDevices(ctx, poke) })
+	g.Go(func() error { return n.followHandshakes(ctx) })
 	return g.Wait()
 }
 
@@ -295,7 +302,8 @@ func (n *Network) drifted(ctx context.Context) bool {
 		if err != nil {
 			return true
 		}
-		if gen != 0 && generation(ctx, dev) == gen {
+		now := generation(ctx, dev)
+		if gen != 0 && now == gen {
 			continue
 		}
 		have, err := dev.Get(ctx)
@@ -304,6 +312,9 @@ func (n *Network) drifted(ctx context.Context) bool {
 		}
 		n.mu.Lock()
 		_, c := plan(have, n.key, t.port, n.last[t.name].peers, n.sh)
+		if c == 0 && n.last[t.name] == rec {
+			rec.gen = now // changed, but to what twilld wants: trust it again
+		}
 		n.mu.Unlock()
 		if c > 0 {
 			return true

@@ -24,9 +24,9 @@ type change struct {
 	t      tunnel
 	rec    *record
 	cfg    wgtypes.Config
-	put    []peer       // peers added or changed
-	drop   []string     // leases whose peer goes
-	fresh  []netip.Addr // new peers' device addresses, to nudge
+	put    []peer   // peers added or changed
+	drop   []string // leases whose peer goes
+	fresh  []fresh  // new peers, to greet
 	routes []nl.Route
 	gone   []netip.Prefix
 	gen    uint64 // the device's generation after the change (0: none made)
@@ -38,6 +38,8 @@ type change struct {
 // record cannot settle alone (a device never reconciled, a refused lease,
 // a key that is this node's or another lease's) asks for a full Reconcile.
 func (n *Network) Update(ctx context.Context, upserted, removed []subnet.Lease) error {
+	n.opMu.Lock()
+	defer n.opMu.Unlock()
 	n.mu.Lock()
 	key := n.key
 	var changes []*change
@@ -53,7 +55,7 @@ func (n *Network) Update(ctx context.Context, upserted, removed []subnet.Lease) 
 	var (
 		rs    []nl.Route
 		gone  []netip.Prefix
-		nudge []netip.Addr
+		nudge []fresh
 	)
 	for _, c := range changes {
 		if len(c.cfg.Peers) > 0 {
@@ -73,11 +75,7 @@ func (n *Network) Update(ctx context.Context, upserted, removed []subnet.Lease) 
 	if _, err := n.routes.Update(rs, gone); err != nil {
 		return fmt.Errorf("wireguard: %w", err)
 	}
-	if len(nudge) <= maxNudges {
-		for _, a := range nudge {
-			n.nudge(a)
-		}
-	}
+	n.greet(nudge)
 	return nil
 }
 
@@ -126,7 +124,7 @@ func (n *Network) planUpdateLocked(t tunnel, self wgtypes.Key, upserted, removed
 			c.cfg.Peers = append(c.cfg.Peers, wgtypes.PeerConfig{PublicKey: old, Remove: true})
 		}
 		if !had || old != p.key {
-			c.fresh = append(c.fresh, p.allowed[0].Addr())
+			c.fresh = append(c.fresh, fresh{dev: t.name, key: p.key, addr: p.allowed[0].Addr()})
 		}
 		if had {
 			for _, a := range rec.peers[old].allowed {
