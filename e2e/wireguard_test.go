@@ -151,13 +151,17 @@ func TestEtcdWireGuard(t *testing.T) {
 	podA, addrA := c.addPod(0, "wa")
 	podB, addrB := c.addPod(1, "wb")
 	_, addrC := c.addPod(2, "wc")
-	for _, dst := range []netip.Addr{addrB, addrC} {
-		if err := ping(podA, dst); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := ping(podB, addrA); err != nil {
-		t.Fatal(err)
+	// The first handshakes between nodes that started together take a
+	// moment (a dropped one is retried within a second, see
+	// backend/wireguard/handshake.go): wait for them, boundedly.
+	for _, path := range []struct {
+		from string
+		to   netip.Addr
+	}{{podA, addrB}, {podA, addrC}, {podB, addrA}} {
+		took := waitFor(t, 10*time.Second, "a ping from "+path.from+" to "+path.to.String(), func() bool {
+			return ping(path.from, path.to) == nil
+		})
+		t.Logf("ping %s -> %s answered after %s", path.from, path.to, took.Round(time.Millisecond))
 	}
 	if got := metricLine(t, c.topo.Nodes[0].NS, 9412, "twill_wireguard_device_info"); !strings.Contains(got, `implementation="userspace"`) {
 		t.Errorf("metrics say %q, want the userspace implementation", got)
