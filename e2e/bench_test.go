@@ -227,6 +227,9 @@ func benchEtcd(b *testing.B, backendType string, n int) scalePoint {
 	}
 	waitReady(b, c.topo.Nodes[0].NS)
 	ev := benchEvents(b, c, routes, backendType, n)
+	if lost := routes.losses(); lost > 0 {
+		b.Logf("%s, %d peers: the benchmark's own route subscription broke %d times (ENOBUFS), and was renewed", backendType, n, lost)
+	}
 	if os.Getenv("TWILL_BENCH_LOG") != "" {
 		b.Logf("daemon started at %s; its log:\n%s", start.UTC().Format("15:04:05.000"), d.Output())
 	}
