@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -149,6 +150,17 @@ type cluster struct {
 	cli     *clientv3.Client
 	daemons map[int]*proc
 	daemon  string // the twilld binary the nodes run: twilld, or twilld-lab for the simulated VPC
+
+	notesMu sync.Mutex
+	notes   []string // failures repeated after the daemons' logs (see note)
+}
+
+// note records why a test failed, to repeat it after the daemons' logs:
+// CI shows only the end of the output, which the logs fill.
+func (c *cluster) note(format string, args ...any) {
+	c.notesMu.Lock()
+	defer c.notesMu.Unlock()
+	c.notes = append(c.notes, fmt.Sprintf(format, args...))
 }
 
 const netConfHostGW = `{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"}}`
@@ -203,6 +215,11 @@ func (c *cluster) logDaemonsIfFailed() {
 	for i, p := range c.daemons {
 		lines := strings.Split(strings.TrimRight(p.Output(), "\n"), "\n")
 		c.t.Logf("node%d's %s, last %d lines of its log:\n%s", i+1, c.daemon, min(len(lines), 40), strings.Join(lines[max(0, len(lines)-40):], "\n"))
+	}
+	c.notesMu.Lock()
+	defer c.notesMu.Unlock()
+	for _, n := range c.notes {
+		c.t.Logf("failed: %s", n)
 	}
 }
 

@@ -170,16 +170,21 @@ func TestEtcdWireGuard(t *testing.T) {
 
 	t.Run("nothing of the pods crosses the underlay in clear", func(t *testing.T) {
 		marker := []byte("twill-capture-marker-" + strconv.FormatInt(time.Now().UnixNano(), 36))
+		fatal := func(err error) {
+			t.Helper()
+			c.note("%s: %v", t.Name(), err)
+			t.Fatal(err)
+		}
 		cp := startCapture(t, c.topo.Underlay)
 		sent := 0
 		for range 50 {
 			if err := sendLine(podA, echo, marker); err != nil {
-				t.Fatal(err)
+				fatal(fmt.Errorf("exchange %d: %w", sent+1, err))
 			}
 			sent++
 		}
 		if err := ping(podA, addrC); err != nil {
-			t.Fatal(err)
+			fatal(err)
 		}
 		frames := cp.stop()
 		nodes := map[netip.Addr]bool{}
@@ -188,10 +193,10 @@ func TestEtcdWireGuard(t *testing.T) {
 		}
 		wg, err := onlyWireGuard(frames, nodes, []netip.Addr{addrA, addrB, addrC}, marker, wireguard.DefaultListenPort)
 		if err != nil {
-			t.Fatal(err)
+			fatal(err)
 		}
 		if wg < sent {
-			t.Fatalf("captured %d WireGuard packets between nodes for %d exchanges: the capture missed the traffic", wg, sent)
+			fatal(fmt.Errorf("captured %d WireGuard packets between nodes (%d frames) for %d exchanges: the capture missed the traffic", wg, len(frames), sent))
 		}
 		t.Logf("%d frames captured, %d of them WireGuard between nodes, none in clear", len(frames), wg)
 	})
@@ -387,7 +392,7 @@ func htons(v uint16) uint16 { return v<<8 | v>>8 }
 type ipv4Packet struct {
 	src, dst     netip.Addr
 	proto        int
-	sport, dport int
+	sport, dport int // for ICMP: type and code
 }
 
 // parseIPv4 reads an Ethernet frame's IPv4 header (and UDP/TCP ports).
@@ -398,8 +403,11 @@ func parseIPv4(f []byte) (ipv4Packet, bool) {
 	ip := f[14:]
 	ihl := int(ip[0]&0x0f) * 4
 	p := ipv4Packet{src: netip.AddrFrom4([4]byte(ip[12:16])), dst: netip.AddrFrom4([4]byte(ip[16:20])), proto: int(ip[9])}
-	if (p.proto == unix.IPPROTO_UDP || p.proto == unix.IPPROTO_TCP) && len(ip) >= ihl+4 {
+	switch {
+	case (p.proto == unix.IPPROTO_UDP || p.proto == unix.IPPROTO_TCP) && len(ip) >= ihl+4:
 		p.sport, p.dport = int(binary.BigEndian.Uint16(ip[ihl:])), int(binary.BigEndian.Uint16(ip[ihl+2:]))
+	case p.proto == unix.IPPROTO_ICMP && len(ip) >= ihl+2:
+		p.sport, p.dport = int(ip[ihl]), int(ip[ihl+1])
 	}
 	return p, true
 }
