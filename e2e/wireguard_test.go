@@ -341,7 +341,11 @@ func startCapture(t *testing.T, nsName string) *capture {
 	if err := unix.SetsockoptTimeval(c.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
 		t.Fatal(err)
 	}
-	_ = unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 8<<20)
+	// FORCE: SO_RCVBUF alone is capped at net.core.rmem_max (208 KiB, a
+	// few hundred frames), and a reader held up drops the rest.
+	if err := unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 32<<20); err != nil {
+		t.Fatal(err)
+	}
 	go func() {
 		defer close(c.done)
 		buf := make([]byte, 65536)

@@ -1,6 +1,7 @@
 package wireguard
 
 import (
+	"bytes"
 	"context"
 	"net/netip"
 	"time"
@@ -11,14 +12,21 @@ import (
 // First handshakes. WireGuard drops a handshake from a key it does not
 // know, and the sender waits 5s before it tries again. Two nodes rarely
 // learn of each other at the same moment, so the first to send may be
-// dropped; and both may, when each sends before the other has it. A peer
-// just added is therefore sent one datagram through the tunnel at once,
-// and followed: while it has no handshake, it is taken out of the device
-// and put back every retryGreeting (a peer put back has forgotten the
-// dropped handshake, so the next datagram starts a new one at once), for
-// at most greetFor; then WireGuard's own retries carry on.
+// dropped. And when both send at once, each answers the other's and
+// drops the answer to its own: both then wait for data that never comes,
+// for 5s. A peer just added is therefore sent one datagram through the
+// tunnel by one side only, the one whose public key is the lower (the
+// lead); the other side sends it only when, yieldFor later, nothing has
+// come from the peer (the lead's handshake was dropped: it did not know
+// this node yet). Then both follow the peer: while it has no handshake,
+// the lead takes it out of the device and puts it back every
+// retryGreeting (a peer put back has forgotten the handshake that went
+// wrong, so the next datagram starts a new one at once), and so does the
+// other side while nothing at all has come from it; for at most
+// greetFor, after which WireGuard's own retries carry on.
 const (
-	greetEvery    = 250 * time.Millisecond
+	greetEvery    = 100 * time.Millisecond
+	yieldFor      = 200 * time.Millisecond
 	retryGreeting = time.Second
 	greetFor      = 6 * time.Second
 )
@@ -34,25 +42,39 @@ type fresh struct {
 type greeting struct {
 	since, last time.Time
 	addr        netip.Addr
+	lead        bool // this side's key is the lower: it greets first
+	nudged      bool // a datagram went to it
 }
 
-// greet nudges fresh peers, and follows them; none when there are over
-// maxNudges (a node's start in a large cluster: traffic starts those).
+// leads reports whether a node with key self greets a peer with key
+// other first: both sides agree on it.
+func leads(self, other wgtypes.Key) bool { return bytes.Compare(self[:], other[:]) < 0 }
+
+// greet nudges the fresh peers this side leads, and follows them all;
+// none when there are over maxNudges (a node's start in a large cluster:
+// traffic starts those).
 func (n *Network) greet(fs []fresh) {
 	if len(fs) == 0 || len(fs) > maxNudges {
 		return
 	}
 	now := time.Now()
+	var lead []netip.Addr
 	n.mu.Lock()
+	self := n.key.PublicKey()
 	for _, f := range fs {
 		if n.greeting[f.dev] == nil {
 			n.greeting[f.dev] = map[wgtypes.Key]greeting{}
 		}
-		n.greeting[f.dev][f.key] = greeting{since: now, last: now, addr: f.addr}
+		g := greeting{since: now, last: now, addr: f.addr, lead: leads(self, f.key)}
+		if g.lead {
+			g.nudged = true
+			lead = append(lead, f.addr)
+		}
+		n.greeting[f.dev][f.key] = g
 	}
 	n.mu.Unlock()
-	for _, f := range fs {
-		n.nudge(f.addr)
+	for _, a := range lead {
+		n.nudge(a)
 	}
 }
 
@@ -74,8 +96,8 @@ func (n *Network) followHandshakes(ctx context.Context) error {
 }
 
 // followOnce checks one device's fresh peers: those with a handshake, or
-// followed for greetFor, are done; the others are put back and nudged
-// again every retryGreeting.
+// followed for greetFor, are done; the others are nudged, or put back and
+// nudged, as greetNext says.
 func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
 	n.mu.Lock()
 	pending := len(n.greeting[t.name])
@@ -93,9 +115,14 @@ func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
 	if err != nil {
 		return
 	}
+	// heard: the peer sent anything authenticated (a handshake
+	// initiation counts): this side has answered it, and waits for its
+	// data.
 	shook := make(map[wgtypes.Key]bool, len(have.Peers))
+	heard := make(map[wgtypes.Key]bool, len(have.Peers))
 	for _, p := range have.Peers {
 		shook[p.PublicKey] = !p.LastHandshakeTime.IsZero()
+		heard[p.PublicKey] = p.ReceiveBytes > 0
 	}
 	var (
 		cfg   wgtypes.Config
@@ -112,17 +139,58 @@ func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
 			delete(n.greeting[t.name], k)
 			continue
 		}
-		if now.Sub(g.last) >= retryGreeting {
+		switch greetNext(g, heard[k], now) {
+		case greetWait:
+			continue
+		case greetPutBack:
 			cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: k, Remove: true}, peerConfig(p, n.sh))
-			g.last = now
-			n.greeting[t.name][k] = g
-			again = append(again, g.addr)
 		}
+		g.last, g.nudged = now, true
+		n.greeting[t.name][k] = g
+		again = append(again, g.addr)
 	}
 	n.mu.Unlock()
-	if len(cfg.Peers) == 0 {
+	if len(again) == 0 {
 		return
 	}
+	if len(cfg.Peers) > 0 {
+		n.putBack(ctx, t, dev, cfg, rec)
+	}
+	for _, a := range again {
+		n.nudge(a)
+	}
+}
+
+// What followOnce does next about a peer without a handshake.
+const (
+	greetWait    = iota // nothing yet
+	greetNudge          // send it a datagram
+	greetPutBack        // put it back in the device, then send it one
+)
+
+// greetNext decides for a fresh peer without a handshake; heard: it has
+// sent this side something.
+func greetNext(g greeting, heard bool, now time.Time) int {
+	switch {
+	case g.lead:
+		if now.Sub(g.last) >= retryGreeting {
+			return greetPutBack
+		}
+	case heard:
+		// The lead's handshake got here: it completes it, or puts the
+		// peer back itself.
+	case !g.nudged:
+		if now.Sub(g.since) >= yieldFor {
+			return greetNudge
+		}
+	case now.Sub(g.last) >= retryGreeting:
+		return greetPutBack
+	}
+	return greetWait
+}
+
+// putBack applies cfg (peers taken out and put back) to t's device.
+func (n *Network) putBack(ctx context.Context, t tunnel, dev Device, cfg wgtypes.Config, rec *record) {
 	if err := dev.Set(ctx, cfg); err != nil {
 		n.b.log.Debug("putting back peers without a handshake failed", "device", t.name, "err", err)
 		return
@@ -133,8 +201,5 @@ func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
 		rec.gen = gen
 	}
 	n.mu.Unlock()
-	n.b.log.Debug("put back peers without a first handshake", "device", t.name, "count", len(again))
-	for _, a := range again {
-		n.nudge(a)
-	}
+	n.b.log.Debug("put back peers without a first handshake", "device", t.name, "count", len(cfg.Peers)/2)
 }

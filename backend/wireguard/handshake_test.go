@@ -2,6 +2,9 @@ package wireguard
 
 import (
 	"context"
+	"net/netip"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,53 +13,115 @@ import (
 	"github.com/twill-net/twill/subnet"
 )
 
-// A peer just added is nudged at once; while it has no handshake it is put
-// back in the device and nudged again every retryGreeting, for greetFor at
-// the most; once its handshake is done it is left alone.
+// A peer just added whose key is above the node's (the node leads) is
+// nudged at once; while it has no handshake it is put back in the device
+// and nudged again every retryGreeting, for greetFor at the most; once its
+// handshake is done it is left alone.
 func TestFollowsFirstHandshakes(t *testing.T) {
 	ctx := context.Background()
 	n := newNode(t, `{"Type":"wireguard","Mode":"auto"}`, t.TempDir(), lease("10.244.1.0/24", "", "192.168.1.1", "", wgtypes.Key{}))
-	k2, k3 := key(t), key(t)
-	if err := n.nw.Reconcile(ctx, []subnet.Lease{lease("10.244.2.0/24", "", "192.168.1.2", "", k2), lease("10.244.3.0/24", "", "192.168.1.3", "", k3)}); err != nil {
+	k2, k3, k4 := keyAbove(t, n.pub, true), keyAbove(t, n.pub, true), keyAbove(t, n.pub, true)
+	if err := n.nw.Reconcile(ctx, []subnet.Lease{lease("10.244.2.0/24", "", "192.168.1.2", "", k2), lease("10.244.3.0/24", "", "192.168.1.3", "", k3),
+		lease("10.244.4.0/24", "", "192.168.1.4", "", k4)}); err != nil {
 		t.Fatal(err)
 	}
-	if len(n.nudged) != 2 {
-		t.Fatalf("nudged %v, want both new peers", n.nudged)
+	if len(n.nudged) != 3 {
+		t.Fatalf("nudged %v, want every new peer", n.nudged)
 	}
 	dev := n.devs.dev(DeviceName)
 	t0 := time.Now()
 	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(retryGreeting/2))
-	if len(n.nudged) != 2 {
+	if len(n.nudged) != 3 {
 		t.Fatalf("nudged again before retryGreeting: %v", n.nudged)
 	}
-	// node3 completes its handshake; node2 does not.
+	// node3 completes its handshake; node4 has sent one, and this side
+	// answered (both sent one at once: each waits for the other's data,
+	// and the lead starts again); node2 has sent nothing.
 	dev.mu.Lock()
 	p := dev.peers[k3]
 	p.LastHandshakeTime = time.Now()
 	dev.peers[k3] = p
+	p4 := dev.peers[k4]
+	p4.ReceiveBytes = 148
+	p4.TransmitBytes = 92
+	dev.peers[k4] = p4
 	p2 := dev.peers[k2]
-	p2.ReceiveBytes = 42 // a mark: a peer put back is a new one
+	p2.TransmitBytes = 148 // a mark: a peer put back is a new one
 	dev.peers[k2] = p2
 	dev.mu.Unlock()
 	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(retryGreeting+time.Millisecond))
-	if len(n.nudged) != 3 || n.nudged[2].String() != "10.244.2.0" {
-		t.Fatalf("nudged %v, want node2's device address again", n.nudged)
+	if got := addrs(n.nudged[3:]); got != "10.244.2.0 10.244.4.0" {
+		t.Fatalf("nudged %v, want node2's and node4's device addresses again", n.nudged)
 	}
 	dev.mu.Lock()
-	putBack := dev.peers[k2].ReceiveBytes == 0
+	putBack := dev.peers[k2].TransmitBytes == 0 && dev.peers[k4].TransmitBytes == 0
 	_, kept3 := dev.peers[k3]
 	dev.mu.Unlock()
 	if !putBack || !kept3 {
-		t.Fatalf("node2's peer put back: %v; node3's kept: %v", putBack, kept3)
+		t.Fatalf("node2's and node4's peers put back: %v; node3's kept: %v", putBack, kept3)
 	}
 	if n.nw.drifted(ctx) {
 		t.Fatal("the device differs from the record after a peer was put back")
 	}
 	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(greetFor+time.Second))
 	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(greetFor+3*time.Second))
-	if len(n.nudged) != 3 {
+	if len(n.nudged) != 5 {
 		t.Fatalf("still following after greetFor: %v", n.nudged)
 	}
+}
+
+// A peer whose key is below the node's leads: the node waits yieldFor
+// before it nudges, and only if nothing came from the peer (the lead's
+// handshake was dropped); a peer that sent a handshake is left to the
+// lead; one that sent nothing is put back every retryGreeting.
+func TestYieldsFirstHandshakeToTheLead(t *testing.T) {
+	ctx := context.Background()
+	n := newNode(t, `{"Type":"wireguard","Mode":"auto"}`, t.TempDir(), lease("10.244.1.0/24", "", "192.168.1.1", "", wgtypes.Key{}))
+	k2, k3 := keyAbove(t, n.pub, false), keyAbove(t, n.pub, false)
+	if err := n.nw.Reconcile(ctx, []subnet.Lease{lease("10.244.2.0/24", "", "192.168.1.2", "", k2), lease("10.244.3.0/24", "", "192.168.1.3", "", k3)}); err != nil {
+		t.Fatal(err)
+	}
+	if len(n.nudged) != 0 {
+		t.Fatalf("nudged %v at once, want none: the peers lead", n.nudged)
+	}
+	dev := n.devs.dev(DeviceName)
+	t0 := time.Now()
+	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(yieldFor/2))
+	if len(n.nudged) != 0 {
+		t.Fatalf("nudged %v before yieldFor", n.nudged)
+	}
+	// node3's handshake got here (and was answered); node2's did not.
+	dev.mu.Lock()
+	p3 := dev.peers[k3]
+	p3.ReceiveBytes, p3.TransmitBytes = 148, 92
+	dev.peers[k3] = p3
+	p2 := dev.peers[k2]
+	p2.TransmitBytes = 148
+	dev.peers[k2] = p2
+	dev.mu.Unlock()
+	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(yieldFor+time.Millisecond))
+	dev.mu.Lock()
+	kept := dev.peers[k2].TransmitBytes == 148 && dev.peers[k3].TransmitBytes == 92
+	dev.mu.Unlock()
+	if addrs(n.nudged) != "10.244.2.0" || !kept {
+		t.Fatalf("after yieldFor: nudged %v, want node2's device address alone; both peers kept as they were: %v", n.nudged, kept)
+	}
+	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(yieldFor+retryGreeting+2*time.Millisecond))
+	dev.mu.Lock()
+	putBack2, kept3 := dev.peers[k2].TransmitBytes == 0, dev.peers[k3].TransmitBytes == 92
+	dev.mu.Unlock()
+	if addrs(n.nudged) != "10.244.2.0 10.244.2.0" || !putBack2 || !kept3 {
+		t.Fatalf("after retryGreeting: nudged %v; node2's put back: %v; node3's (mid-handshake) kept: %v", n.nudged, putBack2, kept3)
+	}
+}
+
+func addrs(as []netip.Addr) string {
+	s := make([]string, len(as))
+	for i, a := range as {
+		s[i] = a.String()
+	}
+	slices.Sort(s)
+	return strings.Join(s, " ")
 }
 
 func tunnelOf(n *node, name string) tunnel {

@@ -20,7 +20,8 @@ func TestUpdate(t *testing.T) {
 	if err := n.nw.Update(ctx, nil, nil); !errors.Is(err, backend.ErrFullReconcile) {
 		t.Fatalf("Update before any Reconcile: %v, want ErrFullReconcile", err)
 	}
-	k2, k3, k4 := key(t), key(t), key(t)
+	// Keys above the node's: it leads, and nudges them at once.
+	k2, k3, k4 := keyAbove(t, n.pub, true), keyAbove(t, n.pub, true), keyAbove(t, n.pub, true)
 	p2 := lease("10.244.2.0/24", "", "192.168.1.2", "", k2)
 	p3 := lease("10.244.3.0/24", "", "192.168.1.3", "", k3)
 	p4 := lease("10.244.4.0/24", "", "192.168.1.4", "", k4)
@@ -42,7 +43,7 @@ func TestUpdate(t *testing.T) {
 	}
 	// A rotation: the old key goes, the new one comes, the peer is nudged.
 	n.nudged = nil
-	k2b := key(t)
+	k2b := keyAbove(t, n.pub, true)
 	p2b := lease("10.244.2.0/24", "", "192.168.1.2", "", k2b)
 	if err := n.nw.Update(ctx, []subnet.Lease{p2b}, nil); err != nil {
 		t.Fatal(err)
@@ -130,7 +131,7 @@ func TestNudgesBounded(t *testing.T) {
 	n := newNode(t, `{"Type":"wireguard","Mode":"auto"}`, t.TempDir(), lease("10.244.255.0/24", "", "192.168.1.1", "", wgtypes.Key{}))
 	var leases []subnet.Lease
 	for i := range maxNudges + 1 {
-		leases = append(leases, lease(fmt.Sprintf("10.244.%d.0/24", i), "", fmt.Sprintf("192.168.2.%d", i+1), "", key(t)))
+		leases = append(leases, lease(fmt.Sprintf("10.244.%d.0/24", i), "", fmt.Sprintf("192.168.2.%d", i+1), "", keyAbove(t, n.pub, true)))
 	}
 	if err := n.nw.Reconcile(context.Background(), leases); err != nil {
 		t.Fatal(err)

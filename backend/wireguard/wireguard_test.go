@@ -113,6 +113,20 @@ func lease(sub, sub6, ip, ip6 string, pub wgtypes.Key) subnet.Lease {
 	return l
 }
 
+// keyAbove is a new public key above self (above) or below it: a node
+// with key self leads its first handshake with a peer above it (see
+// leads).
+func keyAbove(t testing.TB, self wgtypes.Key, above bool) wgtypes.Key {
+	t.Helper()
+	for range 1000 {
+		if k := key(t); leads(self, k) == above {
+			return k
+		}
+	}
+	t.Fatal("no key found")
+	return wgtypes.Key{}
+}
+
 func key(t testing.TB) wgtypes.Key {
 	t.Helper()
 	k, err := wgtypes.GeneratePrivateKey()
@@ -184,7 +198,7 @@ func TestReconcileFollowsLeases(t *testing.T) {
 	// A peer that rotated its key is replaced, and nudged (once), as
 	// every peer added is.
 	n.nudged = nil
-	k2 = key(t)
+	k2 = keyAbove(t, n.pub, true)
 	p2 = lease("10.244.2.0/24", "fd10:0:0:2::/64", "192.168.1.22", "fd00::2", k2)
 	if err := n.nw.Reconcile(ctx, []subnet.Lease{p2}); err != nil {
 		t.Fatal(err)
