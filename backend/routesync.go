@@ -245,9 +245,14 @@ func (k routeKind) inPlace(nl.Route, nl.Route) bool { return true }
 func (k routeKind) normalize(r nl.Route) nl.Route   { return Owned(r, k.table) }
 
 // Owned is r as twill programs it in table: its protocol, the table, and
-// its metric (owned.RouteMetric).
+// its metric (owned.RouteMetric); and as the kernel reports it: an IPv6
+// route's scope is always universe, whatever was asked (otherwise it would
+// never equal its desired self, and be replaced at every sync).
 func Owned(r nl.Route, table int) nl.Route {
 	r.Protocol, r.Table, r.Priority = owned.RouteProtocol, tableOrMain(table), owned.RouteMetric(r.Dst)
+	if r.Dst.Addr().Is6() {
+		r.Scope = nl.ScopeUniverse
+	}
 	return r
 }
 

@@ -666,3 +666,25 @@ func TestNeighSyncVerifyCountsAnEntrySentTwiceOnce(t *testing.T) {
 		t.Fatal("a deleted entry did not read as drift")
 	}
 }
+
+// An IPv6 route asked for with link scope (the wireguard backend's, on a
+// point-to-point device) is reported by the kernel with universe scope:
+// what the sync wrote still matches what it reads back, so nothing reads
+// as drift and nothing is replaced at the next sync.
+func TestRouteSyncIPv6ScopeIsTheKernels(t *testing.T) {
+	k := &kernelfake.Kernel{}
+	wg := k.AddLink("twill-wg-v6", 1420, true, pfx("fd00:10:0:1::/128"))
+	s := &RouteSync{NL: k}
+	desired := emitRoutes(nl.Route{Dst: pfx("fd00:10:0:2::/64"), LinkIndex: wg.Index, Scope: nl.ScopeLink},
+		nl.Route{Dst: pfx("10.244.2.0/24"), LinkIndex: wg.Index, Scope: nl.ScopeLink})
+	if _, err := s.Sync(desired); err != nil {
+		t.Fatal(err)
+	}
+	if s.Verify() {
+		t.Fatal("the kernel reads as different from what the sync just wrote")
+	}
+	st, err := s.Sync(desired)
+	if err != nil || st.Added+st.Replaced+st.Deleted != 0 {
+		t.Fatalf("a second sync changed %+v (%v), want nothing", st, err)
+	}
+}

@@ -414,6 +414,11 @@ func (k *Kernel) route(op nl.Op, r nl.Route) error {
 	if r.Table == 0 {
 		r.Table = 254
 	}
+	if r.Dst.Addr().Is6() {
+		// IPv6 has no route scopes: the kernel takes any and reports
+		// RT_SCOPE_UNIVERSE.
+		r.Scope = nl.ScopeUniverse
+	}
 	k.routes[key] = r
 	return nil
 }
