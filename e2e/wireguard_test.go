@@ -346,11 +346,12 @@ func startCapture(t *testing.T, nsName string) *capture {
 	if err := unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 32<<20); err != nil {
 		t.Fatal(err)
 	}
+	fd := c.fd // the reader's own copy: stop sets c.fd, under mu
 	go func() {
 		defer close(c.done)
 		buf := make([]byte, 65536)
 		for {
-			n, _, err := unix.Recvfrom(c.fd, buf, 0)
+			n, _, err := unix.Recvfrom(fd, buf, 0)
 			if err != nil {
 				if err == unix.EAGAIN || err == unix.EINTR {
 					select {
