@@ -429,9 +429,14 @@ func coldNode(b *testing.B, c *cluster, d *proc) {
 
 // kernelFloor is the fastest of floorRuns runs of kernelFloorOnce.
 func kernelFloor(b *testing.B, backendType string, n int) time.Duration {
-	best := kernelFloorOnce(b, backendType, n)
-	for range floorRuns - 1 {
-		best = min(best, kernelFloorOnce(b, backendType, n))
+	return fastestOf(floorRuns, func() time.Duration { return kernelFloorOnce(b, backendType, n) })
+}
+
+// fastestOf is the shortest of runs measurements.
+func fastestOf(runs int, measure func() time.Duration) time.Duration {
+	best := measure()
+	for range runs - 1 {
+		best = min(best, measure())
 	}
 	return best
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -52,6 +53,20 @@ func kubeLabImages(t testing.TB, bin, tag string) string {
 }
 
 // kubeBinDir builds (or finds cached) the Kubernetes binaries.
+// upKube brings up a Kubernetes lab of nodes nodes, podsPerNode pods each,
+// on the e2e images, and returns its state.
+func (l *labCtl) upKube(name string, nodes, podsPerNode int, backend string) *lab.State {
+	l.t.Helper()
+	images := kubeLabImages(l.t, l.bin, "e2e")
+	l.up(name, "--kubernetes", "--nodes", strconv.Itoa(nodes), "--pods-per-node", strconv.Itoa(podsPerNode), "--backend", backend,
+		"--kube-bin-dir", kubeBinDir(l.t), "--image-dir", images)
+	s, err := lab.Load(l.root, name)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	return s
+}
+
 func kubeBinDir(t testing.TB) string {
 	t.Helper()
 	apiserver, _ := kubetest.Binaries(t)
@@ -96,14 +111,8 @@ func TestKubeLab(t *testing.T) {
 func testKubeLab(t *testing.T, backend string) {
 	l := newLabCtl(t)
 	before := snapshotHost()
-	images := kubeLabImages(t, l.bin, "e2e")
 	name := labName("k" + backend[:1])
-	l.up(name, "--kubernetes", "--nodes", "2", "--pods-per-node", "2", "--backend", backend,
-		"--kube-bin-dir", kubeBinDir(t), "--image-dir", images)
-	s, err := lab.Load(l.root, name)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := l.upKube(name, 2, 2, backend)
 	ctx := context.Background()
 	kubectl := labKubectl(t, s)
 

@@ -25,14 +25,8 @@ import (
 // from every device within 2s.
 func TestKubeLabWireGuard(t *testing.T) {
 	l := newLabCtl(t)
-	images := kubeLabImages(t, l.bin, "e2e")
 	name := labName("kw")
-	l.up(name, "--kubernetes", "--nodes", "3", "--pods-per-node", "1", "--backend", "wireguard",
-		"--kube-bin-dir", kubeBinDir(t), "--image-dir", images)
-	s, err := lab.Load(l.root, name)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := l.upKube(name, 3, 1, "wireguard")
 	ctx := context.Background()
 	kubectl := labKubectl(t, s)
 	l.checkAll(name)

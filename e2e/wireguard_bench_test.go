@@ -66,11 +66,7 @@ func wireGuardPID(b *testing.B, c *cluster) int {
 
 // wireGuardFloor is the fastest of floorRuns runs of wireGuardFloorOnce.
 func wireGuardFloor(b *testing.B, bin string, n int) time.Duration {
-	best := wireGuardFloorOnce(b, bin, n)
-	for range floorRuns - 1 {
-		best = min(best, wireGuardFloorOnce(b, bin, n))
-	}
-	return best
+	return fastestOf(floorRuns, func() time.Duration { return wireGuardFloorOnce(b, bin, n) })
 }
 
 // wireGuardFloorOnce is what the same peers cost without twilld: a fresh
