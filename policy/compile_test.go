@@ -1,0 +1,201 @@
+package policy
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+func testPod(ns, name, node, ip string, lbl map[string]string, ports ...corev1.ContainerPort) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: lbl},
+		Spec:   corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Ports: ports}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	if ip != "" {
+		p.Status.PodIP = ip
+		p.Status.PodIPs = []corev1.PodIP{{IP: ip}}
+	}
+	return p
+}
+
+func testNS(name string, lbl map[string]string) *corev1.Namespace {
+	l := map[string]string{"kubernetes.io/metadata.name": name}
+	for k, v := range lbl {
+		l[k] = v
+	}
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l}}
+}
+
+func testPolicy(ns, name string, sel map[string]string, spec func(*networkingv1.NetworkPolicySpec)) *networkingv1.NetworkPolicy {
+	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: sel}}}
+	if spec != nil {
+		spec(&np.Spec)
+	}
+	return np
+}
+
+func snapshot(policies ...*networkingv1.NetworkPolicy) Snapshot {
+	return Snapshot{
+		Node:       "n1",
+		LocalCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
+		Namespaces: []*corev1.Namespace{testNS("x", nil), testNS("y", map[string]string{"team": "y"})},
+		Pods: []*corev1.Pod{
+			testPod("x", "a", "n1", "10.244.1.2", map[string]string{"pod": "a"}, corev1.ContainerPort{Name: "serve-80-tcp", ContainerPort: 80}),
+			testPod("x", "b", "n2", "10.244.2.2", map[string]string{"pod": "b"}, corev1.ContainerPort{Name: "serve-80-tcp", ContainerPort: 8080}),
+			testPod("y", "a", "n1", "10.244.1.3", map[string]string{"pod": "a"}),
+			testPod("y", "c", "n2", "10.244.2.3", map[string]string{"pod": "c"}),
+			testPod("x", "pending", "n1", "", map[string]string{"pod": "a"}),
+		},
+		Policies: policies,
+	}
+}
+
+func chain(t *testing.T, rs Ruleset, name string) Chain {
+	t.Helper()
+	i := slices.IndexFunc(rs.Chains, func(c Chain) bool { return c.Name == name })
+	if i < 0 {
+		t.Fatalf("no chain %q in %v", name, chainNames(rs))
+	}
+	return rs.Chains[i]
+}
+
+func chainNames(rs Ruleset) []string {
+	var out []string
+	for _, c := range rs.Chains {
+		out = append(out, c.Name)
+	}
+	return out
+}
+
+func set(t *testing.T, rs Ruleset, name string) []netip.Addr {
+	t.Helper()
+	i := slices.IndexFunc(rs.Sets, func(s Set) bool { return s.Name == name })
+	if i < 0 {
+		t.Fatalf("no set %q", name)
+	}
+	return rs.Sets[i].Elems
+}
+
+func addrs(s ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range s {
+		out = append(out, netip.MustParseAddr(a))
+	}
+	return out
+}
+
+func TestNoPolicyAllowsKnownPodsAndDropsUnknownAddresses(t *testing.T) {
+	r := Compile(snapshot())
+	if got := chainNames(r.Ruleset); !slices.Equal(got, []string{ChainForward}) {
+		t.Fatalf("chains = %v, want the base chain alone", got)
+	}
+	if got, want := set(t, r.Ruleset, "known4"), addrs("10.244.1.2", "10.244.1.3"); !slices.Equal(got, want) {
+		t.Errorf("known4 = %v, want the local pods' addresses %v", got, want)
+	}
+	base := chain(t, r.Ruleset, ChainForward)
+	if len(base.Rules) != 3 || !base.Rules[0].Established ||
+		base.Rules[1].Src.NotSet != "known4" || base.Rules[1].Verdict != Drop || base.Rules[2].Dst.NotSet != "known4" {
+		t.Errorf("base chain = %+v, want established accept, then drops of unknown local sources and destinations", base.Rules)
+	}
+}
+
+func TestDenyAllIngressIsolatesTheSelectedLocalPodsOnly(t *testing.T) {
+	r := Compile(snapshot(testPolicy("x", "deny", nil, nil)))
+	in := chain(t, r.Ruleset, "in:x/a")
+	if len(in.Rules) != 1 || in.Rules[0].Verdict != Drop {
+		t.Errorf("in:x/a = %+v, want a lone drop", in.Rules)
+	}
+	if slices.Contains(chainNames(r.Ruleset), "in:y/a") || slices.Contains(chainNames(r.Ruleset), "eg:x/a") {
+		t.Errorf("chains = %v: a pod of another namespace, or egress, isolated", chainNames(r.Ruleset))
+	}
+	base := chain(t, r.Ruleset, ChainForward)
+	last := base.Rules[len(base.Rules)-1]
+	if last.Verdict != Jump || last.Target != "in:x/a" || last.Dst.Prefix != netip.MustParsePrefix("10.244.1.2/32") {
+		t.Errorf("base chain's last rule = %+v, want a jump for 10.244.1.2 to in:x/a", last)
+	}
+	if s := r.Selected["x/a"]; !slices.Equal(s.Ingress, []string{"x/deny"}) || len(s.Egress) != 0 {
+		t.Errorf("Selected[x/a] = %+v", s)
+	}
+}
+
+func TestIngressFromSelectorsPortsAndBlocks(t *testing.T) {
+	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
+	p80, named := intstr.FromInt32(80), intstr.FromString("serve-80-tcp")
+	end := int32(90)
+	np := testPolicy("x", "allow", map[string]string{"pod": "a"}, func(s *networkingv1.NetworkPolicySpec) {
+		s.Ingress = []networkingv1.NetworkPolicyIngressRule{
+			{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"pod": "b"}}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &p80, EndPort: &end}}},
+			{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "y"}}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Port: &named}, {Protocol: &udp}}},
+			{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/8", Except: []string{"10.244.2.0/24"}}}}},
+		}
+	})
+	r := Compile(snapshot(np))
+	in := chain(t, r.Ruleset, "in:x/a").Rules
+	if len(in) != 5 {
+		t.Fatalf("in:x/a has %d rules, want 4 allows and a drop: %+v", len(in), in)
+	}
+	if got := set(t, r.Ruleset, in[0].Src.Set); !slices.Equal(got, addrs("10.244.2.2")) {
+		t.Errorf("rule 0's peers = %v, want x/b", got)
+	}
+	if in[0].Proto != unix.IPPROTO_TCP || in[0].PortLo != 80 || in[0].PortHi != 90 || in[0].Verdict != Return {
+		t.Errorf("rule 0 = %+v, want tcp 80-90 return", in[0])
+	}
+	if got := set(t, r.Ruleset, in[1].Src.Set); !slices.Equal(got, addrs("10.244.1.3", "10.244.2.3")) {
+		t.Errorf("rule 1's peers = %v, want namespace y's pods", got)
+	}
+	if in[1].PortLo != 80 || in[2].Proto != unix.IPPROTO_UDP || in[2].PortLo != 0 {
+		t.Errorf("rules 1, 2 = %+v, %+v; want the named port resolved against x/a (80), then all of udp", in[1], in[2])
+	}
+	if in[3].Src.Prefix != netip.MustParsePrefix("10.0.0.0/8") || len(in[3].Src.Except) != 1 || in[3].Proto != 0 {
+		t.Errorf("rule 3 = %+v, want the ipBlock with its except, any port", in[3])
+	}
+	if !strings.HasPrefix(in[0].Comment, "allow x/allow") || in[4].Verdict != Drop {
+		t.Errorf("comments/verdicts: %q, last %+v", in[0].Comment, in[4])
+	}
+}
+
+func TestEgressNamedPortIsEachDestinationsOwn(t *testing.T) {
+	named := intstr.FromString("serve-80-tcp")
+	np := testPolicy("x", "eg", map[string]string{"pod": "a"}, func(s *networkingv1.NetworkPolicySpec) {
+		s.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+		s.Egress = []networkingv1.NetworkPolicyEgressRule{{Ports: []networkingv1.NetworkPolicyPort{{Port: &named}}}}
+	})
+	r := Compile(snapshot(np))
+	eg := chain(t, r.Ruleset, "eg:x/a").Rules
+	if len(eg) != 3 {
+		t.Fatalf("eg:x/a = %+v, want one allow per port number and a drop", eg)
+	}
+	for i, want := range []struct {
+		port uint16
+		ip   string
+	}{{80, "10.244.1.2"}, {8080, "10.244.2.2"}} {
+		if eg[i].PortLo != want.port || !slices.Equal(set(t, r.Ruleset, eg[i].Dst.Set), addrs(want.ip)) {
+			t.Errorf("rule %d = %+v, want port %d to %s", i, eg[i], want.port, want.ip)
+		}
+	}
+	if slices.Contains(chainNames(r.Ruleset), "in:x/a") {
+		t.Error("an egress-only policy isolated ingress")
+	}
+}
+
+func TestBadPolicyFailsClosedAndSaysWhy(t *testing.T) {
+	np := testPolicy("x", "bad", nil, func(s *networkingv1.NetworkPolicySpec) {
+		s.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/33"}}}}}
+	})
+	r := Compile(snapshot(np))
+	if len(r.Problems) != 1 || !strings.Contains(r.Problems[0].Err.Error(), `ipBlock.cidr "10.0.0.0/33"`) || r.Problems[0].Policy != "x/bad" {
+		t.Fatalf("problems = %+v, want one naming x/bad's ipBlock.cidr and its value", r.Problems)
+	}
+	if in := chain(t, r.Ruleset, "in:x/a").Rules; len(in) != 1 || in[0].Verdict != Drop {
+		t.Errorf("in:x/a = %+v, want the drop alone: a rule that cannot be read allows nothing", in)
+	}
+}

@@ -1,0 +1,156 @@
+package policy
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"net"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"golang.org/x/sys/unix"
+)
+
+func table() *nftables.Table {
+	return &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
+}
+
+// baseChain is the forward hook. It runs after twill's own forward chain
+// (priority filter) and kube-proxy's, and its drop is final whatever they
+// accepted: an accept in one base chain does not skip another.
+func baseChain() *nftables.Chain {
+	accept := nftables.ChainPolicyAccept
+	prio := *nftables.ChainPriorityFilter + 10
+	return &nftables.Chain{Table: table(), Name: ChainForward, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: &prio, Policy: &accept}
+}
+
+func kernelSet(s Set) *nftables.Set {
+	kt := nftables.TypeIPAddr
+	if s.V6 {
+		kt = nftables.TypeIP6Addr
+	}
+	return &nftables.Set{Table: table(), Name: s.Name, KeyType: kt}
+}
+
+func elements(s Set) []nftables.SetElement {
+	out := make([]nftables.SetElement, len(s.Elems))
+	for i, a := range s.Elems {
+		out[i] = nftables.SetElement{Key: a.AsSlice()}
+	}
+	return out
+}
+
+// ruleExprs renders a rule as nftables expressions.
+func ruleExprs(r Rule) []expr.Any {
+	var es []expr.Any
+	if r.Established {
+		es = append(es,
+			&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+				Mask: binary.NativeEndian.AppendUint32(nil, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), Xor: make([]byte, 4)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)})
+	}
+	if !r.Src.empty() || !r.Dst.empty() {
+		proto := byte(unix.NFPROTO_IPV4)
+		if r.V6 {
+			proto = unix.NFPROTO_IPV6
+		}
+		es = append(es, &expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}})
+		es = append(es, addrExprs(r.Src, r.V6, false)...)
+		es = append(es, addrExprs(r.Dst, r.V6, true)...)
+	}
+	if r.Proto != 0 {
+		es = append(es, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{r.Proto}})
+		if r.PortLo != 0 {
+			es = append(es, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
+			if r.PortLo == r.PortHi {
+				es = append(es, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, r.PortLo)})
+			} else {
+				es = append(es, &expr.Range{Op: expr.CmpOpEq, Register: 1,
+					FromData: binary.BigEndian.AppendUint16(nil, r.PortLo), ToData: binary.BigEndian.AppendUint16(nil, r.PortHi)})
+			}
+		}
+	}
+	if r.Counter {
+		es = append(es, &expr.Counter{})
+	}
+	switch r.Verdict {
+	case Accept:
+		es = append(es, &expr.Verdict{Kind: expr.VerdictAccept})
+	case Drop:
+		es = append(es, &expr.Verdict{Kind: expr.VerdictDrop})
+	case Return:
+		es = append(es, &expr.Verdict{Kind: expr.VerdictReturn})
+	case Jump:
+		es = append(es, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.Target})
+	}
+	return es
+}
+
+// addrExprs matches the source or destination address against a.
+func addrExprs(a Addr, v6, dst bool) []expr.Any {
+	if a.empty() {
+		return nil
+	}
+	offset, n := uint32(12), uint32(4) // IPv4 saddr; daddr follows it
+	if v6 {
+		offset, n = 8, 16
+	}
+	if dst {
+		offset += n
+	}
+	load := func() expr.Any {
+		return &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: n}
+	}
+	var es []expr.Any
+	masked := func(p interface {
+		Bits() int
+	}, addr []byte, op expr.CmpOp) {
+		es = append(es, load())
+		if bits := p.Bits(); bits < int(n)*8 {
+			es = append(es, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: n, Mask: net.CIDRMask(bits, int(n)*8), Xor: make([]byte, n)})
+		}
+		es = append(es, &expr.Cmp{Op: op, Register: 1, Data: addr})
+	}
+	if a.Prefix.IsValid() {
+		masked(a.Prefix, a.Prefix.Masked().Addr().AsSlice(), expr.CmpOpEq)
+	}
+	for _, e := range a.Except {
+		masked(e, e.Masked().Addr().AsSlice(), expr.CmpOpNeq)
+	}
+	if a.Set != "" {
+		es = append(es, load(), &expr.Lookup{SourceRegister: 1, SetName: a.Set})
+	}
+	if a.NotSet != "" {
+		es = append(es, load(), &expr.Lookup{SourceRegister: 1, SetName: a.NotSet, Invert: true})
+	}
+	return es
+}
+
+func comment(s string) []byte {
+	if s == "" {
+		return nil
+	}
+	return userdata.AppendString(nil, userdata.TypeComment, s)
+}
+
+// fingerprint is a rule's expressions in netlink form, its counters
+// zeroed: equal fingerprints are equal rules.
+func fingerprint(es []expr.Any) ([]byte, error) {
+	var b bytes.Buffer
+	for _, e := range es {
+		if _, ok := e.(*expr.Counter); ok {
+			e = &expr.Counter{}
+		}
+		m, err := expr.Marshal(byte(nftables.TableFamilyINet), e)
+		if err != nil {
+			return nil, fmt.Errorf("encoding %T: %w", e, err)
+		}
+		b.Write(m)
+	}
+	return b.Bytes(), nil
+}

@@ -1,0 +1,68 @@
+package policy
+
+import (
+	"net/netip"
+)
+
+// TableName is the policy table, in the inet family, apart from twill's
+// masquerade table so that each is rewritten on its own.
+const TableName = "twill-policy"
+
+// ChainForward is the base chain; every other chain is a pod's.
+const ChainForward = "forward"
+
+// Ruleset is the desired content of the policy table.
+type Ruleset struct {
+	Sets   []Set   // sorted by name
+	Chains []Chain // the base chain first, then by name
+}
+
+// Set is a named set of addresses of one family.
+type Set struct {
+	Name  string
+	V6    bool
+	Elems []netip.Addr // sorted, unique
+}
+
+// Verdict ends a rule.
+type Verdict int
+
+// Verdicts.
+const (
+	Accept Verdict = iota
+	Drop
+	Return // back to the base chain: allowed by this chain
+	Jump
+)
+
+// Addr matches a packet's source or destination address. At most one of
+// Set and Prefix is set; NotSet excludes a set's members after Prefix.
+type Addr struct {
+	Set     string       // in this named set
+	Prefix  netip.Prefix // in this prefix
+	Except  []netip.Prefix
+	NotSet  string // and not in this named set
+	NotSetV bool   // (NotSet's family: true for IPv6)
+}
+
+func (a Addr) empty() bool { return a.Set == "" && !a.Prefix.IsValid() && a.NotSet == "" }
+
+// Rule is one rule of a chain.
+type Rule struct {
+	V6          bool // the family it matches (a rule matches one)
+	Established bool // ct state established,related
+	Src, Dst    Addr
+	Proto       uint8  // IPPROTO_TCP, UDP, SCTP; 0 is any
+	PortLo      uint16 // destination port range; 0 is any
+	PortHi      uint16
+	Counter     bool
+	Verdict     Verdict
+	Target      string // Jump's chain
+	Comment     string // shown by nft list; names the policy for metrics
+}
+
+// Chain is a regular chain (the base chain is ChainForward).
+type Chain struct {
+	Name  string
+	Rules []Rule
+}

@@ -1,0 +1,385 @@
+package policy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"golang.org/x/sys/unix"
+)
+
+// Table writes a Ruleset to the kernel's policy table.
+type Table struct {
+	// Dial opens a connection to the kernel's nftables (in the caller's
+	// network namespace when nil).
+	Dial func() (*nftables.Conn, error)
+}
+
+// Changes counts what one Sync wrote; zero when the kernel was equal.
+type Changes struct {
+	Full                     bool // the table was (re)created
+	Chains, Elems, Sets, Del int
+}
+
+// Clean says nothing was written.
+func (c Changes) Clean() bool { return c == Changes{} }
+
+func (t *Table) dial() (*nftables.Conn, error) {
+	f := t.Dial
+	if f == nil {
+		f = func() (*nftables.Conn, error) { return nftables.New() }
+	}
+	c, err := f()
+	if err != nil {
+		return nil, fmt.Errorf("opening nftables: %w", err)
+	}
+	return c, nil
+}
+
+type kernelRule struct {
+	handle  uint64
+	comment string
+	fp      []byte
+	packets uint64
+}
+
+type kernelState struct {
+	exists bool
+	base   *nftables.Chain
+	chains map[string][]kernelRule
+	sets   map[string]*kernelSetState
+}
+
+type kernelSetState struct {
+	set   *nftables.Set
+	elems map[netip.Addr]bool
+}
+
+// read returns the policy table as the kernel holds it.
+func read(conn *nftables.Conn) (kernelState, error) {
+	ks := kernelState{chains: map[string][]kernelRule{}, sets: map[string]*kernelSetState{}}
+	tables, err := conn.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return ks, fmt.Errorf("listing nftables tables: %w", err)
+	}
+	if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == TableName }) {
+		return ks, nil
+	}
+	ks.exists = true
+	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return ks, fmt.Errorf("listing nftables chains: %w", err)
+	}
+	for _, c := range chains {
+		if c.Table.Name != TableName {
+			continue
+		}
+		if c.Name == ChainForward {
+			ks.base = c
+		}
+		rules, err := conn.GetRules(c.Table, c)
+		if err != nil {
+			return ks, fmt.Errorf("listing the rules of chain inet %s %s: %w", TableName, c.Name, err)
+		}
+		krs := []kernelRule{}
+		for _, r := range rules {
+			kr := kernelRule{handle: r.Handle}
+			kr.comment, _ = userdata.GetString(r.UserData, userdata.TypeComment)
+			if kr.fp, err = fingerprint(r.Exprs); err != nil {
+				kr.fp = []byte("unreadable") // equals no wanted rule
+			}
+			for _, e := range r.Exprs {
+				if c, ok := e.(*expr.Counter); ok {
+					kr.packets = c.Packets
+				}
+			}
+			krs = append(krs, kr)
+		}
+		ks.chains[c.Name] = krs
+	}
+	sets, err := conn.GetSets(table())
+	if err != nil {
+		return ks, fmt.Errorf("listing the sets of table inet %s: %w", TableName, err)
+	}
+	for _, s := range sets {
+		elems, err := conn.GetSetElements(s)
+		if err != nil {
+			return ks, fmt.Errorf("listing set %s: %w", s.Name, err)
+		}
+		st := &kernelSetState{set: s, elems: map[netip.Addr]bool{}}
+		for _, e := range elems {
+			if a, ok := netip.AddrFromSlice(e.Key); ok {
+				st.elems[a] = true
+			}
+		}
+		ks.sets[s.Name] = st
+	}
+	return ks, nil
+}
+
+// baseChainOK says whether the kernel's base chain hooks as baseChain does.
+func baseChainOK(c *nftables.Chain) bool {
+	want := baseChain()
+	return c != nil && c.Hooknum != nil && *c.Hooknum == *want.Hooknum && c.Priority != nil && *c.Priority == *want.Priority &&
+		c.Type == want.Type && c.Policy != nil && *c.Policy == *want.Policy
+}
+
+type wantRule struct {
+	rule *nftables.Rule
+	fp   []byte
+	cmt  string
+}
+
+func wantRules(c Chain) ([]wantRule, error) {
+	out := make([]wantRule, len(c.Rules))
+	for i, r := range c.Rules {
+		es := ruleExprs(r)
+		fp, err := fingerprint(es)
+		if err != nil {
+			return nil, fmt.Errorf("rendering chain %s rule %d: %w", c.Name, i, err)
+		}
+		out[i] = wantRule{rule: &nftables.Rule{Table: table(), Exprs: es, UserData: comment(r.Comment)}, fp: fp, cmt: r.Comment}
+	}
+	return out, nil
+}
+
+// Sync makes the kernel's policy table equal to rs, writing only what
+// differs, in one transaction: a reader sees the old table or the new one.
+func (t *Table) Sync(rs Ruleset) (Changes, error) {
+	conn, err := t.dial()
+	if err != nil {
+		return Changes{}, err
+	}
+	ks, err := read(conn)
+	if err != nil {
+		return Changes{}, err
+	}
+	var ch Changes
+	if !ks.exists || !baseChainOK(ks.base) || setTypesDiffer(ks, rs) {
+		ch, err = writeAll(conn, rs)
+	} else {
+		ch, err = writeDiff(conn, ks, rs)
+	}
+	if err != nil || ch.Clean() {
+		return ch, err
+	}
+	if err := conn.Flush(); err != nil {
+		return Changes{}, fmt.Errorf("writing table inet %s: %w", TableName, err)
+	}
+	return ch, nil
+}
+
+func setTypesDiffer(ks kernelState, rs Ruleset) bool {
+	for _, s := range rs.Sets {
+		if k := ks.sets[s.Name]; k != nil && k.set.KeyType.Name != kernelSet(s).KeyType.Name {
+			return true
+		}
+	}
+	return false
+}
+
+// writeAll queues the table afresh: created if missing so that deleting it
+// cannot fail, deleted, and written.
+func writeAll(conn *nftables.Conn, rs Ruleset) (Changes, error) {
+	conn.AddTable(table())
+	conn.DelTable(table())
+	conn.AddTable(table())
+	ch := Changes{Full: true}
+	for _, s := range rs.Sets {
+		if err := conn.AddSet(kernelSet(s), elements(s)); err != nil {
+			return Changes{}, fmt.Errorf("adding set %s: %w", s.Name, err)
+		}
+		ch.Sets++
+	}
+	// Every chain exists before a rule jumps to it.
+	kcs := make([]*nftables.Chain, len(rs.Chains))
+	for i, c := range rs.Chains {
+		kcs[i] = &nftables.Chain{Table: table(), Name: c.Name}
+		if i == 0 {
+			kcs[i] = baseChain()
+		}
+		conn.AddChain(kcs[i])
+	}
+	for i, c := range rs.Chains {
+		if err := addRules(conn, kcs[i], c); err != nil {
+			return Changes{}, err
+		}
+		ch.Chains++
+	}
+	return ch, nil
+}
+
+func addRules(conn *nftables.Conn, kc *nftables.Chain, c Chain) error {
+	want, err := wantRules(c)
+	if err != nil {
+		return err
+	}
+	for _, w := range want {
+		w.rule.Chain = kc
+		conn.AddRule(w.rule)
+	}
+	return nil
+}
+
+// writeDiff queues what differs: sets and their elements first, then
+// chains and their rules (a rule may name a new set or chain), then what
+// is no longer wanted.
+func writeDiff(conn *nftables.Conn, ks kernelState, rs Ruleset) (Changes, error) {
+	var ch Changes
+	wantSet := map[string]bool{}
+	for _, s := range rs.Sets {
+		wantSet[s.Name] = true
+		k := ks.sets[s.Name]
+		if k == nil {
+			if err := conn.AddSet(kernelSet(s), elements(s)); err != nil {
+				return Changes{}, fmt.Errorf("adding set %s: %w", s.Name, err)
+			}
+			ch.Sets++
+			continue
+		}
+		var add, del []nftables.SetElement
+		in := map[netip.Addr]bool{}
+		for _, a := range s.Elems {
+			in[a] = true
+			if !k.elems[a] {
+				add = append(add, nftables.SetElement{Key: a.AsSlice()})
+			}
+		}
+		for a := range k.elems {
+			if !in[a] {
+				del = append(del, nftables.SetElement{Key: a.AsSlice()})
+			}
+		}
+		if len(add) > 0 {
+			if err := conn.SetAddElements(k.set, add); err != nil {
+				return Changes{}, fmt.Errorf("adding to set %s: %w", s.Name, err)
+			}
+		}
+		if len(del) > 0 {
+			if err := conn.SetDeleteElements(k.set, del); err != nil {
+				return Changes{}, fmt.Errorf("deleting from set %s: %w", s.Name, err)
+			}
+		}
+		ch.Elems += len(add) + len(del)
+	}
+	wantChain := map[string]bool{}
+	// The pods' chains first, the base chain last: a jump's chain exists
+	// before the jump.
+	for i := len(rs.Chains) - 1; i >= 0; i-- {
+		c := rs.Chains[i]
+		wantChain[c.Name] = true
+		want, err := wantRules(c)
+		if err != nil {
+			return Changes{}, err
+		}
+		got, exists := ks.chains[c.Name]
+		if exists && sameRulesFP(got, want) {
+			continue
+		}
+		kc := &nftables.Chain{Table: table(), Name: c.Name}
+		if i == 0 {
+			kc = baseChain()
+		}
+		if exists {
+			conn.FlushChain(kc)
+		} else {
+			conn.AddChain(kc)
+		}
+		for _, w := range want {
+			w.rule.Chain = kc
+			conn.AddRule(w.rule)
+		}
+		ch.Chains++
+	}
+	var extra []string
+	for name := range ks.chains {
+		if !wantChain[name] {
+			extra = append(extra, name)
+			conn.FlushChain(&nftables.Chain{Table: table(), Name: name})
+		}
+	}
+	for _, name := range extra {
+		conn.DelChain(&nftables.Chain{Table: table(), Name: name})
+		ch.Del++
+	}
+	for name, k := range ks.sets {
+		if !wantSet[name] {
+			conn.DelSet(k.set)
+			ch.Del++
+		}
+	}
+	return ch, nil
+}
+
+func sameRulesFP(got []kernelRule, want []wantRule) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	for i := range want {
+		if !bytes.Equal(got[i].fp, want[i].fp) || got[i].comment != want[i].cmt {
+			return false
+		}
+	}
+	return true
+}
+
+// Delete removes the policy table if it exists, and says whether it did.
+func (t *Table) Delete() (bool, error) {
+	conn, err := t.dial()
+	if err != nil {
+		return false, err
+	}
+	ks, err := read(conn)
+	if err != nil || !ks.exists {
+		return false, err
+	}
+	conn.DelTable(table())
+	if err := conn.Flush(); err != nil {
+		return false, fmt.Errorf("deleting table inet %s: %w", TableName, err)
+	}
+	return true, nil
+}
+
+// Counters sums the packet counters of the table's rules by comment
+// ("allow ns/name", "deny ns/pod", "unknown source", …).
+func (t *Table) Counters() (map[string]uint64, error) {
+	conn, err := t.dial()
+	if err != nil {
+		return nil, err
+	}
+	ks, err := read(conn)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for _, rules := range ks.chains {
+		for _, r := range rules {
+			if r.comment != "" {
+				out[r.comment] += r.packets
+			}
+		}
+	}
+	return out, nil
+}
+
+var errNoNFTables = errors.New("the kernel has no nf_tables")
+
+// Supported says whether the kernel speaks nf_tables.
+func (t *Table) Supported() error {
+	conn, err := t.dial()
+	if err != nil {
+		return err
+	}
+	if _, err := conn.ListTablesOfFamily(nftables.TableFamilyINet); err != nil {
+		if errors.Is(err, unix.EPROTONOSUPPORT) || errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("%w: %w", errNoNFTables, err)
+		}
+		return fmt.Errorf("listing nftables tables: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,142 @@
+package policy
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/google/nftables"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/twill-net/twill/internal/netnstest"
+)
+
+// node is a node namespace forwarding between pod namespaces, each wired
+// as the twill plugin wires a pod: a veth, a /32, a route to it.
+type node struct {
+	t    *testing.T
+	name string
+	pods map[string]string // address → namespace
+	tb   *Table
+}
+
+func newNode(t *testing.T) *node {
+	n := &node{t: t, name: netnstest.New(t, "pol"), pods: map[string]string{}}
+	netnstest.IP(t, n.name, "link", "set", "lo", "up")
+	if out, err := netnstest.Exec(n.name, "sysctl", "-qw", "net.ipv4.ip_forward=1"); err != nil {
+		t.Fatalf("enabling forwarding: %v: %s", err, out)
+	}
+	f, err := os.Open("/var/run/netns/" + n.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	n.tb = &Table{Dial: func() (*nftables.Conn, error) { return nftables.New(nftables.WithNetNSFd(int(f.Fd()))) }}
+	return n
+}
+
+func (n *node) pod(ip string) {
+	ns := netnstest.New(n.t, "pod")
+	host := "v" + strings.ReplaceAll(ip, ".", "")[5:]
+	netnstest.Veth(n.t, n.name, host, ns, "eth0")
+	netnstest.IP(n.t, ns, "addr", "add", ip+"/32", "dev", "eth0")
+	netnstest.IP(n.t, ns, "route", "add", "169.254.1.1", "dev", "eth0", "scope", "link")
+	netnstest.IP(n.t, ns, "route", "add", "default", "via", "169.254.1.1", "dev", "eth0", "onlink")
+	netnstest.IP(n.t, n.name, "route", "add", ip+"/32", "dev", host)
+	netnstest.IP(n.t, n.name, "addr", "add", "169.254.1.1/32", "dev", host)
+	n.pods[ip] = ns
+}
+
+// reaches says whether a ping from one pod to another gets an answer.
+func (n *node) reaches(from, to string) bool {
+	_, err := netnstest.Exec(n.pods[from], "ping", "-c1", "-W1", to)
+	return err == nil
+}
+
+func (n *node) sync(s Snapshot) Changes {
+	n.t.Helper()
+	r := Compile(s)
+	ch, err := n.tb.Sync(r.Ruleset)
+	if err != nil {
+		n.t.Fatalf("Sync: %v", err)
+	}
+	return ch
+}
+
+func TestPrivilegedPolicyTableIsolatesAndRepairs(t *testing.T) {
+	n := newNode(t)
+	for _, ip := range []string{"10.244.1.2", "10.244.1.3", "10.244.1.4"} {
+		n.pod(ip)
+	}
+	s := snapshot() // x/a at .2 and y/a at .3 on n1; nothing holds .4
+	if ch := n.sync(s); !ch.Full {
+		t.Errorf("first Sync = %+v, want the table written whole", ch)
+	}
+	if !n.reaches("10.244.1.2", "10.244.1.3") {
+		out, _ := netnstest.Exec(n.name, "nft", "list", "ruleset")
+		t.Fatalf("x/a cannot reach y/a with no policy:\n%s", out)
+	}
+	if n.reaches("10.244.1.2", "10.244.1.4") || n.reaches("10.244.1.4", "10.244.1.2") {
+		t.Fatal("an address no known pod holds sent or received: it must be dropped until twilld knows its pod")
+	}
+	if ch := n.sync(s); !ch.Clean() {
+		t.Errorf("second Sync of the same state wrote %+v, want nothing", ch)
+	}
+
+	s.Policies = append(s.Policies, testPolicy("y", "deny", nil, nil))
+	n.sync(s)
+	if n.reaches("10.244.1.2", "10.244.1.3") {
+		t.Fatal("y/a reachable under a deny-all ingress policy")
+	}
+	if !n.reaches("10.244.1.3", "10.244.1.2") {
+		t.Fatal("y/a's own connections (and their replies) blocked by an ingress-only policy")
+	}
+
+	// A pod that appears with the label a policy allows is let in by a set
+	// change alone.
+	s.Policies = append(s.Policies, testPolicy("y", "from-x", nil, func(sp *networkingv1NetworkPolicySpec) {
+		sp.Ingress = fromNamespaces("x")
+	}))
+	n.sync(s)
+	if !n.reaches("10.244.1.2", "10.244.1.3") {
+		t.Fatal("x/a blocked though y/from-x allows namespace x")
+	}
+	s.Pods = append(s.Pods, testPod("x", "late", "n1", "10.244.1.4", nil))
+	// known4 and from-x's set gain .4; no rule changes.
+	if ch := n.sync(s); ch != (Changes{Elems: 2}) {
+		t.Errorf("Sync after a new pod wrote %+v, want two set elements and nothing else", ch)
+	}
+	if !n.reaches("10.244.1.4", "10.244.1.3") {
+		t.Fatal("x/late blocked once known, though namespace x is allowed")
+	}
+
+	// Drift: someone flushes the base chain; the next Sync puts it back.
+	if out, err := netnstest.Exec(n.name, "nft", "flush", "chain", "inet", TableName, ChainForward); err != nil {
+		t.Fatalf("nft flush: %v: %s", err, out)
+	}
+	if !n.reaches("10.244.1.4", "10.244.1.2") {
+		t.Fatal("flushing the base chain should have opened everything")
+	}
+	s.Pods = s.Pods[:len(s.Pods)-1] // and x/late is gone
+	if ch := n.sync(s); ch.Chains == 0 {
+		t.Errorf("Sync after a flush wrote %+v, want the base chain back", ch)
+	}
+	if n.reaches("10.244.1.2", "10.244.1.4") {
+		t.Fatal("after the repair, the address of a pod that is gone is still reachable")
+	}
+
+	if ok, err := n.tb.Delete(); err != nil || !ok {
+		t.Fatalf("Delete = %v, %v", ok, err)
+	}
+	if !n.reaches("10.244.1.2", "10.244.1.4") {
+		t.Fatal("Delete left enforcement behind")
+	}
+}
+
+type networkingv1NetworkPolicySpec = networkingv1.NetworkPolicySpec
+
+func fromNamespaces(ns string) []networkingv1.NetworkPolicyIngressRule {
+	return []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{
+		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}}}}}
+}
