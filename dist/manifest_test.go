@@ -97,12 +97,16 @@ func TestManifestKinds(t *testing.T) {
 	}
 }
 
-// TestClusterRoleLeastPrivilege: the role grants nodes get/list/watch and
-// nodes/status patch, and nothing more.
+// TestClusterRoleLeastPrivilege: the role grants nodes get/list/watch,
+// nodes/status patch, and (for --network-policy) get/list/watch on pods,
+// namespaces and networkpolicies, and nothing more.
 func TestClusterRoleLeastPrivilege(t *testing.T) {
 	m := load(t)
 	allowed := map[string]bool{
 		"/nodes/get": true, "/nodes/list": true, "/nodes/watch": true, "/nodes/status/patch": true,
+		"/pods/get": true, "/pods/list": true, "/pods/watch": true,
+		"/namespaces/get": true, "/namespaces/list": true, "/namespaces/watch": true,
+		"networking.k8s.io/networkpolicies/get": true, "networking.k8s.io/networkpolicies/list": true, "networking.k8s.io/networkpolicies/watch": true,
 	}
 	granted := map[string]bool{}
 	for i, r := range m.role.Rules {

@@ -475,7 +475,8 @@ func TestKubeHostGWIPv6Only(t *testing.T) {
 }
 
 // TestKubeRBAC asks the apiserver what dist/kube-twill.yml's ServiceAccount
-// may do: exactly what twilld needs.
+// may do: exactly what twilld needs (get, list and watch, and no more, on
+// pods, namespaces and networkpolicies for --network-policy).
 func TestKubeRBAC(t *testing.T) {
 	k := newKubeCluster(t, 1, "host-gw")
 	sa := "--as=system:serviceaccount:kube-twill:twill"
@@ -488,7 +489,12 @@ func TestKubeRBAC(t *testing.T) {
 		{"patch", "nodes", "status", true},
 		{"patch", "nodes", "", false}, {"update", "nodes", "", false}, {"delete", "nodes", "", false},
 		{"update", "nodes", "status", false}, {"create", "nodes", "", false},
-		{"get", "pods", "", false}, {"get", "secrets", "", false}, {"list", "configmaps", "", false},
+		// --network-policy reads pods, namespaces and policies, and
+		// writes none of them.
+		{"list", "pods", "", true}, {"watch", "namespaces", "", true}, {"list", "networkpolicies.networking.k8s.io", "", true},
+		{"create", "pods", "", false}, {"delete", "pods", "", false}, {"update", "namespaces", "", false},
+		{"create", "networkpolicies.networking.k8s.io", "", false}, {"get", "pods", "log", false},
+		{"get", "secrets", "", false}, {"list", "configmaps", "", false},
 		{"create", "serviceaccounts/token", "", false},
 	} {
 		args := []string{"auth", "can-i", sa, tc.verb, tc.resource}

@@ -74,6 +74,8 @@ func Compile(s Snapshot) Result {
 type compiler struct {
 	nsLabels map[string]labels.Set
 	pods     []*pod // sorted by key
+	nsPods   map[string][]*pod
+	nsOrder  []string // the namespaces of pods, sorted
 	local    []*pod
 	policies []*networkingv1.NetworkPolicy
 	cidrs    []netip.Prefix
@@ -81,13 +83,14 @@ type compiler struct {
 	ingress, egress map[string][]Rule // local pod key → allow rules
 	selected        map[string]*Selection
 	sets            map[string]Set
+	peerCache       map[string][]peer
 	problems        []Problem
 }
 
 func newCompiler(s Snapshot) *compiler {
 	c := &compiler{nsLabels: map[string]labels.Set{}, cidrs: s.LocalCIDRs,
 		ingress: map[string][]Rule{}, egress: map[string][]Rule{},
-		selected: map[string]*Selection{}, sets: map[string]Set{}}
+		selected: map[string]*Selection{}, sets: map[string]Set{}, peerCache: map[string][]peer{}}
 	for _, n := range s.Namespaces {
 		c.nsLabels[n.Name] = labels.Set(n.Labels)
 	}
@@ -97,10 +100,15 @@ func newCompiler(s Snapshot) *compiler {
 		}
 	}
 	slices.SortFunc(c.pods, func(a, b *pod) int { return strings.Compare(a.key, b.key) })
+	c.nsPods = map[string][]*pod{}
 	for _, p := range c.pods {
 		if p.local {
 			c.local = append(c.local, p)
 		}
+		if len(c.nsPods[p.ns]) == 0 {
+			c.nsOrder = append(c.nsOrder, p.ns)
+		}
+		c.nsPods[p.ns] = append(c.nsPods[p.ns], p)
 	}
 	c.policies = slices.Clone(s.Policies)
 	slices.SortFunc(c.policies, func(a, b *networkingv1.NetworkPolicy) int {
@@ -178,6 +186,7 @@ func (c *compiler) addPolicy(np *networkingv1.NetworkPolicy) {
 		sel = labels.Everything() // isolate what it may mean to select, allow nothing it says
 	}
 	in, eg := types(np)
+	var egress []Rule
 	for _, p := range c.local {
 		if p.ns != np.Namespace || !sel.Matches(p.labels) {
 			continue
@@ -193,7 +202,10 @@ func (c *compiler) addPolicy(np *networkingv1.NetworkPolicy) {
 		}
 		if eg {
 			s.Egress = append(s.Egress, name)
-			c.egress[p.key] = append(c.egress[p.key], c.egressRules(np, p)...)
+			if egress == nil {
+				egress = c.egressRules(np) // the same for every pod it selects
+			}
+			c.egress[p.key] = append(c.egress[p.key], egress...)
 		}
 	}
 }
@@ -212,8 +224,8 @@ func (c *compiler) ingressRules(np *networkingv1.NetworkPolicy, target *pod) []R
 	return out
 }
 
-func (c *compiler) egressRules(np *networkingv1.NetworkPolicy, _ *pod) []Rule {
-	var out []Rule
+func (c *compiler) egressRules(np *networkingv1.NetworkPolicy) []Rule {
+	out := []Rule{}
 	for i, r := range np.Spec.Egress {
 		id := ruleID{policy: np, dir: "eg", index: i}
 		named, numbered := splitNamed(r.Ports)
@@ -291,10 +303,21 @@ func (c *compiler) families() (v4, v6 bool) {
 // peers is what a rule's from (or to) allows: everything when empty, else
 // a set per family of the pods its selectors match, and its ipBlocks.
 func (c *compiler) peers(np *networkingv1.NetworkPolicy, id ruleID, list []networkingv1.NetworkPolicyPeer) []peer {
+	// Every pod a policy selects shares its rules' peers: work them out once.
+	key := id.name()
+	if p, ok := c.peerCache[key]; ok {
+		return p
+	}
+	p := c.computePeers(np, id, list)
+	c.peerCache[key] = p
+	return p
+}
+
+func (c *compiler) computePeers(np *networkingv1.NetworkPolicy, id ruleID, list []networkingv1.NetworkPolicyPeer) []peer {
 	if len(list) == 0 {
 		return []peer{{any: true}}
 	}
-	var matchers []func(*pod) bool
+	var matchers []matcher
 	var out []peer
 	for i, pr := range list {
 		if pr.IPBlock != nil {
@@ -312,11 +335,7 @@ func (c *compiler) peers(np *networkingv1.NetworkPolicy, id ruleID, list []netwo
 		return out
 	}
 	var ips []netip.Addr
-	for _, p := range c.pods {
-		if slices.ContainsFunc(matchers, func(m func(*pod) bool) bool { return m(p) }) {
-			ips = append(ips, p.ips...)
-		}
-	}
+	c.eachMatching(matchers, func(p *pod) { ips = append(ips, p.ips...) })
 	return append(c.addrSets(id.name(), ips), out...)
 }
 
@@ -377,31 +396,50 @@ func (c *compiler) ipBlock(id ruleID, i int, b *networkingv1.IPBlock) []peer {
 	return []peer{{v6: pfx.Addr().Is6(), addr: a}}
 }
 
-// peerMatcher is a pod- and/or namespace-selector peer as a predicate.
-func (c *compiler) peerMatcher(np *networkingv1.NetworkPolicy, pr networkingv1.NetworkPolicyPeer) (func(*pod) bool, error) {
-	podSel, nsSel := labels.Everything(), labels.Nothing()
+// matcher is a pod- and/or namespace-selector peer.
+type matcher struct {
+	ns     string          // the policy's own namespace, when nsSel is nil
+	nsSel  labels.Selector // nil: ns alone
+	podSel labels.Selector
+}
+
+// peerMatcher reads a pod- and/or namespace-selector peer.
+func (c *compiler) peerMatcher(np *networkingv1.NetworkPolicy, pr networkingv1.NetworkPolicyPeer) (matcher, error) {
+	m := matcher{ns: np.Namespace, podSel: labels.Everything()}
 	var err error
 	if pr.PodSelector != nil {
-		if podSel, err = metav1.LabelSelectorAsSelector(pr.PodSelector); err != nil {
-			return nil, fmt.Errorf("podSelector: %w", err)
+		if m.podSel, err = metav1.LabelSelectorAsSelector(pr.PodSelector); err != nil {
+			return m, fmt.Errorf("podSelector: %w", err)
 		}
 	}
 	if pr.NamespaceSelector != nil {
-		if nsSel, err = metav1.LabelSelectorAsSelector(pr.NamespaceSelector); err != nil {
-			return nil, fmt.Errorf("namespaceSelector: %w", err)
+		if m.nsSel, err = metav1.LabelSelectorAsSelector(pr.NamespaceSelector); err != nil {
+			return m, fmt.Errorf("namespaceSelector: %w", err)
 		}
 	}
-	own := pr.NamespaceSelector == nil
-	return func(p *pod) bool {
-		if own {
-			if p.ns != np.Namespace {
-				return false
+	return m, nil
+}
+
+// eachMatching calls f for each pod any of ms matches: a namespace's
+// labels are matched once, and only its pods' labels after that.
+func (c *compiler) eachMatching(ms []matcher, f func(*pod)) {
+	var pods []labels.Selector
+	for _, ns := range c.nsOrder {
+		pods = pods[:0]
+		for _, m := range ms {
+			if m.nsSel == nil && m.ns == ns || m.nsSel != nil && m.nsSel.Matches(c.nsLabels[ns]) {
+				pods = append(pods, m.podSel)
 			}
-		} else if !nsSel.Matches(c.nsLabels[p.ns]) {
-			return false
 		}
-		return podSel.Matches(p.labels)
-	}, nil
+		if len(pods) == 0 {
+			continue
+		}
+		for _, p := range c.nsPods[ns] {
+			if slices.ContainsFunc(pods, func(sel labels.Selector) bool { return sel.Matches(p.labels) }) {
+				f(p)
+			}
+		}
+	}
 }
 
 // targetPorts resolves a rule's ports; a named one against target (the
@@ -451,7 +489,7 @@ func (c *compiler) namedEgress(np *networkingv1.NetworkPolicy, id ruleID, to []n
 	if p.Protocol != nil {
 		proto = protoNum(*p.Protocol)
 	}
-	var matchers []func(*pod) bool
+	var matchers []matcher
 	for _, pr := range to {
 		if pr.IPBlock != nil {
 			continue // an address block has no port names
@@ -461,15 +499,19 @@ func (c *compiler) namedEgress(np *networkingv1.NetworkPolicy, id ruleID, to []n
 		}
 	}
 	byPort := map[uint16][]netip.Addr{}
-	for _, pp := range c.pods {
-		if len(to) > 0 && !slices.ContainsFunc(matchers, func(m func(*pod) bool) bool { return m(pp) }) {
-			continue
-		}
+	add := func(pp *pod) {
 		for _, n := range pp.ports[p.Port.StrVal] {
 			if n.proto == proto {
 				byPort[n.port] = append(byPort[n.port], pp.ips...)
 			}
 		}
+	}
+	if len(to) == 0 {
+		for _, pp := range c.pods {
+			add(pp)
+		}
+	} else {
+		c.eachMatching(matchers, add)
 	}
 	var out []Rule
 	for _, num := range slices.Sorted(maps.Keys(byPort)) {
@@ -496,6 +538,15 @@ func (c *compiler) allow(id ruleID, pe peer, pt port, egress bool) Rule {
 		r.Proto, r.PortLo, r.PortHi = pt.proto, pt.lo, pt.hi
 	}
 	return r
+}
+
+// denyComment names the final drop of a pod's chain: the metrics count it
+// against the policies that select the pod in that direction.
+func denyComment(dir, podKey string) string {
+	if dir == "in" {
+		return "deny ingress " + podKey
+	}
+	return "deny egress " + podKey
 }
 
 // ChainName is a local pod's chain for one direction ("in" or "eg"); a
@@ -545,7 +596,7 @@ func (c *compiler) result() Result {
 				continue
 			}
 			name := ChainName(dir, p.key)
-			ch := Chain{Name: name, Rules: append(slices.Clone(allow), Rule{Counter: true, Verdict: Drop, Comment: "deny " + p.key})}
+			ch := Chain{Name: name, Rules: append(slices.Clone(allow), Rule{Counter: true, Verdict: Drop, Comment: denyComment(dir, p.key)})}
 			chains = append(chains, ch)
 			for _, ip := range p.ips {
 				j := Rule{V6: ip.Is6(), Verdict: Jump, Target: name}

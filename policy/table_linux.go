@@ -6,18 +6,23 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
 // Table writes a Ruleset to the kernel's policy table.
 type Table struct {
-	// Dial opens a connection to the kernel's nftables (in the caller's
-	// network namespace when nil).
-	Dial func() (*nftables.Conn, error)
+	// NetNS, when set, is the network namespace's file descriptor (the
+	// caller's namespace when zero).
+	NetNS int
+
+	mu     sync.Mutex
+	cached *kernelState // guarded by mu: the table as last written, nil to read it
 }
 
 // Changes counts what one Sync wrote; zero when the kernel was equal.
@@ -30,15 +35,37 @@ type Changes struct {
 func (c Changes) Clean() bool { return c == Changes{} }
 
 func (t *Table) dial() (*nftables.Conn, error) {
-	f := t.Dial
-	if f == nil {
-		f = func() (*nftables.Conn, error) { return nftables.New() }
+	opts := []nftables.ConnOption{nftables.WithSockOptions(bigBuffers)}
+	if t.NetNS != 0 {
+		opts = append(opts, nftables.WithNetNSFd(t.NetNS))
 	}
-	c, err := f()
+	c, err := nftables.New(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("opening nftables: %w", err)
 	}
 	return c, nil
+}
+
+// bufferSize bounds one transaction and one dump: a node's whole table,
+// thousands of rules and tens of thousands of set elements, goes in one
+// message, which the socket's default buffer (rmem/wmem_max) is too small
+// for. twilld runs as root, which may force a larger buffer.
+const bufferSize = 64 << 20
+
+func bigBuffers(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		for _, opt := range []int{unix.SO_SNDBUFFORCE, unix.SO_RCVBUFFORCE} {
+			if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, opt, bufferSize); e != nil && serr == nil {
+				serr = fmt.Errorf("setting the nftables socket's buffer: %w", e)
+			}
+		}
+	})
+	return errors.Join(err, serr)
 }
 
 type kernelRule struct {
@@ -53,6 +80,9 @@ type kernelState struct {
 	base   *nftables.Chain
 	chains map[string][]kernelRule
 	sets   map[string]*kernelSetState
+	// rules, in the table as last written (model), are its chains' rules
+	// as written, compared without rendering them.
+	rules map[string][]Rule
 }
 
 type kernelSetState struct {
@@ -150,28 +180,69 @@ func wantRules(c Chain) ([]wantRule, error) {
 
 // Sync makes the kernel's policy table equal to rs, writing only what
 // differs, in one transaction: a reader sees the old table or the new one.
-func (t *Table) Sync(rs Ruleset) (Changes, error) {
+// It diffs against the table as it last wrote it, unless reread (a drift
+// check), or its last write failed: then it reads the kernel's.
+func (t *Table) Sync(rs Ruleset, reread bool) (Changes, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	conn, err := t.dial()
 	if err != nil {
 		return Changes{}, err
 	}
-	ks, err := read(conn)
+	ks := t.cached
+	if reread || ks == nil {
+		t.cached = nil
+		k, err := read(conn)
+		if err != nil {
+			return Changes{}, err
+		}
+		ks = &k
+	}
+	var ch Changes
+	if !ks.exists || !baseChainOK(ks.base) || setTypesDiffer(*ks, rs) {
+		ch, err = writeAll(conn, rs)
+	} else {
+		ch, err = writeDiff(conn, *ks, rs)
+	}
 	if err != nil {
 		return Changes{}, err
 	}
-	var ch Changes
-	if !ks.exists || !baseChainOK(ks.base) || setTypesDiffer(ks, rs) {
-		ch, err = writeAll(conn, rs)
-	} else {
-		ch, err = writeDiff(conn, ks, rs)
+	if !ch.Clean() {
+		if err := conn.Flush(); err != nil {
+			t.cached = nil
+			return Changes{}, fmt.Errorf("writing table inet %s: %w", TableName, err)
+		}
 	}
-	if err != nil || ch.Clean() {
-		return ch, err
+	t.cached, err = model(rs)
+	return ch, err
+}
+
+// model is the kernel's table once rs is written.
+func model(rs Ruleset) (*kernelState, error) {
+	ks := &kernelState{exists: true, base: baseChain(), chains: map[string][]kernelRule{}, sets: map[string]*kernelSetState{}, rules: map[string][]Rule{}}
+	for _, c := range rs.Chains {
+		ks.chains[c.Name] = nil
+		ks.rules[c.Name] = c.Rules
 	}
-	if err := conn.Flush(); err != nil {
-		return Changes{}, fmt.Errorf("writing table inet %s: %w", TableName, err)
+	for _, s := range rs.Sets {
+		st := &kernelSetState{set: kernelSet(s), elems: make(map[netip.Addr]bool, len(s.Elems))}
+		for _, a := range s.Elems {
+			st.elems[a] = true
+		}
+		ks.sets[s.Name] = st
 	}
-	return ch, nil
+	return ks, nil
+}
+
+// sameRule compares two rules field by field.
+func sameRule(a, b Rule) bool {
+	return sameAddr(a.Src, b.Src) && sameAddr(a.Dst, b.Dst) && a.V6 == b.V6 && a.Established == b.Established &&
+		a.Proto == b.Proto && a.PortLo == b.PortLo && a.PortHi == b.PortHi && a.Counter == b.Counter &&
+		a.Verdict == b.Verdict && a.Target == b.Target && a.Comment == b.Comment
+}
+
+func sameAddr(a, b Addr) bool {
+	return a.Set == b.Set && a.Prefix == b.Prefix && a.NotSet == b.NotSet && a.NotSetV == b.NotSetV && slices.Equal(a.Except, b.Except)
 }
 
 func setTypesDiffer(ks kernelState, rs Ruleset) bool {
@@ -273,12 +344,15 @@ func writeDiff(conn *nftables.Conn, ks kernelState, rs Ruleset) (Changes, error)
 	for i := len(rs.Chains) - 1; i >= 0; i-- {
 		c := rs.Chains[i]
 		wantChain[c.Name] = true
+		got, exists := ks.chains[c.Name]
+		if last, ok := ks.rules[c.Name]; ok && slices.EqualFunc(last, c.Rules, sameRule) {
+			continue
+		}
 		want, err := wantRules(c)
 		if err != nil {
 			return Changes{}, err
 		}
-		got, exists := ks.chains[c.Name]
-		if exists && sameRulesFP(got, want) {
+		if exists && ks.rules == nil && sameRulesFP(got, want) {
 			continue
 		}
 		kc := &nftables.Chain{Table: table(), Name: c.Name}
@@ -339,6 +413,9 @@ func (t *Table) Delete() (bool, error) {
 		return false, err
 	}
 	conn.DelTable(table())
+	t.mu.Lock()
+	t.cached = nil
+	t.mu.Unlock()
 	if err := conn.Flush(); err != nil {
 		return false, fmt.Errorf("deleting table inet %s: %w", TableName, err)
 	}

@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/nftables"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -15,13 +14,13 @@ import (
 // node is a node namespace forwarding between pod namespaces, each wired
 // as the twill plugin wires a pod: a veth, a /32, a route to it.
 type node struct {
-	t    *testing.T
+	t    testing.TB
 	name string
 	pods map[string]string // address → namespace
 	tb   *Table
 }
 
-func newNode(t *testing.T) *node {
+func newNode(t testing.TB) *node {
 	n := &node{t: t, name: netnstest.New(t, "pol"), pods: map[string]string{}}
 	netnstest.IP(t, n.name, "link", "set", "lo", "up")
 	if out, err := netnstest.Exec(n.name, "sysctl", "-qw", "net.ipv4.ip_forward=1"); err != nil {
@@ -32,7 +31,7 @@ func newNode(t *testing.T) *node {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.Close() })
-	n.tb = &Table{Dial: func() (*nftables.Conn, error) { return nftables.New(nftables.WithNetNSFd(int(f.Fd()))) }}
+	n.tb = &Table{NetNS: int(f.Fd())}
 	return n
 }
 
@@ -54,10 +53,13 @@ func (n *node) reaches(from, to string) bool {
 	return err == nil
 }
 
-func (n *node) sync(s Snapshot) Changes {
+func (n *node) sync(s Snapshot) Changes { return n.syncFrom(s, false) }
+
+// syncFrom syncs, reading the kernel's table first when reread.
+func (n *node) syncFrom(s Snapshot, reread bool) Changes {
 	n.t.Helper()
 	r := Compile(s)
-	ch, err := n.tb.Sync(r.Ruleset)
+	ch, err := n.tb.Sync(r.Ruleset, reread)
 	if err != nil {
 		n.t.Fatalf("Sync: %v", err)
 	}
@@ -119,7 +121,7 @@ func TestPrivilegedPolicyTableIsolatesAndRepairs(t *testing.T) {
 		t.Fatal("flushing the base chain should have opened everything")
 	}
 	s.Pods = s.Pods[:len(s.Pods)-1] // and x/late is gone
-	if ch := n.sync(s); ch.Chains == 0 {
+	if ch := n.syncFrom(s, true); ch.Chains == 0 {
 		t.Errorf("Sync after a flush wrote %+v, want the base chain back", ch)
 	}
 	if n.reaches("10.244.1.2", "10.244.1.4") {

@@ -2,8 +2,11 @@ package nl
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 
 	vnl "github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
@@ -41,4 +44,75 @@ func WatchNftables(ctx context.Context, subscribed, changed func()) error {
 			changed()
 		}
 	}
+}
+
+// WatchNftablesTable calls changed after each batch of nftables changes
+// that touches table (in any family) and that another process made, until
+// ctx is done: a writer of its own table sees others' changes (drift), not
+// its own, and not every other table's (kube-proxy's). Lost notifications
+// (ENOBUFS) count as a change.
+func WatchNftablesTable(ctx context.Context, table string, subscribed, changed func()) error {
+	s, err := vnl.Subscribe(unix.NETLINK_NETFILTER, unix.NFNLGRP_NFTABLES)
+	if err != nil {
+		return fmt.Errorf("subscribing to nftables changes: %w", err)
+	}
+	stop := context.AfterFunc(ctx, s.Close)
+	defer func() {
+		if stop() {
+			s.Close()
+		}
+	}()
+	if subscribed != nil {
+		subscribed()
+	}
+	touched := false // by the batch under way
+	self := uint32(os.Getpid())
+	for {
+		msgs, _, err := s.Receive()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, unix.ENOBUFS):
+			touched = false
+			changed()
+			continue
+		case err != nil:
+			return fmt.Errorf("receiving nftables changes: %w", err)
+		}
+		for _, m := range msgs {
+			name, pid, gen := nftMessage(m.Header.Type, m.Data)
+			switch {
+			case gen:
+				if touched && pid != self {
+					changed()
+				}
+				touched = false
+			case name == table:
+				touched = true
+			}
+		}
+	}
+}
+
+// nftMessage reads an nftables notification: the table it names (its
+// first attribute, in every table, chain, rule, set and element message),
+// or, for the batch's closing generation message, the writer's PID.
+func nftMessage(typ uint16, data []byte) (table string, pid uint32, gen bool) {
+	if len(data) < 4 || typ>>8 != unix.NFNL_SUBSYS_NFTABLES {
+		return "", 0, false
+	}
+	attrs, err := vnl.ParseRouteAttr(data[4:])
+	if err != nil {
+		return "", 0, false
+	}
+	msg := typ & 0xff
+	for _, a := range attrs {
+		switch {
+		case msg == unix.NFT_MSG_NEWGEN && a.Attr.Type&^unix.NLA_F_NESTED == unix.NFTA_GEN_PROC_PID && len(a.Value) == 4:
+			pid = binary.BigEndian.Uint32(a.Value)
+		case msg != unix.NFT_MSG_NEWGEN && a.Attr.Type&^unix.NLA_F_NESTED == 1: // NFTA_{TABLE_NAME,CHAIN,RULE,SET,SET_ELEM_LIST}_TABLE
+			return strings.TrimRight(string(a.Value), "\x00"), 0, false
+		}
+	}
+	return "", pid, msg == unix.NFT_MSG_NEWGEN
 }

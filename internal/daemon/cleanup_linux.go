@@ -11,6 +11,7 @@ import (
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/network/netfilter"
+	"github.com/twill-net/twill/policy"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -80,6 +81,10 @@ func Cleanup(log *slog.Logger, h *nl.Handle, o CleanupOptions) error {
 		}
 	}
 	if err := netfilter.Cleanup(); err != nil {
+		errs = append(errs, err)
+	}
+	// Policy enforcement outlives twilld (fail closed) until cleanup.
+	if _, err := (&policy.Table{}).Delete(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := os.Remove(subnetFile); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -121,6 +122,13 @@ type Options struct {
 	// flannel (takeover.DefaultSubnetFile when empty): what flannel left
 	// is retired once twill has taken its place (package takeover).
 	FlannelSubnetFile string
+	// Policy, when set, enforces NetworkPolicy for the pods of the local
+	// lease's subnets until ctx is done; it calls synced once its rules
+	// are first in place. The node takes pods (its CNI conflist is
+	// installed) only after that.
+	Policy func(ctx context.Context, local []netip.Prefix, synced func()) error
+	// Collectors are more metrics for /metrics (the policy's).
+	Collectors []prometheus.Collector
 }
 
 // Daemon is one twilld.
@@ -152,6 +160,7 @@ func New(o Options) *Daemon {
 		o.IPTablesResync = 5 * time.Second
 	}
 	d := &Daemon{o: o, log: o.Logger, metrics: newMetrics(), poke: make(chan struct{}, 1), peers: newPeerSet(o.Logger)}
+	d.metrics.reg.MustRegister(o.Collectors...)
 	own, _ := o.Subnets.(ConflictCounter)
 	d.metrics.conflicts(d.peers, own)
 	return d
@@ -222,7 +231,20 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 	d.ext = extWatch{name: ext.Link.Name, opts: withFamilies(d.o.Iface, cfg)}
 	d.ext.index.Store(int64(ext.Link.Index))
 	d.ext.last.Store(&ext)
-	d.afterFirstReconcile = d.afterReady(ctx, g, cfg, nw, setUp)
+	policySynced := make(chan struct{})
+	if d.o.Policy != nil {
+		var local []netip.Prefix
+		for _, p := range []netip.Prefix{lease.Subnet, lease.IPv6Subnet} {
+			if p.IsValid() {
+				local = append(local, p)
+			}
+		}
+		synced := sync.OnceFunc(func() { close(policySynced) })
+		g.Go(func() error { return d.o.Policy(ctx, local, synced) })
+	} else {
+		close(policySynced)
+	}
+	d.afterFirstReconcile = d.afterReady(ctx, g, cfg, nw, setUp, policySynced)
 	return d.reconcileLoop(ctx, cfg, lease, nw)
 }
 
@@ -320,7 +342,7 @@ func (d *Daemon) setUpNode(cfg *subnet.Config, lease subnet.Lease, nw backend.Ne
 // the node's setup, then starts the kernel watch, the external interface
 // watch, the reclaiming of leaked addresses and the CNI conflist (a node
 // takes pods only once it routes).
-func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, cfg *subnet.Config, nw backend.Network, setUp <-chan error) func() error {
+func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, cfg *subnet.Config, nw backend.Network, setUp <-chan error, policySynced <-chan struct{}) func() error {
 	steps := []func() error{func() error {
 		select {
 		case err := <-setUp:
@@ -344,6 +366,15 @@ func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, cfg *subnet.
 	if d.o.Allocations.Dir != "" && d.o.Allocations.Every > 0 {
 		steps = append(steps, func() error { g.Go(func() error { return d.reclaimLoop(ctx) }); return nil })
 	}
+	// A pod must never start on a node whose policy is not yet enforced.
+	steps = append(steps, func() error {
+		select {
+		case <-policySynced:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
 	if d.o.CNIConflistPath != "" {
 		conflist := &desiredfile.Keeper{Path: d.o.CNIConflistPath, Logger: d.log, Repaired: func() { d.metrics.driftRepairs.Inc() }}
 		steps = append(steps, func() error {

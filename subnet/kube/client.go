@@ -46,6 +46,16 @@ type restClient struct {
 // NewClient returns a Client for the apiserver. It speaks protobuf, which
 // the informer decodes with far less garbage than JSON on large clusters.
 func NewClient(o ClientOptions) (Client, error) {
+	cfg, err := RESTConfig(o)
+	if err != nil {
+		return nil, err
+	}
+	return NewClientFor(cfg)
+}
+
+// RESTConfig is how to reach the apiserver: the kubeconfig, else the pod's
+// ServiceAccount.
+func RESTConfig(o ClientOptions) (*rest.Config, error) {
 	var (
 		cfg *rest.Config
 		err error
@@ -62,7 +72,7 @@ func NewClient(o ClientOptions) (Client, error) {
 		}
 	}
 	cfg.UserAgent = o.UserAgent
-	return NewClientFor(cfg)
+	return cfg, nil
 }
 
 // NewClientFor returns a Client for a rest.Config.

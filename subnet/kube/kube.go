@@ -458,3 +458,6 @@ func (m *Manager) UpdateBackendData(ctx context.Context, data, v6Data json.RawMe
 	m.mu.Unlock()
 	return nil
 }
+
+// NodeName is the local Node's name.
+func (m *Manager) NodeName() string { return m.o.NodeName }

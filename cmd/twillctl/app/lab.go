@@ -233,7 +233,10 @@ func labEchoCommand() *cobra.Command {
 }
 
 func labProbeCommand() *cobra.Command {
-	var port int
+	var (
+		port         int
+		every, until time.Duration
+	)
 	probe := &cobra.Command{
 		Use:    "probe IP...",
 		Short:  "Connect to each IP's echo server and print the results as JSON",
@@ -244,10 +247,25 @@ func labProbeCommand() *cobra.Command {
 					return err
 				}
 			}
-			return json.NewEncoder(cmd.OutOrStdout()).Encode(lab.Probe(args, port, 3*time.Second))
+			enc := json.NewEncoder(cmd.OutOrStdout())
+			if every <= 0 {
+				return enc.Encode(lab.Probe(args, port, 3*time.Second))
+			}
+			// From the first moment (a pod's first instruction), one line
+			// per round, each probe waiting at most --every.
+			end := time.Now().Add(until)
+			for start := time.Now(); start.Before(end); start = time.Now() {
+				if err := enc.Encode(lab.Probe(args, port, every)); err != nil {
+					return err
+				}
+				time.Sleep(every - time.Since(start))
+			}
+			return nil
 		},
 	}
 	probe.Flags().IntVar(&port, "port", lab.EchoPort, "port")
+	probe.Flags().DurationVar(&every, "every", 0, "probe again this often (each probe waits at most this long), for --for")
+	probe.Flags().DurationVar(&until, "for", 10*time.Second, "with --every, how long to go on")
 	return probe
 }
 

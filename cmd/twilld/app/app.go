@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -33,6 +34,7 @@ import (
 	"github.com/twill-net/twill/internal/version"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/network/netfilter"
+	"github.com/twill-net/twill/policy"
 	"github.com/twill-net/twill/subnet"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
 	kubesm "github.com/twill-net/twill/subnet/kube"
@@ -73,6 +75,7 @@ type options struct {
 	kubeAnnotationPrefix string
 	kubeAPIURL           string
 	kubeResync           time.Duration
+	networkPolicy        bool
 	netConfigPath        string
 
 	iface         []string
@@ -128,6 +131,7 @@ for example TWILLD_ETCD_ENDPOINTS.`,
 	f.StringVar(&o.kubeAnnotationPrefix, "kube-annotation-prefix", kubesm.DefaultAnnotationPrefix, "prefix of twill's Node annotations")
 	f.StringVar(&o.kubeAPIURL, "kube-api-url", "", "apiserver URL for --kube-subnet-mgr (overrides the kubeconfig's server)")
 	f.DurationVar(&o.kubeResync, "kube-resync", 30*time.Second, "how often the Node informer replays its cache to the backend")
+	f.BoolVar(&o.networkPolicy, "network-policy", false, "enforce Kubernetes NetworkPolicy for this node's pods, in table inet twill-policy (needs --kube-subnet-mgr; see Documentation/network-policy.md)")
 	f.StringVar(&o.netConfigPath, "net-config-path", "/etc/kube-twill/net-conf.json", "net-conf.json path in Kubernetes mode")
 	f.StringSliceVar(&o.iface, "iface", nil, "external interface name or address (repeatable; first match wins)")
 	f.StringSliceVar(&o.ifaceRegex, "iface-regex", nil, "regular expression for the external interface name or address (repeatable)")
@@ -268,9 +272,20 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 		return err
 	}
 	var subnets daemon.SubnetManager
+	var enforce *enforcement
+	if o.networkPolicy && !o.kubeSubnetMgr {
+		return errors.New("--network-policy needs --kube-subnet-mgr: NetworkPolicy objects come from the Kubernetes API")
+	}
 	if o.kubeSubnetMgr {
-		if subnets, err = kubeManager(ctx, log, o); err != nil {
+		var km *kubesm.Manager
+		if km, err = kubeManager(ctx, log, o); err != nil {
 			return err
+		}
+		subnets = km
+		if o.networkPolicy {
+			if enforce, err = newEnforcement(log, o, km.NodeName()); err != nil {
+				return err
+			}
 		}
 	} else {
 		cli, err := o.etcd.Client()
@@ -319,6 +334,8 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 		Ready:           o.ready,
 		// What flannel left on a node switched from it.
 		FlannelSubnetFile: o.flannelSubnetFile,
+		Policy:            enforce.run(),
+		Collectors:        enforce.collectors(),
 	})
 	if err := d.Run(ctx); err != nil {
 		return err
@@ -375,4 +392,55 @@ func healthAddr(o options) string {
 		return ""
 	}
 	return net.JoinHostPort(o.healthzIP, strconv.Itoa(o.healthzPort))
+}
+
+// enforcement is --network-policy: the informers, the enforcer and its
+// table.
+type enforcement struct {
+	e     *policy.Enforcer
+	table *policy.Table
+	apply prometheus.Histogram
+	fixed prometheus.Counter
+}
+
+func newEnforcement(log *slog.Logger, o options, node string) (*enforcement, error) {
+	table := &policy.Table{}
+	if err := table.Supported(); err != nil {
+		return nil, fmt.Errorf("--network-policy writes table inet %s and needs the kernel's nf_tables (in every --netfilter mode): %w", policy.TableName, err)
+	}
+	cfg, err := kubesm.RESTConfig(kubesm.ClientOptions{Kubeconfig: o.kubeconfigFile, APIURL: o.kubeAPIURL, UserAgent: "twilld/" + version.Version})
+	if err != nil {
+		return nil, err
+	}
+	inf, err := policy.NewInformers(cfg)
+	if err != nil {
+		return nil, err
+	}
+	en := &enforcement{table: table,
+		apply: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "twill_netpol_apply_seconds",
+			Help: "Time from a pod, namespace or policy change seen by twilld to its rules in the kernel.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+		fixed: prometheus.NewCounter(prometheus.CounterOpts{Name: "twill_netpol_drift_repairs_total", Help: "Repairs of the policy table after it changed behind twilld's back."}),
+	}
+	en.e = &policy.Enforcer{Logger: log.With("component", "network-policy"), Source: inf, Kernel: table, Node: node,
+		Watch: func(ctx context.Context, subscribed, changed func()) error {
+			return nl.WatchNftablesTable(ctx, policy.TableName, subscribed, changed)
+		}, Applied: func(d time.Duration) { en.apply.Observe(d.Seconds()) }, Repaired: en.fixed.Inc}
+	return en, nil
+}
+
+func (en *enforcement) run() func(ctx context.Context, local []netip.Prefix, synced func()) error {
+	if en == nil {
+		return nil
+	}
+	return func(ctx context.Context, local []netip.Prefix, synced func()) error {
+		en.e.Synced = synced
+		return en.e.Run(ctx, local)
+	}
+}
+
+func (en *enforcement) collectors() []prometheus.Collector {
+	if en == nil {
+		return nil
+	}
+	return []prometheus.Collector{en.apply, en.fixed, &policy.Collector{Counters: en.table.Counters, Enforcer: en.e}}
 }

@@ -1,0 +1,213 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Source is the informers' state: what Compile reads, and a signal when it
+// changes.
+type Source interface {
+	// Start begins watching; synced is closed once every list is complete.
+	Start(ctx context.Context, changed func()) (synced <-chan struct{})
+	Snapshot() Snapshot // Pods, Namespaces, Policies
+}
+
+// Kernel is where the ruleset goes: Table, or a fake in tests.
+type Kernel interface {
+	// Sync writes what differs from the table as last written, or, when
+	// reread, from the kernel's.
+	Sync(rs Ruleset, reread bool) (Changes, error)
+}
+
+// Enforcer keeps the policy table equal to what the informers' state
+// says: at once after each change, and at every Resync or watched table
+// change (drift).
+type Enforcer struct {
+	Logger *slog.Logger
+	Source Source
+	Kernel Kernel
+	Node   string
+	// Resync is the period of the drift check while Watch does not work
+	// (2 s when zero); with Watch, 5 min.
+	Resync time.Duration
+	// Watch, when set, follows nftables changes (nl.WatchNftables).
+	Watch func(ctx context.Context, subscribed, changed func()) error
+	// Synced, when set, is called after the first sync that followed the
+	// informers' complete lists.
+	Synced func()
+	// Applied, when set, gets the time each change took to reach the
+	// kernel, from the event.
+	Applied func(time.Duration)
+	// Repaired, when set, is called after each repair of drift.
+	Repaired func()
+
+	mu       sync.Mutex // guards the fields below
+	local    []netip.Prefix
+	selected map[string]Selection
+	problems map[string]string // policy → its last reported problem
+}
+
+// Selected says which policies select a local pod (namespace/name).
+func (e *Enforcer) Selected(pod string) Selection {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.selected[pod]
+}
+
+// Run enforces for the node's pod CIDRs until ctx is done. The table stays
+// when it returns: stopping twilld leaves pods isolated (fail closed).
+func (e *Enforcer) Run(ctx context.Context, local []netip.Prefix) error {
+	e.mu.Lock()
+	e.local = slices.Clone(local)
+	e.mu.Unlock()
+	kick := make(chan struct{}, 1)
+	poke := func() {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+	var changedAt sync.Mutex
+	var first time.Time // the oldest change not yet applied
+	changed := func() {
+		changedAt.Lock()
+		if first.IsZero() {
+			first = time.Now()
+		}
+		changedAt.Unlock()
+		poke()
+	}
+	synced := e.Source.Start(ctx, changed)
+	select {
+	case <-synced:
+	case <-ctx.Done():
+		return nil
+	}
+	watching := make(chan bool, 1)
+	drift := make(chan struct{}, 1)
+	if e.Watch != nil {
+		go e.watch(ctx, func() {
+			select {
+			case drift <- struct{}{}:
+			default:
+			}
+		}, watching)
+	}
+	resync, watched := e.Resync, 5*time.Minute
+	if resync <= 0 {
+		resync = 2 * time.Second
+	}
+	period := resync
+	t := time.NewTimer(0)
+	defer t.Stop()
+	isFirst := true
+	var last time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case w := <-watching:
+			period = resync
+			if w {
+				period = watched
+			}
+			continue
+		case <-drift:
+			// Any table's change is announced (kube-proxy's too): check
+			// at most once a second for them.
+			if wait := time.Second - time.Since(last); wait > 0 {
+				t.Reset(wait)
+				continue
+			}
+		case <-kick:
+		case <-t.C:
+		}
+		last = time.Now()
+		changedAt.Lock()
+		since := first
+		first = time.Time{}
+		changedAt.Unlock()
+		// A change of the informers' state diffs against what was
+		// written; a timer or a change to the table reads the kernel.
+		ch, err := e.syncOnce(since.IsZero())
+		if err != nil {
+			e.Logger.Warn("network policy sync failed; retrying", "err", err)
+			t.Reset(min(period, time.Second))
+			continue
+		}
+		if since.IsZero() && !isFirst && !ch.Clean() {
+			e.Logger.Info("network policy table drifted; repaired", "chains", ch.Chains, "elements", ch.Elems, "sets", ch.Sets, "full", ch.Full)
+			if e.Repaired != nil {
+				e.Repaired()
+			}
+		}
+		if !since.IsZero() && e.Applied != nil {
+			e.Applied(time.Since(since))
+		}
+		if isFirst {
+			isFirst = false
+			if e.Synced != nil {
+				e.Synced()
+			}
+		}
+		t.Reset(period)
+	}
+}
+
+// watch runs Watch, poking after each change of the table, and says on
+// watching whether it works.
+func (e *Enforcer) watch(ctx context.Context, poke func(), watching chan bool) {
+	say := func(v bool) {
+		select {
+		case <-watching:
+		default:
+		}
+		watching <- v
+	}
+	for ctx.Err() == nil {
+		err := e.Watch(ctx, func() { say(true); poke() }, poke)
+		say(false)
+		if ctx.Err() != nil {
+			return
+		}
+		e.Logger.Warn("watching nftables for changes failed; checking the policy table every resync period instead", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
+// syncOnce compiles the current state and writes what differs.
+func (e *Enforcer) syncOnce(reread bool) (Changes, error) {
+	s := e.Source.Snapshot()
+	e.mu.Lock()
+	s.Node, s.LocalCIDRs = e.Node, e.local
+	e.mu.Unlock()
+	r := Compile(s)
+	ch, err := e.Kernel.Sync(r.Ruleset, reread)
+	if err != nil {
+		return Changes{}, fmt.Errorf("syncing table inet %s: %w", TableName, err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.selected = r.Selected
+	seen := map[string]string{}
+	for _, p := range r.Problems {
+		seen[p.Policy] = p.Err.Error()
+		if e.problems[p.Policy] != p.Err.Error() {
+			e.Logger.Warn("network policy cannot be applied in full; what cannot be read allows nothing", "policy", p.Policy, "err", p.Err)
+		}
+	}
+	e.problems = seen
+	if !ch.Clean() {
+		e.Logger.Debug("network policy table written", "full", ch.Full, "chains", ch.Chains, "elements", ch.Elems, "sets", ch.Sets, "deleted", ch.Del)
+	}
+	return ch, nil
+}

@@ -1,0 +1,143 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+)
+
+// Informers is the Source for a cluster: informers on pods, namespaces
+// and networkpolicies, which need list and watch on each and nothing more.
+type Informers struct {
+	pods, namespaces, policies cache.SharedIndexInformer
+}
+
+var _ Source = (*Informers)(nil)
+
+// NewInformers returns informers reading through cfg, in protobuf.
+func NewInformers(cfg *rest.Config) (*Informers, error) {
+	core, err := restFor(cfg, "/api", corev1.SchemeGroupVersion, corev1.AddToScheme)
+	if err != nil {
+		return nil, err
+	}
+	netw, err := restFor(cfg, "/apis", networkingv1.SchemeGroupVersion, networkingv1.AddToScheme)
+	if err != nil {
+		return nil, err
+	}
+	return &Informers{
+		pods:       cache.NewSharedIndexInformer(core.listWatch("pods", &corev1.PodList{}), &corev1.Pod{}, 0, cache.Indexers{}),
+		namespaces: cache.NewSharedIndexInformer(core.listWatch("namespaces", &corev1.NamespaceList{}), &corev1.Namespace{}, 0, cache.Indexers{}),
+		policies:   cache.NewSharedIndexInformer(netw.listWatch("networkpolicies", &networkingv1.NetworkPolicyList{}), &networkingv1.NetworkPolicy{}, 0, cache.Indexers{}),
+	}, nil
+}
+
+type restGroup struct {
+	rc     *rest.RESTClient
+	params runtime.ParameterCodec
+}
+
+func restFor(cfg *rest.Config, path string, gv schema.GroupVersion, add func(*runtime.Scheme) error) (*restGroup, error) {
+	scheme := runtime.NewScheme()
+	if err := add(scheme); err != nil {
+		return nil, err
+	}
+	metav1.AddToGroupVersion(scheme, gv)
+	c := rest.CopyConfig(cfg)
+	c.APIPath = path
+	c.GroupVersion = &gv
+	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	c.ContentType = runtime.ContentTypeProtobuf
+	c.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	if c.QPS == 0 {
+		c.QPS, c.Burst = 20, 40
+	}
+	rc, err := rest.RESTClientFor(c)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client for %s %s: %w", cfg.Host, gv, err)
+	}
+	return &restGroup{rc: rc, params: runtime.NewParameterCodec(scheme)}, nil
+}
+
+func (g *restGroup) listWatch(resource string, list runtime.Object) *cache.ListWatch {
+	return &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			out := list.DeepCopyObject()
+			err := g.rc.Get().Resource(resource).VersionedParams(&opts, g.params).Do(ctx).Into(out)
+			return out, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			opts.Watch = true
+			return g.rc.Get().Resource(resource).VersionedParams(&opts, g.params).Watch(ctx)
+		},
+	}
+}
+
+// Start runs the informers; every add, update and delete calls changed.
+func (i *Informers) Start(ctx context.Context, changed func()) <-chan struct{} {
+	h := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { changed() },
+		UpdateFunc: func(_, _ any) { changed() },
+		DeleteFunc: func(any) { changed() },
+	}
+	_ = i.pods.SetTransform(stripPod)
+	for _, inf := range []cache.SharedIndexInformer{i.pods, i.namespaces, i.policies} {
+		_, _ = inf.AddEventHandler(h)
+		go inf.RunWithContext(ctx)
+	}
+	synced := make(chan struct{})
+	go func() {
+		if cache.WaitForCacheSync(ctx.Done(), i.pods.HasSynced, i.namespaces.HasSynced, i.policies.HasSynced) {
+			close(synced)
+		}
+	}()
+	return synced
+}
+
+// stripPod keeps what Compile reads, so that a cluster's pods cost the
+// informer little memory.
+func stripPod(obj any) (any, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	out := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, Labels: p.Labels,
+		ResourceVersion: p.ResourceVersion, DeletionTimestamp: p.DeletionTimestamp},
+		Spec:   corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
+		Status: corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs}}
+	for _, c := range p.Spec.Containers {
+		var ports []corev1.ContainerPort
+		for _, cp := range c.Ports {
+			if cp.Name != "" {
+				ports = append(ports, corev1.ContainerPort{Name: cp.Name, ContainerPort: cp.ContainerPort, Protocol: cp.Protocol})
+			}
+		}
+		if ports != nil {
+			out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Ports: ports})
+		}
+	}
+	return out, nil
+}
+
+// Snapshot is the informers' current state.
+func (i *Informers) Snapshot() Snapshot {
+	var s Snapshot
+	for _, o := range i.pods.GetStore().List() {
+		s.Pods = append(s.Pods, o.(*corev1.Pod))
+	}
+	for _, o := range i.namespaces.GetStore().List() {
+		s.Namespaces = append(s.Namespaces, o.(*corev1.Namespace))
+	}
+	for _, o := range i.policies.GetStore().List() {
+		s.Policies = append(s.Policies, o.(*networkingv1.NetworkPolicy))
+	}
+	return s
+}
