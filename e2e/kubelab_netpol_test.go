@@ -82,6 +82,11 @@ spec:
 		t.Fatalf("nft flush on %s: %v\n%s", n2, err, out)
 	}
 	start = time.Now()
+	t.Cleanup(func() {
+		if t.Failed() {
+			netpolDebug(t, s, n2)
+		}
+	})
 	waitFor(t, 30*time.Second, "node2's policy chain repaired", func() bool { return !reaches(b1, b0) })
 	t.Logf("flushed policy chain repaired within %s", time.Since(start).Round(time.Millisecond))
 
@@ -160,4 +165,15 @@ func apply(t *testing.T, s *lab.State, manifest string) {
 	if out, err := s.Kubectl(context.Background(), strings.NewReader(manifest), "apply", "-f", "-"); err != nil {
 		t.Fatalf("kubectl apply: %v\n%s\n%s", err, out, manifest)
 	}
+}
+
+// netpolDebug logs what a failed policy check needs: the node's policy
+// table and its twill pod's log.
+func netpolDebug(t *testing.T, s *lab.State, node string) {
+	out, err := s.NodeExec(context.Background(), node, nil, "nft", "list", "table", "inet", "twill-policy")
+	t.Logf("nft list table inet twill-policy on %s (%v):\n%s", node, err, out)
+	pods, _ := s.Kubectl(context.Background(), nil, "-n", lab.TwillNamespace, "get", "pods", "-o",
+		`jsonpath={range .items[?(@.spec.nodeName=="`+node+`")]}{.metadata.name}{end}`)
+	logs, err := s.Kubectl(context.Background(), nil, "-n", lab.TwillNamespace, "logs", strings.TrimSpace(pods), "-c", "kube-twill")
+	t.Logf("twilld on %s (%v):\n%s", node, err, logs)
 }

@@ -2,7 +2,6 @@ package nl
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -47,8 +46,9 @@ func WatchNftables(ctx context.Context, subscribed, changed func()) error {
 }
 
 // WatchNftablesTable calls changed after each batch of nftables changes
-// that touches table (in any family) and that another process made, until
-// ctx is done: a writer of its own table sees others' changes (drift), not
+// that touches table (in any family) and that another program made (by
+// its name: a PID does not cross PID namespaces, and twilld runs in a
+// container), until ctx is done: a writer of its own table sees others' changes (drift), not
 // its own, and not every other table's (kube-proxy's). Lost notifications
 // (ENOBUFS) count as a change.
 func WatchNftablesTable(ctx context.Context, table string, subscribed, changed func()) error {
@@ -66,7 +66,7 @@ func WatchNftablesTable(ctx context.Context, table string, subscribed, changed f
 		subscribed()
 	}
 	touched := false // by the batch under way
-	self := uint32(os.Getpid())
+	self := ownComm()
 	for {
 		msgs, _, err := s.Receive()
 		switch {
@@ -80,10 +80,10 @@ func WatchNftablesTable(ctx context.Context, table string, subscribed, changed f
 			return fmt.Errorf("receiving nftables changes: %w", err)
 		}
 		for _, m := range msgs {
-			name, pid, gen := nftMessage(m.Header.Type, m.Data)
+			name, comm, gen := nftMessage(m.Header.Type, m.Data)
 			switch {
 			case gen:
-				if touched && pid != self {
+				if touched && comm != self {
 					changed()
 				}
 				touched = false
@@ -94,25 +94,35 @@ func WatchNftablesTable(ctx context.Context, table string, subscribed, changed f
 	}
 }
 
+// ownComm is this program's name as the kernel gives it (comm, at most 15
+// bytes).
+func ownComm() string {
+	b, err := os.ReadFile("/proc/self/comm")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
 // nftMessage reads an nftables notification: the table it names (its
 // first attribute, in every table, chain, rule, set and element message),
-// or, for the batch's closing generation message, the writer's PID.
-func nftMessage(typ uint16, data []byte) (table string, pid uint32, gen bool) {
+// or, for the batch's closing generation message, the writer's name.
+func nftMessage(typ uint16, data []byte) (table, comm string, gen bool) {
 	if len(data) < 4 || typ>>8 != unix.NFNL_SUBSYS_NFTABLES {
-		return "", 0, false
+		return "", "", false
 	}
 	attrs, err := vnl.ParseRouteAttr(data[4:])
 	if err != nil {
-		return "", 0, false
+		return "", "", false
 	}
 	msg := typ & 0xff
 	for _, a := range attrs {
 		switch {
-		case msg == unix.NFT_MSG_NEWGEN && a.Attr.Type&^unix.NLA_F_NESTED == unix.NFTA_GEN_PROC_PID && len(a.Value) == 4:
-			pid = binary.BigEndian.Uint32(a.Value)
+		case msg == unix.NFT_MSG_NEWGEN && a.Attr.Type&^unix.NLA_F_NESTED == unix.NFTA_GEN_PROC_NAME:
+			comm = strings.TrimRight(string(a.Value), "\x00")
 		case msg != unix.NFT_MSG_NEWGEN && a.Attr.Type&^unix.NLA_F_NESTED == 1: // NFTA_{TABLE_NAME,CHAIN,RULE,SET,SET_ELEM_LIST}_TABLE
-			return strings.TrimRight(string(a.Value), "\x00"), 0, false
+			return strings.TrimRight(string(a.Value), "\x00"), "", false
 		}
 	}
-	return "", pid, msg == unix.NFT_MSG_NEWGEN
+	return "", comm, msg == unix.NFT_MSG_NEWGEN
 }
