@@ -1,10 +1,12 @@
 package policy
 
 import (
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -35,7 +37,7 @@ func newNode(t testing.TB) *node {
 	return n
 }
 
-func (n *node) pod(ip string) {
+func (n *node) pod(ip string, v6 ...string) {
 	ns := netnstest.New(n.t, "pod")
 	host := "v" + strings.ReplaceAll(ip, ".", "")[5:]
 	netnstest.Veth(n.t, n.name, host, ns, "eth0")
@@ -45,12 +47,75 @@ func (n *node) pod(ip string) {
 	netnstest.IP(n.t, n.name, "route", "add", ip+"/32", "dev", host)
 	netnstest.IP(n.t, n.name, "addr", "add", "169.254.1.1/32", "dev", host)
 	n.pods[ip] = ns
+	for _, a := range v6 {
+		// The IPv6 gateway is the host end's link-local address.
+		netnstest.IP(n.t, n.name, "addr", "add", "fe80::1/64", "dev", host, "nodad")
+		netnstest.IP(n.t, ns, "-6", "addr", "add", a+"/128", "dev", "eth0", "nodad")
+		netnstest.IP(n.t, ns, "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0")
+		netnstest.IP(n.t, n.name, "-6", "route", "add", a+"/128", "dev", host)
+		n.pods[a] = ns
+	}
 }
 
 // reaches says whether a ping from one pod to another gets an answer.
 func (n *node) reaches(from, to string) bool {
 	_, err := netnstest.Exec(n.pods[from], "ping", "-c1", "-W1", to)
 	return err == nil
+}
+
+// TestPrivilegedPolicyDualStack: one policy isolates a dual-stack pod in
+// both families; its peers are allowed in both, and an IPv6 address no
+// known pod holds is dropped like an IPv4 one.
+func TestPrivilegedPolicyDualStack(t *testing.T) {
+	n := newNode(t)
+	if out, err := netnstest.Exec(n.name, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"); err != nil {
+		t.Fatalf("enabling IPv6 forwarding: %v: %s", err, out)
+	}
+	n.pod("10.244.1.2", "fd00:10:1::2")
+	n.pod("10.244.1.3", "fd00:10:1::3")
+	n.pod("10.244.1.4", "fd00:10:1::4")
+	dual := func(p *corev1.Pod, v6 string) *corev1.Pod {
+		p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: v6})
+		return p
+	}
+	s := Snapshot{Node: "n1",
+		LocalCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:1::/64")},
+		Namespaces: []*corev1.Namespace{testNS("x", nil)},
+		Pods: []*corev1.Pod{
+			dual(testPod("x", "server", "n1", "10.244.1.2", map[string]string{"app": "server"}), "fd00:10:1::2"),
+			dual(testPod("x", "client", "n1", "10.244.1.3", map[string]string{"role": "client"}), "fd00:10:1::3"),
+		},
+		Policies: []*networkingv1.NetworkPolicy{testPolicy("x", "clients", map[string]string{"app": "server"}, func(sp *networkingv1.NetworkPolicySpec) {
+			sp.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "client"}}}}}}
+		})},
+	}
+	n.sync(s)
+	for _, c := range []struct {
+		from, to string
+		want     bool
+	}{
+		{"10.244.1.3", "10.244.1.2", true}, {"fd00:10:1::3", "fd00:10:1::2", true}, // the client, both families
+		{"fd00:10:1::4", "fd00:10:1::3", false}, {"fd00:10:1::3", "fd00:10:1::4", false}, // unknown IPv6 address
+	} {
+		if got := n.reaches(c.from, c.to); got != c.want {
+			t.Errorf("%s -> %s: reached %v, want %v", c.from, c.to, got, c.want)
+		}
+	}
+	// .4 becomes a known pod without the client's label: refused in both
+	// families, though it may now send and receive.
+	s.Pods = append(s.Pods, dual(testPod("x", "other", "n1", "10.244.1.4", nil), "fd00:10:1::4"))
+	n.sync(s)
+	for _, c := range []struct {
+		from, to string
+		want     bool
+	}{
+		{"10.244.1.4", "10.244.1.2", false}, {"fd00:10:1::4", "fd00:10:1::2", false},
+		{"fd00:10:1::4", "fd00:10:1::3", true},
+	} {
+		if got := n.reaches(c.from, c.to); got != c.want {
+			t.Errorf("%s -> %s: reached %v, want %v", c.from, c.to, got, c.want)
+		}
+	}
 }
 
 func (n *node) sync(s Snapshot) Changes { return n.syncFrom(s, false) }
