@@ -387,6 +387,9 @@ func (c *compiler) ipBlock(id ruleID, i int, b *networkingv1.IPBlock) []peer {
 	a := Addr{Prefix: pfx}
 	for _, e := range b.Except {
 		ep, err := netip.ParsePrefix(e)
+		if err == nil && ep.Addr().Is6() != pfx.Addr().Is6() {
+			err = fmt.Errorf("not of the family of cidr %s", pfx)
+		}
 		if err != nil {
 			c.problems = append(c.problems, Problem{id.policyName(), fmt.Errorf("spec.%s[%d] peer %d: ipBlock.except %q: %w", dirField(id.dir), id.index, i, e, err)})
 			return nil // fail closed: allow nothing rather than too much
