@@ -46,6 +46,14 @@ conformance: setup e2e-images ## Kubernetes' own [sig-network] [Conformance] spe
 		bin/twillctl lab conformance --name $$name --markdown --report-dir build/conformance/$$name; rc=$$?; fi; \
 	bin/twillctl lab down --name $$name; exit $$rc
 
+.PHONY: netpol
+netpol: setup e2e-images ## Kubernetes' own [sig-network] Netpol (NetworkPolicy) specs on a 3-node Kubernetes lab (BACKEND=vxlan|host-gw); fails if any spec does
+	@name=np$$(echo '$(BACKEND)' | tr -dc a-z); \
+	bin/twillctl lab up --name $$name --kubernetes --nodes 3 --pods-per-node 1 --backend '$(BACKEND)'; rc=$$?; \
+	if [ $$rc = 0 ]; then rm -rf build/conformance/$$name; \
+		bin/twillctl lab conformance --name $$name --suite netpol --markdown --report-dir build/conformance/$$name; rc=$$?; fi; \
+	bin/twillctl lab down --name $$name; exit $$rc
+
 .PHONY: build
 build: ## Build twilld, twillctl and the twill CNI plugin into bin/
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...

@@ -3,6 +3,7 @@ package e2e
 import (
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -57,6 +58,27 @@ func TestKubeConformanceFast(t *testing.T) {
 		t.Fatalf("%d passed, %d failed (want the 7 specs of the subset):\n%s", o.Passed, o.Failed, o.Markdown("vxlan"))
 	}
 	t.Logf("conformance subset:\n%s", o.Markdown("vxlan"))
+
+	// The NetworkPolicy subset, on the same lab (twill enforces policy as
+	// dist/kube-twill.yml ships it).
+	report = t.TempDir()
+	out, err = l.run("conformance", "--name", name, "--suite", "netpol", "--fast", "--report-dir", report)
+	if err != nil {
+		t.Fatalf("lab conformance --suite netpol --fast: %v\n%s", err, tail(out, 200))
+	}
+	if o, err = lab.ReadJUnitDir(report); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range lab.NetpolFast {
+		re := regexp.MustCompile(f)
+		if !slices.ContainsFunc(o.Specs, func(s lab.SpecResult) bool { return re.MatchString(s.Name) && s.Status == "passed" }) {
+			t.Errorf("no passed spec matches %s; specs that ran:\n%s", f, o.Markdown("vxlan"))
+		}
+	}
+	if o.Failed > 0 || o.Passed < len(lab.NetpolFast) {
+		t.Fatalf("%d passed, %d failed (want the %d specs of the Netpol subset):\n%s", o.Passed, o.Failed, len(lab.NetpolFast), o.Markdown("vxlan"))
+	}
+	t.Logf("Netpol subset:\n%s", o.Markdown("vxlan"))
 }
 
 // tail is the last n lines of s.

@@ -26,6 +26,21 @@ var ConformanceFast = []string{
 	`\[sig-network\] Services should allow pods to hairpin back to themselves through services`,
 }
 
+// NetpolFocus selects Kubernetes' own NetworkPolicy specs, what `make
+// netpol` runs: their truth tables of reachability over three namespaces.
+var NetpolFocus = []string{`\[sig-network\] Netpol `}
+
+// NetpolFast is the NetworkPolicy subset `make test` runs: default deny,
+// an allow by pod and namespace selectors, named ports, an ipBlock with
+// except, and a live label update.
+var NetpolFast = []string{
+	`\[sig-network\] Netpol NetworkPolicy between server and client should support a 'default-deny-ingress' policy`,
+	`\[sig-network\] Netpol NetworkPolicy between server and client should enforce policy to allow traffic only from a pod in a different namespace based on PodSelector and NamespaceSelector`,
+	`\[sig-network\] Netpol NetworkPolicy between server and client should allow egress access on one named port`,
+	`\[sig-network\] Netpol NetworkPolicy between server and client should enforce except clause while egress access to server in CIDR block`,
+	`\[sig-network\] Netpol NetworkPolicy between server and client should allow ingress access from updated pod`,
+}
+
 // Skip leaves specs matching Pattern out of a run, for Reason.
 type Skip struct {
 	Pattern, Reason string
@@ -38,6 +53,7 @@ var ConformanceSkips = []Skip{
 	{`\[Feature:IPv6DualStack\]|IPv6`, "the Kubernetes lab is IPv4-only (IPv6 is proven in etcd mode and by the Kubernetes-mode e2e tests)"},
 	{`\[Disruptive\]|\[Serial\]`, "the suite runs against a shared lab; none of the selected network specs is either"},
 	{`\[Feature:Networking-IPv6\]|\[Feature:Networking-DNS\]|\[Provider:`, "need the internet or a cloud provider"},
+	{`\[Feature:SCTPConnectivity\]`, "SCTP traffic needs the kernel's sctp module, and loading it would change the machine; policies naming SCTP are still checked (the Netpol specs that expect SCTP not to be taken for TCP run)"},
 }
 
 // SkipRegexp joins skips into one --ginkgo.skip expression.

@@ -3,6 +3,7 @@ package lab
 import (
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -57,7 +58,7 @@ func TestConformancePatterns(t *testing.T) {
 		}
 	}
 	skip := regexp.MustCompile(SkipRegexp(ConformanceSkips))
-	for _, f := range append(ConformanceFocus, ConformanceFast...) {
+	for _, f := range slices.Concat(ConformanceFocus, ConformanceFast, NetpolFocus, NetpolFast) {
 		if _, err := regexp.Compile(f); err != nil {
 			t.Errorf("focus %q: %v", f, err)
 		}
@@ -66,6 +67,8 @@ func TestConformancePatterns(t *testing.T) {
 		"[sig-network] Networking Granular Checks: Pods should function for intra-pod communication: http [NodeConformance] [Conformance]",
 		"[sig-network] Services should serve a basic endpoint from pods [Conformance]",
 		"[sig-network] DNS should provide DNS for services [Conformance]",
+		"[sig-network] Netpol NetworkPolicy between server and client should support a 'default-deny-ingress' policy [Feature:NetworkPolicy]",
+		"[sig-network] Netpol NetworkPolicy between server and client should not mistakenly treat 'protocol: SCTP' as 'protocol: TCP', even if the plugin doesn't support SCTP [Feature:NetworkPolicy]",
 	} {
 		if skip.MatchString(name) {
 			t.Errorf("the skip list leaves out %q", name)

@@ -13,7 +13,7 @@ import (
 func labConformanceCommand(o *labOptions) *cobra.Command {
 	var (
 		fast, listSkips, markdown bool
-		reportDir                 string
+		reportDir, suite          string
 		focus                     []string
 		timeout                   time.Duration
 	)
@@ -22,7 +22,9 @@ func labConformanceCommand(o *labOptions) *cobra.Command {
 		Short: "Run Kubernetes' own network conformance specs (e2e.test) against a Kubernetes lab; exit 1 if any fails",
 		Long: `Runs e2e.test, built at the lab's Kubernetes version by make kube-tools, in the
 lab's underlay namespace as the lab's admin: by default every [sig-network]
-[Conformance] spec, with --fast the pod-networking subset make test runs.
+[Conformance] spec, with --fast the pod-networking subset make test runs;
+with --suite netpol every [sig-network] Netpol (NetworkPolicy) spec, with
+--fast the subset make test runs.
 The skip list (--list-skips) is the one place specs are left out, each with
 its reason.`,
 		Args: cobra.NoArgs,
@@ -40,7 +42,14 @@ its reason.`,
 			}
 			c := lab.Conformance{Focus: lab.ConformanceFocus, Skips: lab.ConformanceSkips, Out: w, Timeout: timeout,
 				ReportDir: reportDir}
-			if fast {
+			switch {
+			case suite == "netpol" && fast:
+				c.Focus = lab.NetpolFast
+			case suite == "netpol":
+				c.Focus = lab.NetpolFocus
+			case suite != "conformance":
+				return fmt.Errorf("--suite %q: want conformance or netpol", suite)
+			case fast:
 				c.Focus = lab.ConformanceFast
 			}
 			if len(focus) > 0 {
@@ -58,7 +67,8 @@ its reason.`,
 			return err
 		},
 	}
-	cmd.Flags().BoolVar(&fast, "fast", false, "run only the pod-networking subset (what make test runs)")
+	cmd.Flags().BoolVar(&fast, "fast", false, "run only the suite's subset that make test runs")
+	cmd.Flags().StringVar(&suite, "suite", "conformance", "conformance ([sig-network] [Conformance]) or netpol ([sig-network] Netpol, NetworkPolicy)")
 	cmd.Flags().StringArrayVar(&focus, "focus", nil, "run the specs matching this regular expression instead (repeatable)")
 	cmd.Flags().BoolVar(&listSkips, "list-skips", false, "print every skip pattern and its reason, and exit")
 	cmd.Flags().BoolVar(&markdown, "markdown", false, "also print the specs that ran as a Markdown table")
