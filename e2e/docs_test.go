@@ -42,6 +42,7 @@ var docFiles = []string{
 	"Documentation/writing-a-backend.md",
 	"Documentation/troubleshooting.md",
 	"Documentation/kubernetes.md",
+	"Documentation/network-policy.md",
 	"Documentation/conformance.md",
 	"Documentation/cni-plugin.md",
 	"Documentation/configuration.md",
