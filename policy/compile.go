@@ -543,6 +543,10 @@ func (c *compiler) allow(id ruleID, pe peer, pt port, egress bool) Rule {
 	return r
 }
 
+// SelectedBy opens the comment of a pod chain's first rules, one per
+// policy that selects the pod in the chain's direction.
+const SelectedBy = "selected by "
+
 // denyComment names the final drop of a pod's chain: the metrics count it
 // against the policies that select the pod in that direction.
 func denyComment(dir, podKey string) string {
@@ -599,7 +603,18 @@ func (c *compiler) result() Result {
 				continue
 			}
 			name := ChainName(dir, p.key)
-			ch := Chain{Name: name, Rules: append(slices.Clone(allow), Rule{Counter: true, Verdict: Drop, Comment: denyComment(dir, p.key)})}
+			// The chain opens with the policies that select the pod, for
+			// twillctl status; each counts the pod's new connections.
+			by := s.Ingress
+			if dir == "eg" {
+				by = s.Egress
+			}
+			var rules []Rule
+			for _, pol := range by {
+				rules = append(rules, Rule{Counter: true, Verdict: Continue, Comment: SelectedBy + pol})
+			}
+			rules = append(rules, allow...)
+			ch := Chain{Name: name, Rules: append(rules, Rule{Counter: true, Verdict: Drop, Comment: denyComment(dir, p.key)})}
 			chains = append(chains, ch)
 			for _, ip := range p.ips {
 				j := Rule{V6: ip.Is6(), Verdict: Jump, Target: name}

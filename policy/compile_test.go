@@ -57,7 +57,15 @@ func snapshot(policies ...*networkingv1.NetworkPolicy) Snapshot {
 	}
 }
 
+// chain is a chain's rules past the "selected by" ones that open a pod's.
 func chain(t *testing.T, rs Ruleset, name string) Chain {
+	t.Helper()
+	c := rawChain(t, rs, name)
+	c.Rules = slices.DeleteFunc(slices.Clone(c.Rules), func(r Rule) bool { return r.Verdict == Continue })
+	return c
+}
+
+func rawChain(t *testing.T, rs Ruleset, name string) Chain {
 	t.Helper()
 	i := slices.IndexFunc(rs.Chains, func(c Chain) bool { return c.Name == name })
 	if i < 0 {
@@ -122,6 +130,9 @@ func TestDenyAllIngressIsolatesTheSelectedLocalPodsOnly(t *testing.T) {
 	}
 	if s := r.Selected["x/a"]; !slices.Equal(s.Ingress, []string{"x/deny"}) || len(s.Egress) != 0 {
 		t.Errorf("Selected[x/a] = %+v", s)
+	}
+	if first := rawChain(t, r.Ruleset, "in:x/a").Rules[0]; first.Comment != "selected by x/deny" || first.Verdict != Continue {
+		t.Errorf("in:x/a opens with %+v, want the policy that selects it, with no verdict", first)
 	}
 }
 

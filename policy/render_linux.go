@@ -87,6 +87,7 @@ func ruleExprs(r Rule) []expr.Any {
 		es = append(es, &expr.Verdict{Kind: expr.VerdictReturn})
 	case Jump:
 		es = append(es, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.Target})
+	case Continue:
 	}
 	return es
 }

@@ -33,6 +33,7 @@ const (
 	Drop
 	Return // back to the base chain: allowed by this chain
 	Jump
+	Continue // no verdict: the next rule decides
 )
 
 // Addr matches a packet's source or destination address. At most one of

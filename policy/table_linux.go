@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/google/nftables"
@@ -459,4 +460,46 @@ func (t *Table) Supported() error {
 		return fmt.Errorf("listing nftables tables: %w", err)
 	}
 	return nil
+}
+
+// Isolated reads, from the kernel's table, the local pods policies
+// isolate and the policies that select each (namespace/name): what
+// `twillctl status` shows. exists is false when there is no table
+// (enforcement off).
+func (t *Table) Isolated() (pods map[string]Selection, exists bool, err error) {
+	conn, err := t.dial()
+	if err != nil {
+		return nil, false, err
+	}
+	ks, err := read(conn)
+	if err != nil || !ks.exists {
+		return nil, false, err
+	}
+	pods = map[string]Selection{}
+	for _, rules := range ks.chains {
+		var pod string
+		var by []string
+		ingress := false
+		for _, r := range rules {
+			switch {
+			case strings.HasPrefix(r.comment, SelectedBy):
+				by = append(by, strings.TrimPrefix(r.comment, SelectedBy))
+			case strings.HasPrefix(r.comment, "deny ingress "):
+				pod, ingress = strings.TrimPrefix(r.comment, "deny ingress "), true
+			case strings.HasPrefix(r.comment, "deny egress "):
+				pod = strings.TrimPrefix(r.comment, "deny egress ")
+			}
+		}
+		if pod == "" {
+			continue
+		}
+		s := pods[pod]
+		if ingress {
+			s.Ingress = by
+		} else {
+			s.Egress = by
+		}
+		pods[pod] = s
+	}
+	return pods, true, nil
 }

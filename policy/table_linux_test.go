@@ -3,6 +3,7 @@ package policy
 import (
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -166,6 +167,11 @@ func TestPrivilegedPolicyTableIsolatesAndRepairs(t *testing.T) {
 		sp.Ingress = fromNamespaces("x")
 	}))
 	n.sync(s)
+	// What twillctl status shows, from the kernel's table.
+	isolated, exists, err := n.tb.Isolated()
+	if err != nil || !exists || len(isolated) != 1 || !slices.Equal(isolated["y/a"].Ingress, []string{"y/deny", "y/from-x"}) || isolated["y/a"].Egress != nil {
+		t.Errorf("Isolated() = %+v, %v, %v; want y/a isolated for ingress by y/deny and y/from-x", isolated, exists, err)
+	}
 	if !n.reaches("10.244.1.2", "10.244.1.3") {
 		t.Fatal("x/a blocked though y/from-x allows namespace x")
 	}

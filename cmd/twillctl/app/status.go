@@ -23,6 +23,7 @@ import (
 	"github.com/twill-net/twill/internal/etcdflags"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/network/netfilter"
+	"github.com/twill-net/twill/policy"
 	"github.com/twill-net/twill/subnet"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
 	kubesm "github.com/twill-net/twill/subnet/kube"
@@ -53,6 +54,7 @@ without changing anything, and lists what is missing, extra or wrong. It exits
 	f.StringVar(&o.subnetFile, "subnet-file", "/run/twill/subnet.env", "this node's subnet.env")
 	f.StringVar(&o.stateDir, "state-dir", "/var/lib/twill", "twilld's state directory")
 	f.StringSliceVar(&o.iface, "iface", nil, "external interface (default: the default route's)")
+	cmd.AddCommand(newStatusPolicyCommand())
 	return cmd
 }
 
@@ -436,4 +438,56 @@ func pubIP(a subnet.LeaseAttrs) string {
 		}
 	}
 	return strings.Join(s, ",")
+}
+
+// newStatusPolicyCommand is `twillctl status policy`: what the node's
+// policy table isolates, read from the kernel (no datastore needed, so it
+// works in Kubernetes mode).
+func newStatusPolicyCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "policy",
+		Short: "Name, for each pod of this node a NetworkPolicy isolates, the policies that select it",
+		Long: `policy runs on a node (in a lab: twillctl lab exec node1 -- twillctl status policy).
+It reads twilld's NetworkPolicy table, inet twill-policy, from the kernel and
+lists each local pod that a policy isolates, with the policies that select it
+for ingress and for egress. A pod not listed is allowed everything.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			if err := printPolicy(tw); err != nil {
+				return err
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+// printPolicy names, for each local pod a NetworkPolicy isolates, the
+// policies that select it, as the kernel's table inet twill-policy has
+// them.
+func printPolicy(tw io.Writer) error {
+	pods, exists, err := (&policy.Table{}).Isolated()
+	if err != nil {
+		return fmt.Errorf("reading table inet %s: %w", policy.TableName, err)
+	}
+	if !exists {
+		fmt.Fprintf(tw, "policy	not enforced (no table inet %s: twilld runs without --network-policy)\n", policy.TableName)
+		return nil
+	}
+	fmt.Fprintf(tw, "policy	enforced (table inet %s): %d local pods isolated\n", policy.TableName, len(pods))
+	names := make([]string, 0, len(pods))
+	for p := range pods {
+		names = append(names, p)
+	}
+	sort.Strings(names)
+	dash := func(s []string) string {
+		if len(s) == 0 {
+			return "-"
+		}
+		return strings.Join(s, ", ")
+	}
+	for _, p := range names {
+		fmt.Fprintf(tw, "  %s	ingress: %s	egress: %s\n", p, dash(pods[p].Ingress), dash(pods[p].Egress))
+	}
+	return nil
 }
