@@ -1,0 +1,137 @@
+package policy
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeSource is a Source whose state the test sets.
+type fakeSource struct {
+	mu      sync.Mutex
+	s       Snapshot
+	changed func()
+	synced  chan struct{}
+}
+
+func (f *fakeSource) Start(_ context.Context, changed func()) <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.changed = changed
+	return f.synced
+}
+
+func (f *fakeSource) Snapshot() Snapshot {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.s
+}
+
+func (f *fakeSource) set(s Snapshot) {
+	f.mu.Lock()
+	f.s = s
+	changed := f.changed
+	f.mu.Unlock()
+	changed()
+}
+
+// fakeKernel holds the last ruleset written, as the kernel would.
+type fakeKernel struct {
+	mu      sync.Mutex
+	rs      *Ruleset
+	rereads int
+	syncs   chan Ruleset
+}
+
+func (k *fakeKernel) Sync(rs Ruleset, reread bool) (Changes, error) {
+	k.mu.Lock()
+	if reread {
+		k.rereads++
+	}
+	k.rs = &rs
+	k.mu.Unlock()
+	k.syncs <- rs
+	return Changes{Chains: 1}, nil
+}
+
+func (k *fakeKernel) flushed() {
+	k.mu.Lock()
+	k.rs = nil
+	k.mu.Unlock()
+}
+
+// TestEnforcerWritesAfterTheListsAndOnEachChange: nothing is written
+// before the informers have listed everything (a partial view would allow
+// too much or too little); then the table follows each change, and a
+// change to the table (drift) has it read back and rewritten.
+func TestEnforcerWritesAfterTheListsAndOnEachChange(t *testing.T) {
+	src := &fakeSource{s: snapshot(), synced: make(chan struct{})}
+	k := &fakeKernel{syncs: make(chan Ruleset, 16)}
+	var drift func()
+	watched := make(chan struct{})
+	e := &Enforcer{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Source: src, Kernel: k, Node: "n1",
+		Watch: func(ctx context.Context, subscribed, changed func()) error {
+			drift = changed
+			subscribed()
+			close(watched)
+			<-ctx.Done()
+			return nil
+		}}
+	synced := make(chan struct{})
+	e.Synced = sync.OnceFunc(func() { close(synced) })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx, []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}) }()
+	select {
+	case <-k.syncs:
+		t.Fatal("the table was written before the informers had listed everything")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(src.synced)
+	first := wait(t, k.syncs)
+	<-synced
+	if slices.ContainsFunc(first.Chains, func(c Chain) bool { return c.Name == "in:x/a" }) {
+		t.Fatal("x/a isolated with no policy")
+	}
+	s := snapshot(testPolicy("x", "deny", nil, nil))
+	src.set(s)
+	if rs := wait(t, k.syncs); !slices.ContainsFunc(rs.Chains, func(c Chain) bool { return c.Name == "in:x/a" }) {
+		t.Fatalf("after a policy came, chains %v lack in:x/a", chainNames(rs))
+	}
+	if got := e.Selected("x/a"); !slices.Equal(got.Ingress, []string{"x/deny"}) {
+		t.Errorf("Selected(x/a) = %+v", got)
+	}
+	<-watched
+	k.mu.Lock()
+	before := k.rereads
+	k.mu.Unlock()
+	k.flushed()
+	drift()
+	wait(t, k.syncs)
+	k.mu.Lock()
+	after := k.rereads
+	k.mu.Unlock()
+	if after != before+1 {
+		t.Errorf("a change to the table synced with %d rereads, want 1 (the kernel's table read back)", after-before)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func wait(t *testing.T, c <-chan Ruleset) Ruleset {
+	t.Helper()
+	select {
+	case rs := <-c:
+		return rs
+	case <-time.After(10 * time.Second):
+		t.Fatal("no sync within 10 s")
+	}
+	return Ruleset{}
+}
