@@ -2,17 +2,17 @@ package policy
 
 import (
 	"context"
-	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+
+	kubesm "github.com/twill-net/twill/subnet/kube"
 )
 
 // Informers is the Source for a cluster: informers on pods, namespaces
@@ -46,25 +46,11 @@ type restGroup struct {
 }
 
 func restFor(cfg *rest.Config, path string, gv schema.GroupVersion, add func(*runtime.Scheme) error) (*restGroup, error) {
-	scheme := runtime.NewScheme()
-	if err := add(scheme); err != nil {
+	rc, params, err := kubesm.ProtobufClient(cfg, path, gv, add)
+	if err != nil {
 		return nil, err
 	}
-	metav1.AddToGroupVersion(scheme, gv)
-	c := rest.CopyConfig(cfg)
-	c.APIPath = path
-	c.GroupVersion = &gv
-	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
-	c.ContentType = runtime.ContentTypeProtobuf
-	c.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
-	if c.QPS == 0 {
-		c.QPS, c.Burst = 20, 40
-	}
-	rc, err := rest.RESTClientFor(c)
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes client for %s %s: %w", cfg.Host, gv, err)
-	}
-	return &restGroup{rc: rc, params: runtime.NewParameterCodec(scheme)}, nil
+	return &restGroup{rc: rc, params: params}, nil
 }
 
 func (g *restGroup) listWatch(resource string, list runtime.Object) *cache.ListWatch {

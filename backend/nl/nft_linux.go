@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"syscall"
 
 	vnl "github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
@@ -17,6 +18,17 @@ import (
 // (ENOBUFS) count as a change. Reading rules sends none, so a reader that
 // only writes what differs does not wake itself for ever.
 func WatchNftables(ctx context.Context, subscribed, changed func()) error {
+	return watchNftables(ctx, subscribed, func(msgs []syscall.NetlinkMessage, lost bool) {
+		if lost || len(msgs) > 0 {
+			changed()
+		}
+	})
+}
+
+// watchNftables subscribes to nftables change notifications, calls
+// subscribed, then got with each batch received (lost: the kernel dropped
+// some, ENOBUFS) until ctx is done.
+func watchNftables(ctx context.Context, subscribed func(), got func(msgs []syscall.NetlinkMessage, lost bool)) error {
 	s, err := vnl.Subscribe(unix.NETLINK_NETFILTER, unix.NFNLGRP_NFTABLES)
 	if err != nil {
 		return fmt.Errorf("subscribing to nftables changes: %w", err)
@@ -36,11 +48,11 @@ func WatchNftables(ctx context.Context, subscribed, changed func()) error {
 		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, unix.ENOBUFS):
-			changed()
+			got(nil, true)
 		case err != nil:
 			return fmt.Errorf("receiving nftables changes: %w", err)
-		case len(msgs) > 0:
-			changed()
+		default:
+			got(msgs, false)
 		}
 	}
 }
@@ -52,32 +64,13 @@ func WatchNftables(ctx context.Context, subscribed, changed func()) error {
 // its own, and not every other table's (kube-proxy's). Lost notifications
 // (ENOBUFS) count as a change.
 func WatchNftablesTable(ctx context.Context, table string, subscribed, changed func()) error {
-	s, err := vnl.Subscribe(unix.NETLINK_NETFILTER, unix.NFNLGRP_NFTABLES)
-	if err != nil {
-		return fmt.Errorf("subscribing to nftables changes: %w", err)
-	}
-	stop := context.AfterFunc(ctx, s.Close)
-	defer func() {
-		if stop() {
-			s.Close()
-		}
-	}()
-	if subscribed != nil {
-		subscribed()
-	}
 	touched := false // by the batch under way
 	self := ownComm()
-	for {
-		msgs, _, err := s.Receive()
-		switch {
-		case ctx.Err() != nil:
-			return nil
-		case errors.Is(err, unix.ENOBUFS):
+	return watchNftables(ctx, subscribed, func(msgs []syscall.NetlinkMessage, lost bool) {
+		if lost {
 			touched = false
 			changed()
-			continue
-		case err != nil:
-			return fmt.Errorf("receiving nftables changes: %w", err)
+			return
 		}
 		for _, m := range msgs {
 			name, comm, gen := nftMessage(m.Header.Type, m.Data)
@@ -91,7 +84,7 @@ func WatchNftablesTable(ctx context.Context, table string, subscribed, changed f
 				touched = true
 			}
 		}
-	}
+	})
 }
 
 // ownComm is this program's name as the kernel gives it (comm, at most 15

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
@@ -77,14 +78,25 @@ func RESTConfig(o ClientOptions) (*rest.Config, error) {
 
 // NewClientFor returns a Client for a rest.Config.
 func NewClientFor(cfg *rest.Config) (Client, error) {
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
+	rc, params, err := ProtobufClient(cfg, "/api", corev1.SchemeGroupVersion, corev1.AddToScheme)
+	if err != nil {
 		return nil, err
 	}
-	metav1.AddToGroupVersion(scheme, corev1.SchemeGroupVersion)
+	return &restClient{rc: rc, params: params}, nil
+}
+
+// ProtobufClient is a REST client for one API group version (its types
+// added by add), under path ("/api" for core, "/apis" for the others),
+// speaking protobuf, with a scheme holding that group alone.
+func ProtobufClient(cfg *rest.Config, path string, gv schema.GroupVersion, add func(*runtime.Scheme) error) (*rest.RESTClient, runtime.ParameterCodec, error) {
+	scheme := runtime.NewScheme()
+	if err := add(scheme); err != nil {
+		return nil, nil, err
+	}
+	metav1.AddToGroupVersion(scheme, gv)
 	c := rest.CopyConfig(cfg)
-	c.APIPath = "/api"
-	c.GroupVersion = &corev1.SchemeGroupVersion
+	c.APIPath = path
+	c.GroupVersion = &gv
 	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
 	c.ContentType = runtime.ContentTypeProtobuf
 	c.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
@@ -93,9 +105,9 @@ func NewClientFor(cfg *rest.Config) (Client, error) {
 	}
 	rc, err := rest.RESTClientFor(c)
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes client for %s: %w", cfg.Host, err)
+		return nil, nil, fmt.Errorf("kubernetes client for %s %s: %w", cfg.Host, gv, err)
 	}
-	return &restClient{rc: rc, params: runtime.NewParameterCodec(scheme)}, nil
+	return rc, runtime.NewParameterCodec(scheme), nil
 }
 
 func (c *restClient) ListNodes(ctx context.Context, opts metav1.ListOptions) (*corev1.NodeList, error) {
