@@ -53,9 +53,18 @@ func BenchmarkPolicyChange(b *testing.B) {
 
 func benchChange(b *testing.B, tb *Table) {
 	s := scale()
-	if _, err := tb.Sync(Compile(s).Ruleset, false); err != nil {
+	rs := Compile(s).Ruleset
+	if _, err := tb.Sync(rs, false); err != nil {
 		b.Fatal(err)
 	}
+	var rules, elems int
+	for _, c := range rs.Chains {
+		rules += len(c.Rules)
+	}
+	for _, st := range rs.Sets {
+		elems += len(st.Elems)
+	}
+
 	var took []time.Duration
 	var compile time.Duration
 	for b.Loop() {
@@ -80,4 +89,6 @@ func benchChange(b *testing.B, tb *Table) {
 	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "change-p50-ms")
 	b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "change-p99-ms")
 	b.ReportMetric(float64(compile.Microseconds())/1000/float64(len(took)), "compile-ms")
+	b.ReportMetric(float64(rules), "rules")
+	b.ReportMetric(float64(elems), "set-elements")
 }
