@@ -66,39 +66,54 @@ func (e *Enforcer) Run(ctx context.Context, local []netip.Prefix) error {
 	e.mu.Lock()
 	e.local = slices.Clone(local)
 	e.mu.Unlock()
-	kick := make(chan struct{}, 1)
-	poke := func() {
-		select {
-		case kick <- struct{}{}:
-		default:
-		}
-	}
-	var changedAt sync.Mutex
-	var first time.Time // the oldest change not yet applied
-	changed := func() {
-		changedAt.Lock()
-		if first.IsZero() {
-			first = time.Now()
-		}
-		changedAt.Unlock()
-		poke()
-	}
-	synced := e.Source.Start(ctx, changed)
+	kick, drift := make(chan struct{}, 1), make(chan struct{}, 1)
+	pend := &pending{}
+	synced := e.Source.Start(ctx, func() { pend.mark(); poke(kick) })
 	select {
 	case <-synced:
 	case <-ctx.Done():
 		return nil
 	}
 	watching := make(chan bool, 1)
-	drift := make(chan struct{}, 1)
 	if e.Watch != nil {
-		go e.watch(ctx, func() {
-			select {
-			case drift <- struct{}{}:
-			default:
-			}
-		}, watching)
+		go e.watch(ctx, func() { poke(drift) }, watching)
 	}
+	return e.loop(ctx, kick, drift, watching, pend)
+}
+
+func poke(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// pending is when the oldest change not yet applied came.
+type pending struct {
+	mu    sync.Mutex
+	first time.Time // guarded by mu
+}
+
+func (p *pending) mark() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.first.IsZero() {
+		p.first = time.Now()
+	}
+}
+
+// take returns the oldest change's time (zero when none) and forgets it.
+func (p *pending) take() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := p.first
+	p.first = time.Time{}
+	return t
+}
+
+// loop syncs at once after each change of the informers' state, at most
+// once a second after changes to the table, and every resync period.
+func (e *Enforcer) loop(ctx context.Context, kick, drift <-chan struct{}, watching <-chan bool, pend *pending) error {
 	resync, watched := e.Resync, 5*time.Minute
 	if resync <= 0 {
 		resync = 2 * time.Second
@@ -119,8 +134,6 @@ func (e *Enforcer) Run(ctx context.Context, local []netip.Prefix) error {
 			}
 			continue
 		case <-drift:
-			// Any table's change is announced (kube-proxy's too): check
-			// at most once a second for them.
 			if wait := time.Second - time.Since(last); wait > 0 {
 				t.Reset(wait)
 				continue
@@ -129,10 +142,7 @@ func (e *Enforcer) Run(ctx context.Context, local []netip.Prefix) error {
 		case <-t.C:
 		}
 		last = time.Now()
-		changedAt.Lock()
-		since := first
-		first = time.Time{}
-		changedAt.Unlock()
+		since := pend.take()
 		// A change of the informers' state diffs against what was
 		// written; a timer or a change to the table reads the kernel.
 		ch, err := e.syncOnce(since.IsZero())
@@ -141,22 +151,26 @@ func (e *Enforcer) Run(ctx context.Context, local []netip.Prefix) error {
 			t.Reset(min(period, time.Second))
 			continue
 		}
-		if since.IsZero() && !isFirst && !ch.Clean() {
-			e.Logger.Info("network policy table drifted; repaired", "chains", ch.Chains, "elements", ch.Elems, "sets", ch.Sets, "full", ch.Full)
-			if e.Repaired != nil {
-				e.Repaired()
-			}
-		}
-		if !since.IsZero() && e.Applied != nil {
-			e.Applied(time.Since(since))
-		}
-		if isFirst {
-			isFirst = false
-			if e.Synced != nil {
-				e.Synced()
-			}
-		}
+		e.report(ch, since, isFirst)
+		isFirst = false
 		t.Reset(period)
+	}
+}
+
+// report tells of a sync: a repair of drift (a write no change asked
+// for), the time a change took, the first sync.
+func (e *Enforcer) report(ch Changes, since time.Time, first bool) {
+	if since.IsZero() && !first && !ch.Clean() {
+		e.Logger.Info("network policy table drifted; repaired", "chains", ch.Chains, "elements", ch.Elems, "sets", ch.Sets, "full", ch.Full)
+		if e.Repaired != nil {
+			e.Repaired()
+		}
+	}
+	if !since.IsZero() && e.Applied != nil {
+		e.Applied(time.Since(since))
+	}
+	if first && e.Synced != nil {
+		e.Synced()
 	}
 }
 

@@ -302,6 +302,25 @@ func addRules(conn *nftables.Conn, kc *nftables.Chain, c Chain) error {
 // chains and their rules (a rule may name a new set or chain), then what
 // is no longer wanted.
 func writeDiff(conn *nftables.Conn, ks kernelState, rs Ruleset) (Changes, error) {
+	ch, wantSet, err := writeSets(conn, ks, rs)
+	if err != nil {
+		return Changes{}, err
+	}
+	if err := writeChains(conn, ks, rs, &ch); err != nil {
+		return Changes{}, err
+	}
+	for name, k := range ks.sets {
+		if !wantSet[name] {
+			conn.DelSet(k.set)
+			ch.Del++
+		}
+	}
+	return ch, nil
+}
+
+// writeSets queues the sets that are missing and the elements that differ,
+// and returns the sets wanted.
+func writeSets(conn *nftables.Conn, ks kernelState, rs Ruleset) (Changes, map[string]bool, error) {
 	var ch Changes
 	wantSet := map[string]bool{}
 	for _, s := range rs.Sets {
@@ -309,7 +328,7 @@ func writeDiff(conn *nftables.Conn, ks kernelState, rs Ruleset) (Changes, error)
 		k := ks.sets[s.Name]
 		if k == nil {
 			if err := conn.AddSet(kernelSet(s), elements(s)); err != nil {
-				return Changes{}, fmt.Errorf("adding set %s: %w", s.Name, err)
+				return Changes{}, nil, fmt.Errorf("adding set %s: %w", s.Name, err)
 			}
 			ch.Sets++
 			continue
@@ -329,16 +348,23 @@ func writeDiff(conn *nftables.Conn, ks kernelState, rs Ruleset) (Changes, error)
 		}
 		if len(add) > 0 {
 			if err := conn.SetAddElements(k.set, add); err != nil {
-				return Changes{}, fmt.Errorf("adding to set %s: %w", s.Name, err)
+				return Changes{}, nil, fmt.Errorf("adding to set %s: %w", s.Name, err)
 			}
 		}
 		if len(del) > 0 {
 			if err := conn.SetDeleteElements(k.set, del); err != nil {
-				return Changes{}, fmt.Errorf("deleting from set %s: %w", s.Name, err)
+				return Changes{}, nil, fmt.Errorf("deleting from set %s: %w", s.Name, err)
 			}
 		}
 		ch.Elems += len(add) + len(del)
 	}
+	return ch, wantSet, nil
+}
+
+// writeChains queues the chains that are missing or differ, and the
+// deletion of those no longer wanted (flushed first: one may jump to
+// another).
+func writeChains(conn *nftables.Conn, ks kernelState, rs Ruleset, ch *Changes) error {
 	wantChain := map[string]bool{}
 	// The pods' chains first, the base chain last: a jump's chain exists
 	// before the jump.
@@ -351,7 +377,7 @@ func writeDiff(conn *nftables.Conn, ks kernelState, rs Ruleset) (Changes, error)
 		}
 		want, err := wantRules(c)
 		if err != nil {
-			return Changes{}, err
+			return err
 		}
 		if exists && ks.rules == nil && sameRulesFP(got, want) {
 			continue
@@ -382,13 +408,7 @@ func writeDiff(conn *nftables.Conn, ks kernelState, rs Ruleset) (Changes, error)
 		conn.DelChain(&nftables.Chain{Table: table(), Name: name})
 		ch.Del++
 	}
-	for name, k := range ks.sets {
-		if !wantSet[name] {
-			conn.DelSet(k.set)
-			ch.Del++
-		}
-	}
-	return ch, nil
+	return nil
 }
 
 func sameRulesFP(got []kernelRule, want []wantRule) bool {

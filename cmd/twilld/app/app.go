@@ -271,30 +271,11 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 	if err != nil {
 		return err
 	}
-	var subnets daemon.SubnetManager
-	var enforce *enforcement
-	if o.networkPolicy && !o.kubeSubnetMgr {
-		return errors.New("--network-policy needs --kube-subnet-mgr: NetworkPolicy objects come from the Kubernetes API")
+	subnets, enforce, closeSubnets, err := subnetManager(ctx, log, o)
+	if err != nil {
+		return err
 	}
-	if o.kubeSubnetMgr {
-		var km *kubesm.Manager
-		if km, err = kubeManager(ctx, log, o); err != nil {
-			return err
-		}
-		subnets = km
-		if o.networkPolicy {
-			if enforce, err = newEnforcement(log, o, km.NodeName()); err != nil {
-				return err
-			}
-		}
-	} else {
-		cli, err := o.etcd.Client()
-		if err != nil {
-			return err
-		}
-		defer cli.Close()
-		subnets = etcdsm.New(etcdsm.Options{Client: cli, Logger: log, Prefix: o.etcd.Prefix, TTL: o.leaseTTL, RenewMargin: o.renewMargin})
-	}
+	defer closeSubnets()
 	var conflist []byte
 	network, dataDir := o.cniNetwork, o.cniDataDir
 	if o.cniConflist != "" {
@@ -342,6 +323,33 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 	}
 	log.Info("stopped; the data plane stays in place (twilld cleanup removes it)")
 	return nil
+}
+
+// subnetManager is the Kubernetes subnet manager (with its NetworkPolicy
+// enforcement when --network-policy) or etcd's, and what closes it.
+func subnetManager(ctx context.Context, log *slog.Logger, o options) (daemon.SubnetManager, *enforcement, func(), error) {
+	if o.networkPolicy && !o.kubeSubnetMgr {
+		return nil, nil, nil, errors.New("--network-policy needs --kube-subnet-mgr: NetworkPolicy objects come from the Kubernetes API")
+	}
+	if !o.kubeSubnetMgr {
+		cli, err := o.etcd.Client()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return etcdsm.New(etcdsm.Options{Client: cli, Logger: log, Prefix: o.etcd.Prefix, TTL: o.leaseTTL, RenewMargin: o.renewMargin}),
+			nil, func() { cli.Close() }, nil
+	}
+	km, err := kubeManager(ctx, log, o)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var enforce *enforcement
+	if o.networkPolicy {
+		if enforce, err = newEnforcement(log, o, km.NodeName()); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	return km, enforce, func() {}, nil
 }
 
 func kubeManager(ctx context.Context, log *slog.Logger, o options) (*kubesm.Manager, error) {
