@@ -25,6 +25,9 @@ type Snapshot struct {
 	Pods       []*corev1.Pod
 	Namespaces []*corev1.Namespace
 	Policies   []*networkingv1.NetworkPolicy
+	// LogDenied logs the packets an isolated pod's chain drops, rate
+	// limited (--network-policy-log-denied).
+	LogDenied bool
 }
 
 // Problem is a policy Compile could not fully apply, and why. Its part that
@@ -72,13 +75,14 @@ func Compile(s Snapshot) Result {
 }
 
 type compiler struct {
-	nsLabels map[string]labels.Set
-	pods     []*pod // sorted by key
-	nsPods   map[string][]*pod
-	nsOrder  []string // the namespaces of pods, sorted
-	local    []*pod
-	policies []*networkingv1.NetworkPolicy
-	cidrs    []netip.Prefix
+	nsLabels  map[string]labels.Set
+	pods      []*pod // sorted by key
+	nsPods    map[string][]*pod
+	nsOrder   []string // the namespaces of pods, sorted
+	local     []*pod
+	policies  []*networkingv1.NetworkPolicy
+	cidrs     []netip.Prefix
+	logDenied bool
 
 	ingress, egress map[string][]Rule // local pod key → allow rules
 	selected        map[string]*Selection
@@ -88,7 +92,7 @@ type compiler struct {
 }
 
 func newCompiler(s Snapshot) *compiler {
-	c := &compiler{nsLabels: map[string]labels.Set{}, cidrs: s.LocalCIDRs,
+	c := &compiler{nsLabels: map[string]labels.Set{}, cidrs: s.LocalCIDRs, logDenied: s.LogDenied,
 		ingress: map[string][]Rule{}, egress: map[string][]Rule{},
 		selected: map[string]*Selection{}, sets: map[string]Set{}, peerCache: map[string][]peer{}}
 	for _, n := range s.Namespaces {
@@ -614,6 +618,9 @@ func (c *compiler) result() Result {
 				rules = append(rules, Rule{Counter: true, Verdict: Continue, Comment: SelectedBy + pol})
 			}
 			rules = append(rules, allow...)
+			if c.logDenied {
+				rules = append(rules, Rule{Verdict: Continue, Log: "twill-policy " + denyComment(dir, p.key) + ": "})
+			}
 			ch := Chain{Name: name, Rules: append(rules, Rule{Counter: true, Verdict: Drop, Comment: denyComment(dir, p.key)})}
 			chains = append(chains, ch)
 			for _, ip := range p.ips {

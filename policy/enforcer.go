@@ -33,6 +33,8 @@ type Enforcer struct {
 	Source Source
 	Kernel Kernel
 	Node   string
+	// LogDenied logs denied packets, rate limited, to the kernel log.
+	LogDenied bool
 	// Resync is the period of the drift check while Watch does not work
 	// (2 s when zero); with Watch, 5 min.
 	Resync time.Duration
@@ -202,7 +204,7 @@ func (e *Enforcer) watch(ctx context.Context, poke func(), watching chan bool) {
 func (e *Enforcer) syncOnce(reread bool) (Changes, error) {
 	s := e.Source.Snapshot()
 	e.mu.Lock()
-	s.Node, s.LocalCIDRs = e.Node, e.local
+	s.Node, s.LocalCIDRs, s.LogDenied = e.Node, e.local, e.LogDenied
 	e.mu.Unlock()
 	r := Compile(s)
 	ch, err := e.Kernel.Sync(r.Ruleset, reread)

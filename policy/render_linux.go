@@ -75,6 +75,11 @@ func ruleExprs(r Rule) []expr.Any {
 			}
 		}
 	}
+	if r.Log != "" {
+		// As the kernel dumps it: the level (warning, the default) too.
+		es = append(es, &expr.Limit{Type: expr.LimitTypePkts, Rate: LogRate, Unit: expr.LimitTimeSecond, Burst: LogRate},
+			&expr.Log{Key: 1<<unix.NFTA_LOG_PREFIX | 1<<unix.NFTA_LOG_LEVEL, Level: expr.LogLevelWarning, Data: []byte(r.Log)})
+	}
 	if r.Counter {
 		es = append(es, &expr.Counter{})
 	}

@@ -60,7 +60,13 @@ type Rule struct {
 	Verdict     Verdict
 	Target      string // Jump's chain
 	Comment     string // shown by nft list; names the policy for metrics
+	// Log, when set, logs the packet with this prefix to the kernel log,
+	// at most LogRate packets a second (bursts of LogRate).
+	Log string
 }
+
+// LogRate bounds the denied packets logged, per pod and direction.
+const LogRate = 10
 
 // Chain is a regular chain (the base chain is ChainForward).
 type Chain struct {

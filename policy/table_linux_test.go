@@ -151,6 +151,20 @@ func TestPrivilegedPolicyTableIsolatesAndRepairs(t *testing.T) {
 	if ch := n.sync(s); !ch.Clean() {
 		t.Errorf("second Sync of the same state wrote %+v, want nothing", ch)
 	}
+	// The kernel's table reads back as written, with the logging of
+	// denied packets too: a drift check of an unchanged table writes
+	// nothing (else it would rewrite it for ever).
+	logged := s
+	logged.LogDenied = true
+	logged.Policies = []*networkingv1.NetworkPolicy{testPolicy("x", "deny", nil, nil)}
+	n.sync(logged)
+	if ch := n.syncFrom(logged, true); !ch.Clean() {
+		t.Errorf("Sync of the kernel's table, unchanged, wrote %+v, want nothing", ch)
+	}
+	if out, _ := netnstest.Exec(n.name, "nft", "list", "table", "inet", TableName); !strings.Contains(out, `limit rate 10/second burst 10 packets log prefix "twill-policy deny ingress x/a: "`) {
+		t.Errorf("in:x/a does not log its denied packets:\n%s", out)
+	}
+	n.sync(s)
 
 	s.Policies = append(s.Policies, testPolicy("y", "deny", nil, nil))
 	n.sync(s)

@@ -76,6 +76,7 @@ type options struct {
 	kubeAPIURL           string
 	kubeResync           time.Duration
 	networkPolicy        bool
+	networkPolicyLog     bool
 	netConfigPath        string
 
 	iface         []string
@@ -132,6 +133,7 @@ for example TWILLD_ETCD_ENDPOINTS.`,
 	f.StringVar(&o.kubeAPIURL, "kube-api-url", "", "apiserver URL for --kube-subnet-mgr (overrides the kubeconfig's server)")
 	f.DurationVar(&o.kubeResync, "kube-resync", 30*time.Second, "how often the Node informer replays its cache to the backend")
 	f.BoolVar(&o.networkPolicy, "network-policy", false, "enforce Kubernetes NetworkPolicy for this node's pods, in table inet twill-policy (needs --kube-subnet-mgr; see Documentation/network-policy.md)")
+	f.BoolVar(&o.networkPolicyLog, "network-policy-log-denied", false, "with --network-policy, log the packets a policy denies to the kernel log (prefix \"twill-policy deny\"), at most 10 a second per pod and direction")
 	f.StringVar(&o.netConfigPath, "net-config-path", "/etc/kube-twill/net-conf.json", "net-conf.json path in Kubernetes mode")
 	f.StringSliceVar(&o.iface, "iface", nil, "external interface name or address (repeatable; first match wins)")
 	f.StringSliceVar(&o.ifaceRegex, "iface-regex", nil, "regular expression for the external interface name or address (repeatable)")
@@ -429,7 +431,7 @@ func newEnforcement(log *slog.Logger, o options, node string) (*enforcement, err
 			Help: "Time from a pod, namespace or policy change seen by twilld to its rules in the kernel.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 		fixed: prometheus.NewCounter(prometheus.CounterOpts{Name: "twill_netpol_drift_repairs_total", Help: "Repairs of the policy table after it changed behind twilld's back."}),
 	}
-	en.e = &policy.Enforcer{Logger: log.With("component", "network-policy"), Source: inf, Kernel: table, Node: node,
+	en.e = &policy.Enforcer{Logger: log.With("component", "network-policy"), Source: inf, Kernel: table, Node: node, LogDenied: o.networkPolicyLog,
 		Watch: func(ctx context.Context, subscribed, changed func()) error {
 			return nl.WatchNftablesTable(ctx, policy.TableName, subscribed, changed)
 		}, Applied: func(d time.Duration) { en.apply.Observe(d.Seconds()) }, Repaired: en.fixed.Inc}
