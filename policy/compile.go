@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
@@ -28,7 +29,24 @@ type Snapshot struct {
 	// LogDenied logs the packets an isolated pod's chain drops, rate
 	// limited (--network-policy-log-denied).
 	LogDenied bool
+	// Allocations are the addresses the CNI plugin gave on this node, and
+	// when; Now is the time to age them against.
+	Allocations []Allocation
+	Now         time.Time
 }
+
+// Allocation is an address the CNI plugin gave a pod on this node.
+type Allocation struct {
+	IP netip.Addr
+	At time.Time
+}
+
+// UnmanagedGrace is how long an allocated address no API pod holds stays
+// dropped. Past it, while every pod the apiserver places on the node has
+// its address reported, the address is a pod no policy can select (one a
+// CRI client other than kubelet made) and is allowed, as an unselected
+// pod is.
+const UnmanagedGrace = 10 * time.Second
 
 // Problem is a policy Compile could not fully apply, and why. Its part that
 // cannot be applied allows nothing (policy fails closed).
@@ -75,14 +93,17 @@ func Compile(s Snapshot) Result {
 }
 
 type compiler struct {
-	nsLabels  map[string]labels.Set
-	pods      []*pod // sorted by key
-	nsPods    map[string][]*pod
-	nsOrder   []string // the namespaces of pods, sorted
-	local     []*pod
-	policies  []*networkingv1.NetworkPolicy
-	cidrs     []netip.Prefix
-	logDenied bool
+	nsLabels    map[string]labels.Set
+	pods        []*pod // sorted by key
+	nsPods      map[string][]*pod
+	nsOrder     []string // the namespaces of pods, sorted
+	local       []*pod
+	policies    []*networkingv1.NetworkPolicy
+	cidrs       []netip.Prefix
+	logDenied   bool
+	allocations []Allocation
+	now         time.Time
+	waiting     bool // a pod placed on the node has no address reported yet
 
 	ingress, egress map[string][]Rule // local pod key → allow rules
 	selected        map[string]*Selection
@@ -92,7 +113,7 @@ type compiler struct {
 }
 
 func newCompiler(s Snapshot) *compiler {
-	c := &compiler{nsLabels: map[string]labels.Set{}, cidrs: s.LocalCIDRs, logDenied: s.LogDenied,
+	c := &compiler{nsLabels: map[string]labels.Set{}, cidrs: s.LocalCIDRs, logDenied: s.LogDenied, allocations: s.Allocations, now: s.Now,
 		ingress: map[string][]Rule{}, egress: map[string][]Rule{},
 		selected: map[string]*Selection{}, sets: map[string]Set{}, peerCache: map[string][]peer{}}
 	for _, n := range s.Namespaces {
@@ -101,6 +122,9 @@ func newCompiler(s Snapshot) *compiler {
 	for _, p := range s.Pods {
 		if pp := podOf(p, s.Node); pp != nil {
 			c.pods = append(c.pods, pp)
+		} else if p.Spec.NodeName == s.Node && !p.Spec.HostNetwork && len(p.Status.PodIPs) == 0 && p.Status.PodIP == "" &&
+			p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed && p.DeletionTimestamp == nil {
+			c.waiting = true
 		}
 	}
 	slices.SortFunc(c.pods, func(a, b *pod) int { return strings.Compare(a.key, b.key) })
@@ -571,6 +595,28 @@ func ChainName(dir, podKey string) string {
 	return n[:180] + "~" + hex.EncodeToString(h[:8])
 }
 
+// unmanaged are the allocated addresses past UnmanagedGrace that no pod
+// holds, when no pod placed on the node lacks its address (the address
+// might be its).
+func (c *compiler) unmanaged() []netip.Addr {
+	if c.waiting {
+		return nil
+	}
+	held := map[netip.Addr]bool{}
+	for _, p := range c.pods {
+		for _, ip := range p.ips {
+			held[ip] = true
+		}
+	}
+	var out []netip.Addr
+	for _, a := range c.allocations {
+		if ip := a.IP.Unmap(); !held[ip] && c.now.Sub(a.At) >= UnmanagedGrace {
+			out = append(out, ip)
+		}
+	}
+	return out
+}
+
 func (c *compiler) result() Result {
 	v4, v6 := c.families()
 	known := map[bool]*Set{false: {Name: "known4"}, true: {Name: "known6", V6: true}}
@@ -578,6 +624,9 @@ func (c *compiler) result() Result {
 		for _, ip := range p.ips {
 			known[ip.Is6()].Elems = append(known[ip.Is6()].Elems, ip)
 		}
+	}
+	for _, ip := range c.unmanaged() {
+		known[ip.Is6()].Elems = append(known[ip.Is6()].Elems, ip)
 	}
 	for _, s := range []*Set{known[false], known[true]} {
 		if s.V6 && !v6 || !s.V6 && !v4 {

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
@@ -208,5 +209,32 @@ func TestBadPolicyFailsClosedAndSaysWhy(t *testing.T) {
 	}
 	if in := chain(t, r.Ruleset, "in:x/a").Rules; len(in) != 1 || in[0].Verdict != Drop {
 		t.Errorf("in:x/a = %+v, want the drop alone: a rule that cannot be read allows nothing", in)
+	}
+}
+
+// An address the CNI plugin gave that no API pod holds (a CRI client other
+// than kubelet made the pod) is dropped for UnmanagedGrace, then allowed
+// like an unselected pod, unless a pod placed on the node still lacks its
+// address (the address may be that pod's).
+func TestUnmanagedAddressesAfterTheGrace(t *testing.T) {
+	now := time.Now()
+	s := snapshot(testPolicy("x", "deny", nil, nil))
+	s.Now = now
+	s.Allocations = []Allocation{
+		{IP: netip.MustParseAddr("10.244.1.2"), At: now.Add(-time.Minute)},  // x/a's
+		{IP: netip.MustParseAddr("10.244.1.9"), At: now.Add(-time.Minute)},  // nobody's, old
+		{IP: netip.MustParseAddr("10.244.1.10"), At: now.Add(-time.Second)}, // nobody's, young
+	}
+	// x/pending, on n1, has no address yet.
+	if got := set(t, Compile(s).Ruleset, "known4"); !slices.Equal(got, addrs("10.244.1.2", "10.244.1.3")) {
+		t.Errorf("known4 = %v while a local pod waits for its address; want the API pods' alone", got)
+	}
+	s.Pods = slices.DeleteFunc(slices.Clone(s.Pods), func(p *corev1.Pod) bool { return p.Name == "pending" })
+	r := Compile(s).Ruleset
+	if got := set(t, r, "known4"); !slices.Equal(got, addrs("10.244.1.2", "10.244.1.3", "10.244.1.9")) {
+		t.Errorf("known4 = %v; want the API pods' and the unmanaged address past the grace", got)
+	}
+	if slices.ContainsFunc(r.Chains, func(c Chain) bool { return strings.Contains(c.Name, "10.244.1.9") }) {
+		t.Error("an unmanaged address has a policy chain")
 	}
 }

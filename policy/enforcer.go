@@ -35,6 +35,9 @@ type Enforcer struct {
 	Node   string
 	// LogDenied logs denied packets, rate limited, to the kernel log.
 	LogDenied bool
+	// Allocations, when set, lists the addresses the CNI plugin gave on
+	// the node (an unmanaged pod's is allowed after UnmanagedGrace).
+	Allocations func() ([]Allocation, error)
 	// Resync is the period of the drift check while Watch does not work
 	// (2 s when zero); with Watch, 5 min.
 	Resync time.Duration
@@ -80,7 +83,44 @@ func (e *Enforcer) Run(ctx context.Context, local []netip.Prefix) error {
 	if e.Watch != nil {
 		go e.watch(ctx, func() { poke(drift) }, watching)
 	}
+	if e.Allocations != nil {
+		go e.ageAllocations(ctx, func() { pend.mark(); poke(kick) })
+	}
 	return e.loop(ctx, kick, drift, watching, pend)
+}
+
+// allocationsEvery is how often the CNI plugin's allocations are read for
+// addresses that came of age (UnmanagedGrace).
+const allocationsEvery = 5 * time.Second
+
+// ageAllocations calls changed whenever the set of allocations older than
+// UnmanagedGrace changes, until ctx is done.
+func (e *Enforcer) ageAllocations(ctx context.Context, changed func()) {
+	var last []netip.Addr
+	t := time.NewTicker(allocationsEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		as, err := e.Allocations()
+		if err != nil {
+			continue // the next sync reports it
+		}
+		var aged []netip.Addr
+		for _, a := range as {
+			if time.Since(a.At) >= UnmanagedGrace {
+				aged = append(aged, a.IP)
+			}
+		}
+		slices.SortFunc(aged, netip.Addr.Compare)
+		if !slices.Equal(aged, last) {
+			last = aged
+			changed()
+		}
+	}
 }
 
 func poke(c chan struct{}) {
@@ -204,7 +244,13 @@ func (e *Enforcer) watch(ctx context.Context, poke func(), watching chan bool) {
 func (e *Enforcer) syncOnce(reread bool) (Changes, error) {
 	s := e.Source.Snapshot()
 	e.mu.Lock()
-	s.Node, s.LocalCIDRs, s.LogDenied = e.Node, e.local, e.LogDenied
+	s.Node, s.LocalCIDRs, s.LogDenied, s.Now = e.Node, e.local, e.LogDenied, time.Now()
+	if e.Allocations != nil {
+		var err error
+		if s.Allocations, err = e.Allocations(); err != nil {
+			return Changes{}, fmt.Errorf("reading the CNI plugin's allocations: %w", err)
+		}
+	}
 	e.mu.Unlock()
 	r := Compile(s)
 	ch, err := e.Kernel.Sync(r.Ruleset, reread)

@@ -28,6 +28,7 @@ import (
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/internal/allocations"
 	"github.com/twill-net/twill/internal/daemon"
 	"github.com/twill-net/twill/internal/etcdflags"
 	"github.com/twill-net/twill/internal/gcpace"
@@ -286,6 +287,9 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 		}
 		network, dataDir = conflistStore(conflist, dataDir)
 	}
+	if enforce != nil {
+		enforce.allocations(filepath.Join(dataDir, network))
+	}
 	h, err := nl.Open("")
 	if err != nil {
 		return err
@@ -445,6 +449,18 @@ func (en *enforcement) run() func(ctx context.Context, local []netip.Prefix, syn
 	return func(ctx context.Context, local []netip.Prefix, synced func()) error {
 		en.e.Synced = synced
 		return en.e.Run(ctx, local)
+	}
+}
+
+// allocations has the enforcer read the CNI plugin's allocations in dir.
+func (en *enforcement) allocations(dir string) {
+	en.e.Allocations = func() ([]policy.Allocation, error) {
+		rs, err := allocations.Records(dir)
+		out := make([]policy.Allocation, len(rs))
+		for i, r := range rs {
+			out[i] = policy.Allocation{IP: r.IP, At: r.ModTime}
+		}
+		return out, err
 	}
 }
 
