@@ -15,14 +15,15 @@ import (
 
 // scale is a cluster of 1,000 pods over 3 nodes in 10 namespaces, and 500
 // policies: each selects one app's pods and lets in two roles on port 80.
+// Node n holds 10.244.2n.0/23; pod i is on node i%3 at scalePodIP(i).
 func scale() Snapshot {
-	s := Snapshot{Node: "n0", LocalCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/24")}}
+	s := Snapshot{Node: "n0", LocalCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/23")}}
 	for i := range 10 {
 		s.Namespaces = append(s.Namespaces, testNS(fmt.Sprintf("ns%d", i), map[string]string{"tier": fmt.Sprint(i % 3)}))
 	}
 	for i := range 1000 {
 		node := i % 3
-		ip := fmt.Sprintf("10.244.%d.%d", node, 2+i/3)
+		ip := scalePodIP(i)
 		s.Pods = append(s.Pods, testPod(fmt.Sprintf("ns%d", i%10), fmt.Sprintf("p%d", i), fmt.Sprintf("n%d", node), ip,
 			map[string]string{"app": fmt.Sprintf("app%d", i%50), "role": fmt.Sprintf("r%d", i%7)},
 			corev1.ContainerPort{Name: "http", ContainerPort: 80}))
@@ -42,6 +43,13 @@ func scale() Snapshot {
 		s.Policies = append(s.Policies, np)
 	}
 	return s
+}
+
+// scalePodIP is pod i's address in scale(): the (2+i/3)th of its node's
+// /23.
+func scalePodIP(i int) string {
+	host := 2 + i/3
+	return fmt.Sprintf("10.244.%d.%d", 2*(i%3)+host/256, host%256)
 }
 
 // BenchmarkPolicyChange: a label change at 1,000 pods and 500 policies,

@@ -1,0 +1,228 @@
+package e2e
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/internal/netnstest"
+)
+
+// BenchmarkKubeNetworkPolicy measures twilld --network-policy as an
+// operator runs it, against a real kube-apiserver holding 1,000 pods (a
+// third of them on the measured node, which holds 10.244.0.0/23) in 10 namespaces and 500
+// NetworkPolicies, as the policy package's scale benchmark builds them:
+// the time from start to the first policy table in the kernel, from a pod
+// label patched in the apiserver to twilld's write to the kernel (p50,
+// p99; the patch call alone is the floor), then idle CPU and peak RSS.
+func BenchmarkKubeNetworkPolicy(b *testing.B) {
+	for range b.N {
+		benchKubePolicy(b)
+	}
+}
+
+func benchKubePolicy(b *testing.B) {
+	k := newKubeClusterOn(b, 1, netip.MustParsePrefix("10.99.0.0/24"), "10.244.0.0/16", "host-gw")
+	self := k.topo.Nodes[0]
+	k.createNode(self.Name, "10.244.0.0/23", self.Addr.Addr(), nil)
+	api, err := kubernetes.NewForConfig(k.api.Admin)
+	if err != nil {
+		b.Fatal(err)
+	}
+	created := time.Now()
+	policyScale(b, api, self.Name)
+	b.Logf("10 namespaces, 1,000 pods and 500 NetworkPolicies created in %s", time.Since(created).Round(time.Millisecond))
+
+	writes := watchPolicyTable(b, self.NS)
+	b.ResetTimer()
+	start := time.Now()
+	d := k.startKubeDaemon(0, "--network-policy")
+	select {
+	case <-writes:
+	case <-time.After(60 * time.Second):
+		b.Fatalf("twilld wrote no policy table in 60 s; log:\n%s", d.Output())
+	}
+	startup := time.Since(start)
+
+	// A local pod leaves (then rejoins) every peer set its role is in.
+	var changes, patches []time.Duration
+	for i := range 2 * benchSamples {
+		m := i % benchSamples
+		role := "none"
+		if i >= benchSamples {
+			role = fmt.Sprintf("r%d", (3*m)%7)
+		}
+		patch := fmt.Appendf(nil, `{"metadata":{"labels":{"role":%q}}}`, role)
+		drain(writes)
+		t0 := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err := api.CoreV1().Pods(fmt.Sprintf("ns%d", (3*m)%10)).Patch(ctx, fmt.Sprintf("p%d", 3*m), types.MergePatchType, patch, metav1.PatchOptions{})
+		cancel()
+		if err != nil {
+			b.Fatalf("patching pod p%d: %v", 3*m, err)
+		}
+		patches = append(patches, time.Since(t0))
+		select {
+		case <-writes:
+		case <-time.After(30 * time.Second):
+			b.Fatalf("no policy table write within 30 s of p%d's role becoming %s; log:\n%s", 3*m, role, d.Output())
+		}
+		changes = append(changes, time.Since(t0))
+	}
+	idle := idleCPU(b, d.cmd.Process.Pid)
+	rss := float64(peakRSS(b, d.cmd.Process.Pid)) / 1024
+	b.StopTimer()
+
+	b.ReportMetric(float64(startup.Milliseconds()), "start-to-table-ms")
+	b.ReportMetric(ms(median(changes)), "label-to-kernel-p50-ms")
+	b.ReportMetric(ms(quantile(changes, 0.99)), "label-to-kernel-p99-ms")
+	b.ReportMetric(ms(median(patches)), "api-patch-p50-ms")
+	b.ReportMetric(idle, "idle-cpu-%")
+	b.ReportMetric(rss, "peak-rss-MiB")
+	b.Logf("kube, 1,000 pods and 500 policies: start→policy table %s; label patch→kernel p50/p99 %s/%s (the patch call alone p50 %s); idle CPU %s; peak RSS %.1f MiB",
+		startup.Round(time.Millisecond), r(median(changes)), r(quantile(changes, 0.99)), r(median(patches)), idleString(idle), rss)
+}
+
+// policyScale creates, in the apiserver, what the policy package's scale()
+// holds: 10 namespaces, 1,000 pods over node and two more nodes' names
+// (pod i on node i%3, the (2+i/3)th address of 10.244.2(i%3).0/23, labelled app i%50 and role
+// i%7, with a named port http 80), and 500 policies, each selecting one
+// app and letting in two roles on port 80.
+func policyScale(b *testing.B, api kubernetes.Interface, node string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	for i := range 10 {
+		name := fmt.Sprintf("ns%d", i)
+		if _, err := api.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name,
+			Labels: map[string]string{"tier": fmt.Sprint(i % 3)}}}, metav1.CreateOptions{}); err != nil {
+			b.Fatalf("namespace %s: %v", name, err)
+		}
+		// No controller-manager creates the default ServiceAccount.
+		if _, err := api.CoreV1().ServiceAccounts(name).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}},
+			metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			b.Fatalf("ServiceAccount %s/default: %v", name, err)
+		}
+	}
+	parallel(b, 1000, func(i int) error {
+		nodeName := node
+		if i%3 != 0 {
+			nodeName = fmt.Sprintf("elsewhere-%d", i%3)
+		}
+		host := 2 + i/3
+		ip := fmt.Sprintf("10.244.%d.%d", 2*(i%3)+host/256, host%256)
+		no := false
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("ns%d", i%10), Name: fmt.Sprintf("p%d", i),
+			Labels: map[string]string{"app": fmt.Sprintf("app%d", i%50), "role": fmt.Sprintf("r%d", i%7)}},
+			Spec: corev1.PodSpec{NodeName: nodeName, AutomountServiceAccountToken: &no, Containers: []corev1.Container{{Name: "c", Image: "stand-in.invalid/none",
+				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80}}}}}}
+		p, err := api.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}}
+		_, err = api.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{})
+		return err
+	})
+	p80 := intstr.FromInt32(80)
+	parallel(b, 500, func(i int) error {
+		np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("ns%d", i%10), Name: fmt.Sprintf("pol%d", i)},
+			Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app%d", i%50)}},
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{
+					From: []networkingv1.NetworkPolicyPeer{
+						{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": fmt.Sprintf("r%d", i%7)}}},
+						{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": fmt.Sprint(i % 3)}},
+							PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": fmt.Sprintf("r%d", (i+1)%7)}}},
+					},
+					Ports: []networkingv1.NetworkPolicyPort{{Port: &p80}},
+				}}}}
+		_, err := api.NetworkingV1().NetworkPolicies(np.Namespace).Create(ctx, np, metav1.CreateOptions{})
+		return err
+	})
+}
+
+// parallel runs do(0..n-1) over 16 workers and fails b on the first error.
+func parallel(b *testing.B, n int, do func(int) error) {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	work := make(chan int)
+	for range 16 {
+		wg.Go(func() {
+			for i := range work {
+				if err := do(i); err != nil {
+					mu.Lock()
+					first = cmp.Or(first, fmt.Errorf("item %d: %w", i, err))
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for i := range n {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	if first != nil {
+		b.Fatal(first)
+	}
+}
+
+// watchPolicyTable reports each batch another program (twilld) writes to
+// the twill-policy table in netns name.
+func watchPolicyTable(b *testing.B, name string) <-chan struct{} {
+	target, err := ns.GetNS("/var/run/netns/" + name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	writes, subscribed, done := make(chan struct{}, 64), make(chan struct{}), make(chan struct{})
+	watch := netnstest.WatchIn(target, func(ctx context.Context, sub, changed func()) error {
+		return nl.WatchNftablesTable(ctx, "twill-policy", sub, changed)
+	})
+	go func() {
+		defer close(done)
+		if err := watch(ctx, func() { close(subscribed) }, func() {
+			select {
+			case writes <- struct{}{}:
+			default:
+			}
+		}); err != nil {
+			b.Error(err)
+		}
+	}()
+	b.Cleanup(func() {
+		cancel()
+		<-done
+		target.Close()
+	})
+	select {
+	case <-subscribed:
+	case <-done:
+		b.Fatal("the nftables watch ended before it subscribed")
+	}
+	return writes
+}
+
+func drain(c <-chan struct{}) {
+	for {
+		select {
+		case <-c:
+		default:
+			return
+		}
+	}
+}

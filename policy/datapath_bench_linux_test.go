@@ -1,0 +1,192 @@
+package policy
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"os/exec"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/twill-net/twill/internal/netnstest"
+)
+
+// The two pods of BenchmarkPolicyDataPath, both in scale()'s ns0 on n0:
+// server is p0 (app0, which ten policies select) and client p30 (role r2,
+// which pol100 lets in on port 80).
+const (
+	benchServer = "10.244.0.2"
+	benchClient = "10.244.0.12"
+	benchPort   = "80"
+)
+
+// BenchmarkPolicyDataPath: what 500 policies cost a pod's traffic. Two pods
+// on one node namespace, the server selected by ten of scale()'s 500
+// policies and the client let in by one of them, are measured with twill's
+// table for those policies in the node's forward hook and with no table at
+// all, in alternation (none, policies, none, …, none), each policy run set
+// against the mean of the runs beside it: TCP connection round trips (a
+// new connection, one byte there and back: every SYN walks the server's
+// chain) and throughput (iperf3, one stream: established packets meet the
+// table's first rule).
+func BenchmarkPolicyDataPath(b *testing.B) {
+	n := newNode(b)
+	n.pod(benchServer)
+	n.pod(benchClient)
+	s := scale()
+	rs := Compile(s).Ruleset
+	on := func(enforced bool) {
+		if !enforced {
+			if _, err := n.tb.Delete(); err != nil {
+				b.Fatal(err)
+			}
+			return
+		}
+		if _, err := n.tb.Sync(rs, true); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// The table is in force: it lets the client in on port 80 only.
+	on(true)
+	if n.reaches(benchClient, benchServer) {
+		b.Fatal("a ping from the client reaches the server through 500 policies that allow TCP port 80 alone")
+	}
+	on(false)
+	if !n.reaches(benchClient, benchServer) {
+		b.Fatal("the client cannot ping the server with no policy table")
+	}
+	for b.Loop() {
+		lat := alternate(b, on, func() float64 { return connectRTT(b, n) })
+		on(false)
+		tput := alternate(b, on, func() float64 { return iperfOnce(b, n) })
+		b.ReportMetric(lat.none, "connect-rtt-none-p50-µs")
+		b.ReportMetric(lat.with, "connect-rtt-500-policies-p50-µs")
+		b.ReportMetric(lat.median, "connect-rtt-ratio-%")
+		b.ReportMetric(tput.none/1e9, "tput-none-Gbps")
+		b.ReportMetric(tput.with/1e9, "tput-500-policies-Gbps")
+		b.ReportMetric(tput.median, "tput-share-%")
+		b.Logf("500 policies against none, pod to pod on one node: connection round trip p50 %.0f µs against %.0f µs (%.0f%%, %.0f–%.0f%%); one TCP stream %.2f Gbit/s against %.2f (%.0f%%, %.0f–%.0f%%), each a median of %d runs",
+			lat.with, lat.none, lat.median, lat.lo, lat.hi, tput.with/1e9, tput.none/1e9, tput.median, tput.lo, tput.hi, dataPathReps)
+	}
+}
+
+// dataPathReps is how many runs with the policies each figure takes.
+const dataPathReps = 3
+
+type paired struct{ none, with, median, lo, hi float64 }
+
+// alternate measures with the table off and on in turn, off first and
+// last, and gives the medians and each on-run's share of the mean of the
+// off-runs beside it (median, range).
+func alternate(b *testing.B, on func(bool), measure func() float64) paired {
+	on(false)
+	none := []float64{measure()}
+	var with, shares []float64
+	for range dataPathReps {
+		on(true)
+		with = append(with, measure())
+		on(false)
+		none = append(none, measure())
+		shares = append(shares, with[len(with)-1]/((none[len(none)-2]+none[len(none)-1])/2)*100)
+	}
+	return paired{none: median(none), with: median(with), median: median(shares), lo: slices.Min(shares), hi: slices.Max(shares)}
+}
+
+func median(xs []float64) float64 {
+	s := slices.Sorted(slices.Values(xs))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// connectRTT is the median time, in µs, of 500 connections from the
+// client to an echo server on the server pod: connect, one byte there and
+// back, close.
+func connectRTT(b *testing.B, n *node) float64 {
+	var ln net.Listener
+	if err := ns.WithNetNSPath("/var/run/netns/"+n.pods[benchServer], func(ns.NetNS) (err error) {
+		ln, err = net.Listen("tcp", net.JoinHostPort(benchServer, benchPort))
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	var took []float64
+	err := ns.WithNetNSPath("/var/run/netns/"+n.pods[benchClient], func(ns.NetNS) error {
+		buf := make([]byte, 1)
+		for range 500 {
+			start := time.Now()
+			c, err := net.DialTimeout("tcp", net.JoinHostPort(benchServer, benchPort), 2*time.Second)
+			if err != nil {
+				return err
+			}
+			_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+			_, err = c.Write(buf)
+			if err == nil {
+				_, err = io.ReadFull(c, buf)
+			}
+			c.Close()
+			if err != nil {
+				return err
+			}
+			took = append(took, float64(time.Since(start).Microseconds()))
+		}
+		return nil
+	})
+	if err != nil {
+		b.Fatalf("connecting from %s to %s:%s: %v", benchClient, benchServer, benchPort, err)
+	}
+	return median(took)
+}
+
+// iperfOnce runs iperf3 for 3 s, one stream, from the client to a server
+// on the server pod, and returns the bits per second received.
+func iperfOnce(b *testing.B, n *node) float64 {
+	srv := exec.Command("ip", "netns", "exec", n.pods[benchServer], "iperf3", "-s", "-1", "-p", benchPort)
+	if err := srv.Start(); err != nil {
+		b.Fatalf("iperf3 -s: %v", err)
+	}
+	defer func() {
+		_ = srv.Process.Kill()
+		_ = srv.Wait()
+	}()
+	var res struct {
+		End struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	var out string
+	var err error
+	// The server needs a moment to listen.
+	for range 50 {
+		out, err = netnstest.Exec(n.pods[benchClient], "iperf3", "-c", benchServer, "-p", benchPort, "-J", "-t", "3", "--connect-timeout", "1000")
+		if err == nil {
+			if err = json.Unmarshal([]byte(out), &res); err == nil && res.End.SumReceived.BitsPerSecond > 0 {
+				return res.End.SumReceived.BitsPerSecond
+			}
+			err = errors.New("no throughput in the report")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	b.Fatalf("iperf3 from %s to %s: %v\n%s", benchClient, benchServer, err, out)
+	return 0
+}
