@@ -165,6 +165,9 @@ func (e *Enforcer) loop(ctx context.Context, kick, drift <-chan struct{}, watchi
 	defer t.Stop()
 	isFirst := true
 	var last time.Time
+	// drifted: the table changed behind our back and has not been read
+	// back since. It outlives syncs that do not read the kernel.
+	drifted := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -176,6 +179,7 @@ func (e *Enforcer) loop(ctx context.Context, kick, drift <-chan struct{}, watchi
 			}
 			continue
 		case <-drift:
+			drifted = true
 			if wait := time.Second - time.Since(last); wait > 0 {
 				t.Reset(wait)
 				continue
@@ -187,7 +191,11 @@ func (e *Enforcer) loop(ctx context.Context, kick, drift <-chan struct{}, watchi
 		since := pend.take()
 		// A change of the informers' state diffs against what was
 		// written; a timer or a change to the table reads the kernel.
-		ch, err := e.syncOnce(since.IsZero())
+		reread := since.IsZero() || drifted
+		ch, err := e.syncOnce(reread)
+		if err == nil && reread {
+			drifted = false
+		}
 		if err != nil {
 			e.Logger.Warn("network policy sync failed; retrying", "err", err)
 			t.Reset(min(period, time.Second))

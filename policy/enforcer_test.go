@@ -135,3 +135,51 @@ func wait(t *testing.T, c <-chan Ruleset) Ruleset {
 	}
 	return Ruleset{}
 }
+
+// TestEnforcerDriftSurvivesAChange: a change to the table (drift) that
+// comes less than a second after a sync waits for that second; a change of
+// the informers' state synced meanwhile must not drop it: the table is
+// still read back and repaired.
+func TestEnforcerDriftSurvivesAChange(t *testing.T) {
+	src := &fakeSource{s: snapshot(), synced: make(chan struct{})}
+	close(src.synced)
+	k := &fakeKernel{syncs: make(chan Ruleset, 16)}
+	drift := make(chan func(), 1)
+	e := &Enforcer{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Source: src, Kernel: k, Node: "n1",
+		Watch: func(ctx context.Context, subscribed, changed func()) error {
+			subscribed()
+			drift <- changed
+			<-ctx.Done()
+			return nil
+		}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = e.Run(ctx, []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}) }()
+	wait(t, k.syncs)
+	changed := <-drift
+	for len(k.syncs) > 0 { // the subscription's own check
+		wait(t, k.syncs)
+	}
+	src.set(snapshot(testPolicy("x", "deny", nil, nil)))
+	wait(t, k.syncs) // the change, written at once
+	k.mu.Lock()
+	before := k.rereads
+	k.mu.Unlock()
+	k.flushed()
+	changed()                                                // drift, within a second of that write: deferred
+	src.set(snapshot(testPolicy("x", "deny-too", nil, nil))) // a change before the second is up
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case <-k.syncs:
+		case <-deadline:
+			t.Fatal("the flushed table was never read back: a change synced in the drift's second dropped it")
+		}
+		k.mu.Lock()
+		n := k.rereads
+		k.mu.Unlock()
+		if n > before {
+			return
+		}
+	}
+}
