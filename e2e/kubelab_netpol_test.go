@@ -19,7 +19,7 @@ import (
 // isolates the pods it selects, from other nodes and from their own node;
 // a label change lets a client in; a flushed policy chain is put back;
 // and a pod whose egress a policy denies never gets a packet through, from
-// its container's first instruction on.
+// its container's first instruction on, even while twilld restarts.
 func TestKubeNetworkPolicy(t *testing.T) {
 	l := newLabCtl(t)
 	name := labName("kp")
@@ -96,14 +96,15 @@ spec:
 	t.Logf("flushed policy chain repaired within %s", time.Since(start).Round(time.Millisecond))
 
 	firstPacket(t, s, b1)
+	firstPacketAcrossRestart(t, s, b1, [2]lab.Pod{b1, b0})
 }
 
 // firstPacket starts, on node2, a pod whose egress a policy denies and a
 // control pod no policy selects, both probing target from their first
-// instruction: the first never gets through; the control does.
+// instruction: the first never gets through; the control does. Then it
+// does so again while node2's twilld restarts.
 func firstPacket(t *testing.T, s *lab.State, target lab.Pod) {
 	t.Helper()
-	kubectl := labKubectl(t, s)
 	apply(t, s, `apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: no-egress, namespace: lab}
@@ -111,6 +112,85 @@ spec:
   podSelector: {matchLabels: {egress: denied}}
   policyTypes: [Egress]
 `)
+	checkProbes(t, s, target, probePods(t, s, target, "first-packet", 8*time.Second))
+}
+
+// firstPacketAcrossRestart: node2's twilld pod is deleted (its DaemonSet
+// starts another) as the two probe pods start there, probing for 20 s, and
+// forbidden (a pod the policy isolates, from a pod it does not let in) is
+// probed from the test all along: no forbidden probe gets through, and the
+// control pod does once the new twilld knows its address.
+func firstPacketAcrossRestart(t *testing.T, s *lab.State, target lab.Pod, forbidden [2]lab.Pod) {
+	t.Helper()
+	old := twillPod(t, s, s.Nodes[1].Name)
+	stop := make(chan struct{})
+	leaked := make(chan string, 1)
+	go func() { leaked <- probeUntil(s, forbidden[0], forbidden[1], stop) }()
+	if out, err := s.Kubectl(context.Background(), nil, "-n", lab.TwillNamespace, "delete", "pod", old, "--wait=false"); err != nil {
+		close(stop)
+		t.Fatalf("deleting %s's twill pod %s: %v\n%s", s.Nodes[1].Name, old, err, out)
+	}
+	pods := probePods(t, s, target, "restart", 20*time.Second)
+	close(stop)
+	if msg := <-leaked; msg != "" {
+		t.Errorf("while twilld restarted: %s", msg)
+	}
+	var now string
+	waitFor(t, 90*time.Second, "a new twill pod on "+s.Nodes[1].Name, func() bool {
+		now = twillPod(t, s, s.Nodes[1].Name)
+		return now != "" && now != old
+	})
+	kubectl := labKubectl(t, s)
+	twilldStart := kubectl("-n", lab.TwillNamespace, "get", "pod", now, "-o", `jsonpath={.status.containerStatuses[?(@.name=="kube-twill")].state.running.startedAt}`)
+	probeStart := kubectl("-n", "lab", "get", "pod", pods[0], "-o", "jsonpath={.status.containerStatuses[0].state.terminated.startedAt}")
+	t.Logf("the denied probe pod started at %s, the new twilld at %s", probeStart, twilldStart)
+	if probeStart == "" || twilldStart == "" || probeStart > twilldStart {
+		t.Errorf("the probe pod (started %q) did not start before the new twilld (%q): the test missed the restart", probeStart, twilldStart)
+	}
+	checkProbes(t, s, target, pods)
+}
+
+// twillPod is the name of node's twill pod, or "".
+func twillPod(t *testing.T, s *lab.State, node string) string {
+	t.Helper()
+	return labKubectl(t, s)("-n", lab.TwillNamespace, "get", "pods", "--field-selector", "spec.nodeName="+node, "-o", "jsonpath={.items[*].metadata.name}")
+}
+
+// probeUntil probes to from from every 200 ms until stop is closed, and
+// says what got through ("" if nothing did).
+func probeUntil(s *lab.State, from, to lab.Pod, stop <-chan struct{}) string {
+	path, err := lab.PodNetNS(s, from)
+	if err != nil {
+		return err.Error()
+	}
+	netns, err := ns.GetNS(path)
+	if err != nil {
+		return err.Error()
+	}
+	defer netns.Close()
+	through, total := 0, 0
+	for {
+		select {
+		case <-stop:
+			if through > 0 {
+				return fmt.Sprintf("%s reached %s, which the policy isolates, in %d of %d probes", from.Label(), to.Label(), through, total)
+			}
+			return ""
+		case <-time.After(200 * time.Millisecond):
+		}
+		total++
+		if echoOnce(netns, netip.AddrPortFrom(to.IP, lab.EchoPort)) == nil {
+			through++
+		}
+	}
+}
+
+// probePods starts, on node2, <name> (egress: denied) and <name>-control
+// (no policy selects it), each probing target every 200 ms for d from its
+// first instruction, waits for both to finish and returns their names.
+func probePods(t *testing.T, s *lab.State, target lab.Pod, name string, d time.Duration) [2]string {
+	t.Helper()
+	kubectl := labKubectl(t, s)
 	pod := func(name, labels string) string {
 		return `apiVersion: v1
 kind: Pod
@@ -123,16 +203,26 @@ spec:
   containers:
     - name: probe
       image: ` + s.TwillImage + `
-      command: ["/usr/local/bin/twillctl", "lab", "probe", "--every", "200ms", "--for", "8s", "--port", "` + fmt.Sprint(lab.EchoPort) + `", "` + target.IP.String() + `"]
+      command: ["/usr/local/bin/twillctl", "lab", "probe", "--every", "200ms", "--for", "` + d.String() + `", "--port", "` + fmt.Sprint(lab.EchoPort) + `", "` + target.IP.String() + `"]
 `
 	}
-	apply(t, s, pod("first-packet", "egress: denied")+"---\n"+pod("first-packet-control", "egress: allowed"))
-	for _, p := range []string{"first-packet", "first-packet-control"} {
-		waitFor(t, 90*time.Second, p+" done", func() bool {
+	pods := [2]string{name, name + "-control"}
+	apply(t, s, pod(pods[0], "egress: denied")+"---\n"+pod(pods[1], "egress: allowed"))
+	for _, p := range pods {
+		waitFor(t, 90*time.Second+d, p+" done", func() bool {
 			phase := kubectl("-n", "lab", "get", "pod", p, "-o", "jsonpath={.status.phase}")
 			return phase == "Succeeded" || phase == "Failed"
 		})
 	}
+	return pods
+}
+
+// checkProbes reads the probe pods' logs: the denied one never got
+// through, at one probe every 200 ms for as long as it ran; the control
+// did.
+func checkProbes(t *testing.T, s *lab.State, target lab.Pod, pods [2]string) {
+	t.Helper()
+	kubectl := labKubectl(t, s)
 	through := func(p string) (ok, total int, firstOK int) {
 		firstOK = -1
 		for i, line := range strings.Split(strings.TrimSpace(kubectl("-n", "lab", "logs", p)), "\n") {
@@ -150,18 +240,18 @@ spec:
 		}
 		return ok, total, firstOK
 	}
-	ok, total, _ := through("first-packet")
+	ok, total, _ := through(pods[0])
 	if total < 20 {
-		t.Fatalf("first-packet probed %d times; want a probe every 200 ms for 8 s", total)
+		t.Fatalf("%s probed %d times; want a probe every 200 ms for 8 s or more", pods[0], total)
 	}
 	if ok != 0 {
-		t.Errorf("first-packet, whose egress a policy denies, got %d of %d probes through", ok, total)
+		t.Errorf("%s, whose egress a policy denies, got %d of %d probes through", pods[0], ok, total)
 	}
-	cok, ctotal, first := through("first-packet-control")
+	cok, ctotal, first := through(pods[1])
 	if cok == 0 {
-		t.Fatalf("the control pod (no policy) never got through in %d probes: the probe itself is broken", ctotal)
+		t.Fatalf("the control pod %s (no policy) never got through in %d probes: the probe itself is broken", pods[1], ctotal)
 	}
-	t.Logf("a new pod no policy selects got its first packet through at probe %d (every 200 ms) of %d", first, ctotal)
+	t.Logf("%s, which no policy selects, got its first packet through at probe %d (every 200 ms) of %d", pods[1], first, ctotal)
 }
 
 // apply runs kubectl apply on a manifest.
