@@ -144,8 +144,13 @@ func firstPacketAcrossRestart(t *testing.T, s *lab.State, target lab.Pod, forbid
 	twilldStart := kubectl("-n", lab.TwillNamespace, "get", "pod", now, "-o", `jsonpath={.status.containerStatuses[?(@.name=="kube-twill")].state.running.startedAt}`)
 	probeStart := kubectl("-n", "lab", "get", "pod", pods[0], "-o", "jsonpath={.status.containerStatuses[0].state.terminated.startedAt}")
 	t.Logf("the denied probe pod started at %s, the new twilld at %s", probeStart, twilldStart)
-	if probeStart == "" || twilldStart == "" || probeStart > twilldStart {
-		t.Errorf("the probe pod (started %q) did not start before the new twilld (%q): the test missed the restart", probeStart, twilldStart)
+	// The API gives seconds: the probe started no later than the second
+	// after the new twilld's, so its 20 s ran over twilld's start and
+	// first sync.
+	ps, err1 := time.Parse(time.RFC3339, probeStart)
+	ts, err2 := time.Parse(time.RFC3339, twilldStart)
+	if err1 != nil || err2 != nil || ps.After(ts.Add(time.Second)) {
+		t.Errorf("the probe pod (started %q) started after the new twilld (%q): the test missed the restart", probeStart, twilldStart)
 	}
 	checkProbes(t, s, target, pods)
 }
