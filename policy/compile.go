@@ -15,6 +15,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
 // Snapshot is what Compile reads: the informers' state and this node.
@@ -98,6 +99,7 @@ type compiler struct {
 	nsPods      map[string][]*pod
 	nsOrder     []string // the namespaces of pods, sorted
 	local       []*pod
+	localNS     map[string][]*pod // local pods by namespace
 	policies    []*networkingv1.NetworkPolicy
 	cidrs       []netip.Prefix
 	logDenied   bool
@@ -105,17 +107,17 @@ type compiler struct {
 	now         time.Time
 	waiting     bool // a pod placed on the node has no address reported yet
 
-	ingress, egress map[string][]Rule // local pod key → allow rules
+	ingress, egress map[string][][]Rule // local pod key → allow rules, by policy
 	selected        map[string]*Selection
 	sets            map[string]Set
-	peerCache       map[string][]peer
+	peerCache       map[ruleID][]peer
 	problems        []Problem
 }
 
 func newCompiler(s Snapshot) *compiler {
 	c := &compiler{nsLabels: map[string]labels.Set{}, cidrs: s.LocalCIDRs, logDenied: s.LogDenied, allocations: s.Allocations, now: s.Now,
-		ingress: map[string][]Rule{}, egress: map[string][]Rule{},
-		selected: map[string]*Selection{}, sets: map[string]Set{}, peerCache: map[string][]peer{}}
+		ingress: map[string][][]Rule{}, egress: map[string][][]Rule{},
+		selected: map[string]*Selection{}, sets: map[string]Set{}, peerCache: map[ruleID][]peer{}, localNS: map[string][]*pod{}}
 	for _, n := range s.Namespaces {
 		c.nsLabels[n.Name] = labels.Set(n.Labels)
 	}
@@ -132,6 +134,7 @@ func newCompiler(s Snapshot) *compiler {
 	for _, p := range c.pods {
 		if p.local {
 			c.local = append(c.local, p)
+			c.localNS[p.ns] = append(c.localNS[p.ns], p)
 		}
 		if len(c.nsPods[p.ns]) == 0 {
 			c.nsOrder = append(c.nsOrder, p.ns)
@@ -214,9 +217,16 @@ func (c *compiler) addPolicy(np *networkingv1.NetworkPolicy) {
 		sel = labels.Everything() // isolate what it may mean to select, allow nothing it says
 	}
 	in, eg := types(np)
-	var egress []Rule
-	for _, p := range c.local {
-		if p.ns != np.Namespace || !sel.Matches(p.labels) {
+	var egress, ingress []Rule
+	// Ingress rules differ between the pods a policy selects only by its
+	// named ports, which each pod resolves on its own.
+	shared := !slices.ContainsFunc(np.Spec.Ingress, func(r networkingv1.NetworkPolicyIngressRule) bool {
+		return slices.ContainsFunc(r.Ports, func(pt networkingv1.NetworkPolicyPort) bool {
+			return pt.Port != nil && pt.Port.Type == intstr.String
+		})
+	})
+	for _, p := range c.localNS[np.Namespace] {
+		if !sel.Matches(p.labels) {
 			continue
 		}
 		s := c.selected[p.key]
@@ -226,14 +236,17 @@ func (c *compiler) addPolicy(np *networkingv1.NetworkPolicy) {
 		}
 		if in {
 			s.Ingress = append(s.Ingress, name)
-			c.ingress[p.key] = append(c.ingress[p.key], c.ingressRules(np, p)...)
+			if ingress == nil || !shared {
+				ingress = c.ingressRules(np, p)
+			}
+			c.ingress[p.key] = append(c.ingress[p.key], ingress)
 		}
 		if eg {
 			s.Egress = append(s.Egress, name)
 			if egress == nil {
 				egress = c.egressRules(np) // the same for every pod it selects
 			}
-			c.egress[p.key] = append(c.egress[p.key], egress...)
+			c.egress[p.key] = append(c.egress[p.key], egress)
 		}
 	}
 }
@@ -332,12 +345,11 @@ func (c *compiler) families() (v4, v6 bool) {
 // a set per family of the pods its selectors match, and its ipBlocks.
 func (c *compiler) peers(np *networkingv1.NetworkPolicy, id ruleID, list []networkingv1.NetworkPolicyPeer) []peer {
 	// Every pod a policy selects shares its rules' peers: work them out once.
-	key := id.name()
-	if p, ok := c.peerCache[key]; ok {
+	if p, ok := c.peerCache[id]; ok {
 		return p
 	}
 	p := c.computePeers(np, id, list)
-	c.peerCache[key] = p
+	c.peerCache[id] = p
 	return p
 }
 
@@ -662,11 +674,17 @@ func (c *compiler) result() Result {
 			if dir == "eg" {
 				by = s.Egress
 			}
-			var rules []Rule
+			n := len(by) + 2
+			for _, a := range allow {
+				n += len(a)
+			}
+			rules := make([]Rule, 0, n)
 			for _, pol := range by {
 				rules = append(rules, Rule{Counter: true, Verdict: Continue, Comment: SelectedBy + pol})
 			}
-			rules = append(rules, allow...)
+			for _, a := range allow {
+				rules = append(rules, a...)
+			}
 			if c.logDenied {
 				rules = append(rules, Rule{Verdict: Continue, Log: "twill-policy " + denyComment(dir, p.key) + ": "})
 			}

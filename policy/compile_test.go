@@ -238,3 +238,25 @@ func TestUnmanagedAddressesAfterTheGrace(t *testing.T) {
 		t.Error("an unmanaged address has a policy chain")
 	}
 }
+
+// TestIngressNamedPortIsEachSelectedPodsOwn: one policy selecting two pods
+// that name different numbers "web" allows each pod's own number.
+func TestIngressNamedPortIsEachSelectedPodsOwn(t *testing.T) {
+	web := intstr.FromString("web")
+	np := testPolicy("x", "web", nil, func(s *networkingv1.NetworkPolicySpec) {
+		s.Ingress = []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{{Port: &web}}}}
+	})
+	s := Snapshot{Node: "n1", LocalCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")},
+		Namespaces: []*corev1.Namespace{testNS("x", nil)},
+		Pods: []*corev1.Pod{
+			testPod("x", "a", "n1", "10.244.1.2", nil, corev1.ContainerPort{Name: "web", ContainerPort: 80}),
+			testPod("x", "b", "n1", "10.244.1.3", nil, corev1.ContainerPort{Name: "web", ContainerPort: 8080}),
+		},
+		Policies: []*networkingv1.NetworkPolicy{np}}
+	r := Compile(s)
+	for pod, want := range map[string]uint16{"x/a": 80, "x/b": 8080} {
+		if in := chain(t, r.Ruleset, "in:"+pod).Rules; len(in) != 2 || in[0].PortLo != want {
+			t.Errorf("in:%s = %+v, want port %d allowed, then the drop", pod, in, want)
+		}
+	}
+}
