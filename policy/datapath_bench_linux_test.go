@@ -104,7 +104,7 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// connectRTT is the median time, in µs, of 500 connections from the
+// connectRTT is the median time, in µs, of 2,000 connections from the
 // client to an echo server on the server pod: connect, one byte there and
 // back, close.
 func connectRTT(b *testing.B, n *node) float64 {
@@ -131,7 +131,7 @@ func connectRTT(b *testing.B, n *node) float64 {
 	var took []float64
 	err := ns.WithNetNSPath("/var/run/netns/"+n.pods[benchClient], func(ns.NetNS) error {
 		buf := make([]byte, 1)
-		for range 500 {
+		for range 2000 {
 			start := time.Now()
 			c, err := net.DialTimeout("tcp", net.JoinHostPort(benchServer, benchPort), 2*time.Second)
 			if err != nil {
