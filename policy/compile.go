@@ -657,6 +657,27 @@ func (c *compiler) result() Result {
 	}
 	rs := Ruleset{}
 	var chains []Chain
+	// A verdict map per direction and family sends a pod's packets to its
+	// chain in one lookup, however many pods the node has. Egress first:
+	// a packet between two local pods passes its source's egress chain,
+	// then its destination's ingress chain.
+	jumpMaps := map[string]*Set{}
+	for _, dir := range []string{"eg", "in"} {
+		for _, fam := range []struct{ on, v6 bool }{{v4, false}, {v6, true}} {
+			if !fam.on {
+				continue
+			}
+			name := JumpMap(dir, fam.v6)
+			jumpMaps[name] = &Set{Name: name, V6: fam.v6, VMap: true}
+			r := Rule{V6: fam.v6, Verdict: Continue}
+			if dir == "eg" {
+				r.Src = Addr{VMap: name}
+			} else {
+				r.Dst = Addr{VMap: name}
+			}
+			base.Rules = append(base.Rules, r)
+		}
+	}
 	for _, dir := range []string{"eg", "in"} {
 		for _, p := range c.local {
 			allow := c.ingress[p.key]
@@ -691,15 +712,15 @@ func (c *compiler) result() Result {
 			ch := Chain{Name: name, Rules: append(rules, Rule{Counter: true, Verdict: Drop, Comment: denyComment(dir, p.key)})}
 			chains = append(chains, ch)
 			for _, ip := range p.ips {
-				j := Rule{V6: ip.Is6(), Verdict: Jump, Target: name}
-				if dir == "eg" {
-					j.Src = Addr{Prefix: netip.PrefixFrom(ip, ip.BitLen())}
-				} else {
-					j.Dst = Addr{Prefix: netip.PrefixFrom(ip, ip.BitLen())}
+				if m := jumpMaps[JumpMap(dir, ip.Is6())]; m != nil {
+					m.Elems, m.Jumps = append(m.Elems, ip), append(m.Jumps, name)
 				}
-				base.Rules = append(base.Rules, j)
 			}
 		}
+	}
+	for _, m := range jumpMaps {
+		sortJumps(m)
+		c.sets[m.Name] = *m
 	}
 	slices.SortFunc(chains, func(a, b Chain) int { return strings.Compare(a.Name, b.Name) })
 	rs.Chains = append([]Chain{base}, chains...)
@@ -711,4 +732,22 @@ func (c *compiler) result() Result {
 		sel[k] = *s
 	}
 	return Result{Ruleset: rs, Selected: sel, Problems: c.problems}
+}
+
+// sortJumps sorts a verdict map's elements by address, each keeping its
+// chain. An address is in at most one local pod.
+func sortJumps(m *Set) {
+	idx := make([]int, len(m.Elems))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int { return m.Elems[a].Compare(m.Elems[b]) })
+	elems, jumps := make([]netip.Addr, 0, len(idx)), make([]string, 0, len(idx))
+	for n, i := range idx {
+		if n > 0 && m.Elems[i] == elems[len(elems)-1] {
+			continue
+		}
+		elems, jumps = append(elems, m.Elems[i]), append(jumps, m.Jumps[i])
+	}
+	m.Elems, m.Jumps = elems, jumps
 }

@@ -108,10 +108,12 @@ func TestNoPolicyAllowsKnownPodsAndDropsUnknownAddresses(t *testing.T) {
 	if got, want := set(t, r.Ruleset, "known4"), addrs("10.244.1.2", "10.244.1.3"); !slices.Equal(got, want) {
 		t.Errorf("known4 = %v, want the local pods' addresses %v", got, want)
 	}
-	base := chain(t, r.Ruleset, ChainForward)
-	if len(base.Rules) != 3 || !base.Rules[0].Established ||
-		base.Rules[1].Src.NotSet != "known4" || base.Rules[1].Verdict != Drop || base.Rules[2].Dst.NotSet != "known4" {
-		t.Errorf("base chain = %+v, want established accept, then drops of unknown local sources and destinations", base.Rules)
+	base := rawChain(t, r.Ruleset, ChainForward)
+	if len(base.Rules) != 5 || !base.Rules[0].Established ||
+		base.Rules[1].Src.NotSet != "known4" || base.Rules[1].Verdict != Drop || base.Rules[2].Dst.NotSet != "known4" ||
+		base.Rules[3].Src.VMap != JumpMap("eg", false) || base.Rules[4].Dst.VMap != JumpMap("in", false) ||
+		base.Rules[3].Verdict != Continue || base.Rules[4].Verdict != Continue {
+		t.Errorf("base chain = %+v, want established accept, drops of unknown local sources and destinations, then the (empty) jump maps by source and by destination", base.Rules)
 	}
 }
 
@@ -124,10 +126,14 @@ func TestDenyAllIngressIsolatesTheSelectedLocalPodsOnly(t *testing.T) {
 	if slices.Contains(chainNames(r.Ruleset), "in:y/a") || slices.Contains(chainNames(r.Ruleset), "eg:x/a") {
 		t.Errorf("chains = %v: a pod of another namespace, or egress, isolated", chainNames(r.Ruleset))
 	}
-	base := chain(t, r.Ruleset, ChainForward)
+	base := rawChain(t, r.Ruleset, ChainForward)
 	last := base.Rules[len(base.Rules)-1]
-	if last.Verdict != Jump || last.Target != "in:x/a" || last.Dst.Prefix != netip.MustParsePrefix("10.244.1.2/32") {
-		t.Errorf("base chain's last rule = %+v, want a jump for 10.244.1.2 to in:x/a", last)
+	if last.Dst.VMap != JumpMap("in", false) || last.V6 {
+		t.Errorf("base chain's last rule = %+v, want the IPv4 destination looked up in %s", last, JumpMap("in", false))
+	}
+	m := rawSet(t, r.Ruleset, JumpMap("in", false))
+	if !slices.Equal(m.Elems, addrs("10.244.1.2")) || !slices.Equal(m.Jumps, []string{"in:x/a"}) {
+		t.Errorf("%s = %v → %v, want 10.244.1.2 → in:x/a alone", m.Name, m.Elems, m.Jumps)
 	}
 	if s := r.Selected["x/a"]; !slices.Equal(s.Ingress, []string{"x/deny"}) || len(s.Egress) != 0 {
 		t.Errorf("Selected[x/a] = %+v", s)
@@ -259,4 +265,16 @@ func TestIngressNamedPortIsEachSelectedPodsOwn(t *testing.T) {
 			t.Errorf("in:%s = %+v, want port %d allowed, then the drop", pod, in, want)
 		}
 	}
+}
+
+// rawSet is the set or map name of rs.
+func rawSet(t *testing.T, rs Ruleset, name string) Set {
+	t.Helper()
+	for _, s := range rs.Sets {
+		if s.Name == name {
+			return s
+		}
+	}
+	t.Fatalf("no set %s", name)
+	return Set{}
 }

@@ -32,11 +32,16 @@ const (
 // against the mean of the runs beside it: TCP connection round trips (a
 // new connection, one byte there and back: every SYN walks the server's
 // chain) and throughput (iperf3, one stream: established packets meet the
-// table's first rule).
+// table's first rule), conntrack on in both.
 func BenchmarkPolicyDataPath(b *testing.B) {
 	n := newNode(b)
 	n.pod(benchServer)
 	n.pod(benchClient)
+	// Conntrack runs in both: on a node it always does (kube-proxy and
+	// twill's masquerade use it), and the table's first rule needs it.
+	if out, err := netnstest.Exec(n.name, "nft", "add table inet bench; add chain inet bench forward { type filter hook forward priority 0; }; add rule inet bench forward ct state established accept"); err != nil {
+		b.Fatalf("conntrack in the node namespace: %v: %s", err, out)
+	}
 	s := scale()
 	rs := Compile(s).Ruleset
 	on := func(enforced bool) {

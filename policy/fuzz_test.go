@@ -45,6 +45,14 @@ func FuzzCompile(f *testing.F) {
 					t.Fatalf("set %s (v6=%v) holds %s", st.Name, st.V6, a)
 				}
 			}
+			if st.VMap && len(st.Jumps) != len(st.Elems) {
+				t.Fatalf("verdict map %s: %d elements, %d jumps", st.Name, len(st.Elems), len(st.Jumps))
+			}
+			for _, j := range st.Jumps {
+				if !chains[j] {
+					t.Fatalf("verdict map %s jumps to missing %q", st.Name, j)
+				}
+			}
 		}
 		for _, c := range r.Chains {
 			for _, rule := range c.Rules {
@@ -52,7 +60,7 @@ func FuzzCompile(f *testing.F) {
 					t.Fatalf("chain %s jumps to missing %q", c.Name, rule.Target)
 				}
 				for _, a := range []Addr{rule.Src, rule.Dst} {
-					for _, name := range []string{a.Set, a.NotSet} {
+					for _, name := range []string{a.Set, a.NotSet, a.VMap} {
 						if v6, ok := sets[name]; name != "" && (!ok || v6 != rule.V6) {
 							t.Fatalf("chain %s reads set %q (exists %v, v6 %v) from a v6=%v rule", c.Name, name, ok, v6, rule.V6)
 						}

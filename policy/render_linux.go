@@ -5,10 +5,12 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"net/netip"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -31,15 +33,50 @@ func kernelSet(s Set) *nftables.Set {
 	if s.V6 {
 		kt = nftables.TypeIP6Addr
 	}
+	if s.VMap {
+		return &nftables.Set{Table: table(), Name: s.Name, KeyType: kt, IsMap: true, DataType: nftables.TypeVerdict}
+	}
 	return &nftables.Set{Table: table(), Name: s.Name, KeyType: kt}
 }
 
 func elements(s Set) []nftables.SetElement {
 	out := make([]nftables.SetElement, len(s.Elems))
 	for i, a := range s.Elems {
-		out[i] = nftables.SetElement{Key: a.AsSlice()}
+		out[i] = element(a, s.VMap, s.jump(i))
 	}
 	return out
+}
+
+// element is an address of a set, or of a verdict map with its jump.
+func element(a netip.Addr, vmap bool, jump string) nftables.SetElement {
+	if !vmap {
+		return nftables.SetElement{Key: a.AsSlice()}
+	}
+	return nftables.SetElement{Key: a.AsSlice(), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: jump}}
+}
+
+// elementJump reads the chain a verdict map's element jumps to, from the
+// element's data as the library hands it over (the verdict's attributes).
+func elementJump(val []byte) string {
+	ad, err := netlink.NewAttributeDecoder(val)
+	if err != nil {
+		return ""
+	}
+	ad.ByteOrder = binary.BigEndian
+	var code uint32
+	var chain string
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_VERDICT_CODE:
+			code = ad.Uint32()
+		case unix.NFTA_VERDICT_CHAIN:
+			chain = ad.String()
+		}
+	}
+	if ad.Err() != nil || int32(code) != int32(expr.VerdictJump) {
+		return "?" // equals no wanted jump
+	}
+	return chain
 }
 
 // ruleExprs renders a rule as nftables expressions.
@@ -133,6 +170,9 @@ func addrExprs(a Addr, v6, dst bool) []expr.Any {
 	}
 	if a.NotSet != "" {
 		es = append(es, load(), &expr.Lookup{SourceRegister: 1, SetName: a.NotSet, Invert: true})
+	}
+	if a.VMap != "" {
+		es = append(es, load(), &expr.Lookup{SourceRegister: 1, SetName: a.VMap, DestRegister: 0, IsDestRegSet: true})
 	}
 	return es
 }

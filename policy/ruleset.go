@@ -17,11 +17,14 @@ type Ruleset struct {
 	Chains []Chain // the base chain first, then by name
 }
 
-// Set is a named set of addresses of one family.
+// Set is a named set of addresses of one family. A verdict map (VMap)
+// sends an address in Elems[i] to chain Jumps[i].
 type Set struct {
 	Name  string
 	V6    bool
 	Elems []netip.Addr // sorted, unique
+	VMap  bool
+	Jumps []string
 }
 
 // Verdict ends a rule.
@@ -44,9 +47,31 @@ type Addr struct {
 	Except  []netip.Prefix
 	NotSet  string // and not in this named set
 	NotSetV bool   // (NotSet's family: true for IPv6)
+	// VMap jumps to the chain this verdict map gives the address, if it
+	// gives one; the rule goes on otherwise, and after the chain returns.
+	VMap string
 }
 
-func (a Addr) empty() bool { return a.Set == "" && !a.Prefix.IsValid() && a.NotSet == "" }
+func (a Addr) empty() bool {
+	return a.Set == "" && !a.Prefix.IsValid() && a.NotSet == "" && a.VMap == ""
+}
+
+// jump is the chain element i of a verdict map jumps to ("" in a set).
+func (s Set) jump(i int) string {
+	if !s.VMap || i >= len(s.Jumps) {
+		return ""
+	}
+	return s.Jumps[i]
+}
+
+// JumpMap is the verdict map that sends a local pod's packets to its
+// chains: dir "eg" by source address, "in" by destination.
+func JumpMap(dir string, v6 bool) string {
+	if v6 {
+		return "jump-" + dir + "-6"
+	}
+	return "jump-" + dir + "-4"
+}
 
 // Rule is one rule of a chain.
 type Rule struct {

@@ -88,7 +88,8 @@ type kernelState struct {
 
 type kernelSetState struct {
 	set   *nftables.Set
-	elems map[netip.Addr]bool
+	vmap  bool
+	elems map[netip.Addr]string // a verdict map's element → its jump; "" in a set
 }
 
 // read returns the policy table as the kernel holds it.
@@ -142,10 +143,13 @@ func read(conn *nftables.Conn) (kernelState, error) {
 		if err != nil {
 			return ks, fmt.Errorf("listing set %s: %w", s.Name, err)
 		}
-		st := &kernelSetState{set: s, elems: map[netip.Addr]bool{}}
+		st := &kernelSetState{set: s, vmap: s.IsMap, elems: map[netip.Addr]string{}}
 		for _, e := range elems {
 			if a, ok := netip.AddrFromSlice(e.Key); ok {
-				st.elems[a] = true
+				st.elems[a] = ""
+				if s.IsMap {
+					st.elems[a] = elementJump(e.Val)
+				}
 			}
 		}
 		ks.sets[s.Name] = st
@@ -226,9 +230,9 @@ func model(rs Ruleset) (*kernelState, error) {
 		ks.rules[c.Name] = c.Rules
 	}
 	for _, s := range rs.Sets {
-		st := &kernelSetState{set: kernelSet(s), elems: make(map[netip.Addr]bool, len(s.Elems))}
-		for _, a := range s.Elems {
-			st.elems[a] = true
+		st := &kernelSetState{set: kernelSet(s), vmap: s.VMap, elems: make(map[netip.Addr]string, len(s.Elems))}
+		for i, a := range s.Elems {
+			st.elems[a] = s.jump(i)
 		}
 		ks.sets[s.Name] = st
 	}
@@ -243,12 +247,16 @@ func sameRule(a, b Rule) bool {
 }
 
 func sameAddr(a, b Addr) bool {
-	return a.Set == b.Set && a.Prefix == b.Prefix && a.NotSet == b.NotSet && a.NotSetV == b.NotSetV && slices.Equal(a.Except, b.Except)
+	return a.Set == b.Set && a.Prefix == b.Prefix && a.NotSet == b.NotSet && a.NotSetV == b.NotSetV && slices.Equal(a.Except, b.Except) &&
+		a.VMap == b.VMap
 }
 
+// setTypesDiffer says whether a set the kernel holds is of another kind
+// or key type than wanted (a set cannot change either). The library reads
+// a verdict map's key type as "verdict": a map's family is its name's.
 func setTypesDiffer(ks kernelState, rs Ruleset) bool {
 	for _, s := range rs.Sets {
-		if k := ks.sets[s.Name]; k != nil && k.set.KeyType.Name != kernelSet(s).KeyType.Name {
+		if k := ks.sets[s.Name]; k != nil && (k.vmap != s.VMap || !s.VMap && k.set.KeyType.Name != kernelSet(s).KeyType.Name) {
 			return true
 		}
 	}
@@ -262,13 +270,23 @@ func writeAll(conn *nftables.Conn, rs Ruleset) (Changes, error) {
 	conn.DelTable(table())
 	conn.AddTable(table())
 	ch := Changes{Full: true}
-	for _, s := range rs.Sets {
-		if err := conn.AddSet(kernelSet(s), elements(s)); err != nil {
-			return Changes{}, fmt.Errorf("adding set %s: %w", s.Name, err)
+	// Sets, then every chain, then the verdict maps that jump to chains,
+	// then the rules that name sets and maps.
+	addSets := func(vmaps bool) error {
+		for _, s := range rs.Sets {
+			if s.VMap != vmaps {
+				continue
+			}
+			if err := conn.AddSet(kernelSet(s), elements(s)); err != nil {
+				return fmt.Errorf("adding set %s: %w", s.Name, err)
+			}
+			ch.Sets++
 		}
-		ch.Sets++
+		return nil
 	}
-	// Every chain exists before a rule jumps to it.
+	if err := addSets(false); err != nil {
+		return Changes{}, err
+	}
 	kcs := make([]*nftables.Chain, len(rs.Chains))
 	for i, c := range rs.Chains {
 		kcs[i] = &nftables.Chain{Table: table(), Name: c.Name}
@@ -276,6 +294,9 @@ func writeAll(conn *nftables.Conn, rs Ruleset) (Changes, error) {
 			kcs[i] = baseChain()
 		}
 		conn.AddChain(kcs[i])
+	}
+	if err := addSets(true); err != nil {
+		return Changes{}, err
 	}
 	for i, c := range rs.Chains {
 		if err := addRules(conn, kcs[i], c); err != nil {
@@ -298,17 +319,34 @@ func addRules(conn *nftables.Conn, kc *nftables.Chain, c Chain) error {
 	return nil
 }
 
-// writeDiff queues what differs: sets and their elements first, then
-// chains and their rules (a rule may name a new set or chain), then what
-// is no longer wanted.
+// writeDiff queues what differs: sets and their elements first (a rule
+// may name a new set), then the pods' chains, then the verdict maps that
+// jump to them, then the base chain that looks the maps up; last, what is
+// no longer wanted (a chain once no map jumps to it, a set once no rule
+// names it).
 func writeDiff(conn *nftables.Conn, ks kernelState, rs Ruleset) (Changes, error) {
-	ch, wantSet, err := writeSets(conn, ks, rs)
-	if err != nil {
+	var ch Changes
+	wantSet := map[string]bool{}
+	if err := writeSets(conn, ks, rs, false, &ch, wantSet); err != nil {
 		return Changes{}, err
 	}
-	if err := writeChains(conn, ks, rs, &ch); err != nil {
+	wantChain := map[string]bool{}
+	for i := len(rs.Chains) - 1; i >= 1; i-- {
+		if err := writeChain(conn, ks, rs.Chains[i], false, &ch); err != nil {
+			return Changes{}, err
+		}
+		wantChain[rs.Chains[i].Name] = true
+	}
+	if err := writeSets(conn, ks, rs, true, &ch, wantSet); err != nil {
 		return Changes{}, err
 	}
+	if len(rs.Chains) > 0 {
+		if err := writeChain(conn, ks, rs.Chains[0], true, &ch); err != nil {
+			return Changes{}, err
+		}
+		wantChain[rs.Chains[0].Name] = true
+	}
+	deleteChains(conn, ks, wantChain, &ch)
 	for name, k := range ks.sets {
 		if !wantSet[name] {
 			conn.DelSet(k.set)
@@ -318,85 +356,86 @@ func writeDiff(conn *nftables.Conn, ks kernelState, rs Ruleset) (Changes, error)
 	return ch, nil
 }
 
-// writeSets queues the sets that are missing and the elements that differ,
-// and returns the sets wanted.
-func writeSets(conn *nftables.Conn, ks kernelState, rs Ruleset) (Changes, map[string]bool, error) {
-	var ch Changes
-	wantSet := map[string]bool{}
+// writeSets queues the sets (or, with vmaps, the verdict maps) that are
+// missing and the elements that differ, and marks them wanted. An element
+// whose jump changed is deleted, then added.
+func writeSets(conn *nftables.Conn, ks kernelState, rs Ruleset, vmaps bool, ch *Changes, wantSet map[string]bool) error {
 	for _, s := range rs.Sets {
+		if s.VMap != vmaps {
+			continue
+		}
 		wantSet[s.Name] = true
 		k := ks.sets[s.Name]
 		if k == nil {
 			if err := conn.AddSet(kernelSet(s), elements(s)); err != nil {
-				return Changes{}, nil, fmt.Errorf("adding set %s: %w", s.Name, err)
+				return fmt.Errorf("adding set %s: %w", s.Name, err)
 			}
 			ch.Sets++
 			continue
 		}
 		var add, del []nftables.SetElement
-		in := map[netip.Addr]bool{}
-		for _, a := range s.Elems {
-			in[a] = true
-			if !k.elems[a] {
-				add = append(add, nftables.SetElement{Key: a.AsSlice()})
+		in := make(map[netip.Addr]string, len(s.Elems))
+		for i, a := range s.Elems {
+			in[a] = s.jump(i)
+			if jump, ok := k.elems[a]; !ok || jump != s.jump(i) {
+				add = append(add, element(a, s.VMap, s.jump(i)))
 			}
 		}
-		for a := range k.elems {
-			if !in[a] {
-				del = append(del, nftables.SetElement{Key: a.AsSlice()})
+		for a, jump := range k.elems {
+			if want, ok := in[a]; !ok || want != jump {
+				del = append(del, element(a, false, ""))
+			}
+		}
+		ks := kernelSet(s)
+		if len(del) > 0 {
+			if err := conn.SetDeleteElements(ks, del); err != nil {
+				return fmt.Errorf("deleting from set %s: %w", s.Name, err)
 			}
 		}
 		if len(add) > 0 {
-			if err := conn.SetAddElements(k.set, add); err != nil {
-				return Changes{}, nil, fmt.Errorf("adding to set %s: %w", s.Name, err)
-			}
-		}
-		if len(del) > 0 {
-			if err := conn.SetDeleteElements(k.set, del); err != nil {
-				return Changes{}, nil, fmt.Errorf("deleting from set %s: %w", s.Name, err)
+			if err := conn.SetAddElements(ks, add); err != nil {
+				return fmt.Errorf("adding to set %s: %w", s.Name, err)
 			}
 		}
 		ch.Elems += len(add) + len(del)
 	}
-	return ch, wantSet, nil
+	return nil
 }
 
-// writeChains queues the chains that are missing or differ, and the
-// deletion of those no longer wanted (flushed first: one may jump to
-// another).
-func writeChains(conn *nftables.Conn, ks kernelState, rs Ruleset, ch *Changes) error {
-	wantChain := map[string]bool{}
-	// The pods' chains first, the base chain last: a jump's chain exists
-	// before the jump.
-	for i := len(rs.Chains) - 1; i >= 0; i-- {
-		c := rs.Chains[i]
-		wantChain[c.Name] = true
-		got, exists := ks.chains[c.Name]
-		if last, ok := ks.rules[c.Name]; ok && slices.EqualFunc(last, c.Rules, sameRule) {
-			continue
-		}
-		want, err := wantRules(c)
-		if err != nil {
-			return err
-		}
-		if exists && ks.rules == nil && sameRulesFP(got, want) {
-			continue
-		}
-		kc := &nftables.Chain{Table: table(), Name: c.Name}
-		if i == 0 {
-			kc = baseChain()
-		}
-		if exists {
-			conn.FlushChain(kc)
-		} else {
-			conn.AddChain(kc)
-		}
-		for _, w := range want {
-			w.rule.Chain = kc
-			conn.AddRule(w.rule)
-		}
-		ch.Chains++
+// writeChain queues a chain (the base chain when base) if it is missing or
+// differs: created, or flushed, then its rules.
+func writeChain(conn *nftables.Conn, ks kernelState, c Chain, base bool, ch *Changes) error {
+	got, exists := ks.chains[c.Name]
+	if last, ok := ks.rules[c.Name]; ok && slices.EqualFunc(last, c.Rules, sameRule) {
+		return nil
 	}
+	want, err := wantRules(c)
+	if err != nil {
+		return err
+	}
+	if exists && ks.rules == nil && sameRulesFP(got, want) {
+		return nil
+	}
+	kc := &nftables.Chain{Table: table(), Name: c.Name}
+	if base {
+		kc = baseChain()
+	}
+	if exists {
+		conn.FlushChain(kc)
+	} else {
+		conn.AddChain(kc)
+	}
+	for _, w := range want {
+		w.rule.Chain = kc
+		conn.AddRule(w.rule)
+	}
+	ch.Chains++
+	return nil
+}
+
+// deleteChains queues the deletion of the chains no longer wanted,
+// flushed first: one may jump to another.
+func deleteChains(conn *nftables.Conn, ks kernelState, wantChain map[string]bool, ch *Changes) {
 	var extra []string
 	for name := range ks.chains {
 		if !wantChain[name] {
@@ -408,7 +447,6 @@ func writeChains(conn *nftables.Conn, ks kernelState, rs Ruleset, ch *Changes) e
 		conn.DelChain(&nftables.Chain{Table: table(), Name: name})
 		ch.Del++
 	}
-	return nil
 }
 
 func sameRulesFP(got []kernelRule, want []wantRule) bool {

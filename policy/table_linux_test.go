@@ -213,6 +213,19 @@ func TestPrivilegedPolicyTableIsolatesAndRepairs(t *testing.T) {
 		t.Fatal("after the repair, the address of a pod that is gone is still reachable")
 	}
 
+	// Drift in a verdict map: y/a's jump deleted (its packets would skip
+	// its chain) is put back by the next read of the kernel.
+	m := JumpMap("in", false)
+	if out, err := netnstest.Exec(n.name, "nft", "delete", "element", "inet", TableName, m, "{ 10.244.1.3 }"); err != nil {
+		t.Fatalf("nft delete element: %v: %s", err, out)
+	}
+	if ch := n.syncFrom(s, true); ch != (Changes{Elems: 1}) {
+		t.Errorf("Sync after y/a's jump was deleted wrote %+v, want that element back alone", ch)
+	}
+	if out, _ := netnstest.Exec(n.name, "nft", "list", "map", "inet", TableName, m); !strings.Contains(out, `10.244.1.3 : jump in:y/a`) {
+		t.Errorf("%s lacks y/a's jump after the repair:\n%s", m, out)
+	}
+
 	if ok, err := n.tb.Delete(); err != nil || !ok {
 		t.Fatalf("Delete = %v, %v", ok, err)
 	}
