@@ -2,9 +2,11 @@ package policy
 
 import (
 	"context"
+	"maps"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -70,8 +72,12 @@ func (g *restGroup) listWatch(resource string, list runtime.Object) *cache.ListW
 // Start runs the informers; every add, update and delete calls changed.
 func (i *Informers) Start(ctx context.Context, changed func()) <-chan struct{} {
 	h := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { changed() },
-		UpdateFunc: func(_, _ any) { changed() },
+		AddFunc: func(any) { changed() },
+		UpdateFunc: func(old, new any) {
+			if pertinent(old, new) {
+				changed()
+			}
+		},
 		DeleteFunc: func(any) { changed() },
 	}
 	_ = i.pods.SetTransform(stripPod)
@@ -86,6 +92,27 @@ func (i *Informers) Start(ctx context.Context, changed func()) <-chan struct{} {
 		}
 	}()
 	return synced
+}
+
+// pertinent says whether an update changed what Compile reads: a pod's
+// status written for a condition or a container's restart, or a
+// namespace's annotations, change nothing in the table, and at 1,000 pods
+// a Compile is not free.
+func pertinent(old, new any) bool {
+	switch n := new.(type) {
+	case *corev1.Pod:
+		o, ok := old.(*corev1.Pod)
+		if !ok {
+			return true
+		}
+		a, b := *o, *n // stripped: small
+		a.ResourceVersion, b.ResourceVersion = "", ""
+		return !equality.Semantic.DeepEqual(&a, &b)
+	case *corev1.Namespace:
+		o, ok := old.(*corev1.Namespace)
+		return !ok || !maps.Equal(o.Labels, n.Labels)
+	}
+	return true
 }
 
 // stripPod keeps what Compile reads, so that a cluster's pods cost the
