@@ -135,13 +135,19 @@ func firstPacketAcrossRestart(t *testing.T, s *lab.State, target lab.Pod, forbid
 	if msg := <-leaked; msg != "" {
 		t.Errorf("while twilld restarted: %s", msg)
 	}
-	var now string
-	waitFor(t, 90*time.Second, "a new twill pod on "+s.Nodes[1].Name, func() bool {
-		now = twillPod(t, s, s.Nodes[1].Name)
-		return now != "" && now != old
-	})
+	var now, twilldStart string
 	kubectl := labKubectl(t, s)
-	twilldStart := kubectl("-n", lab.TwillNamespace, "get", "pod", now, "-o", `jsonpath={.status.containerStatuses[?(@.name=="kube-twill")].state.running.startedAt}`)
+	waitFor(t, 90*time.Second, "a new twill pod running on "+s.Nodes[1].Name, func() bool {
+		// The old pod may still be listed, terminating.
+		for _, name := range strings.Fields(twillPod(t, s, s.Nodes[1].Name)) {
+			if name != old {
+				now = name
+				twilldStart = kubectl("-n", lab.TwillNamespace, "get", "pod", now, "-o", `jsonpath={.status.containerStatuses[?(@.name=="kube-twill")].state.running.startedAt}`)
+				return twilldStart != ""
+			}
+		}
+		return false
+	})
 	probeStart := kubectl("-n", "lab", "get", "pod", pods[0], "-o", "jsonpath={.status.containerStatuses[0].state.terminated.startedAt}")
 	t.Logf("the denied probe pod started at %s, the new twilld at %s", probeStart, twilldStart)
 	// The API gives seconds: the probe started no later than the second
@@ -155,7 +161,8 @@ func firstPacketAcrossRestart(t *testing.T, s *lab.State, target lab.Pod, forbid
 	checkProbes(t, s, target, pods)
 }
 
-// twillPod is the name of node's twill pod, or "".
+// twillPod is the names of node's twill pods (one, but for a moment two
+// while one terminates), or "".
 func twillPod(t *testing.T, s *lab.State, node string) string {
 	t.Helper()
 	return labKubectl(t, s)("-n", lab.TwillNamespace, "get", "pods", "--field-selector", "spec.nodeName="+node, "-o", "jsonpath={.items[*].metadata.name}")
