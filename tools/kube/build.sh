@@ -49,14 +49,19 @@ if [ ! -x "$out/e2e.test" ] || [ ! -x "$out/agnhost" ] || [ ! -f "$out/agnhost-l
 	mv "$out/.agnhost.$$" "$out/agnhost"
 fi
 # tool_at_version builds a tool of its own module at the version its go.mod
-# pins, when the stamp next to the binary names another.
+# pins, when the stamp next to the binary names another, or when the
+# module's own source (its plugin list, say) changed since: a second stamp
+# holds its hash.
 tool_at_version() { # name version module-dir package
-	if [ -x "$out/$1" ] && [ "$(cat "$out/$1.version" 2>/dev/null)" = "$2" ]; then return; fi
+	src=$(cat "$3"/*.go | sha256sum | cut -c1-16)
+	if [ -x "$out/$1" ] && [ "$(cat "$out/$1.version" 2>/dev/null)" = "$2" ] &&
+		[ "$(cat "$out/$1.source" 2>/dev/null)" = "$src" ]; then return; fi
 	echo "kube tools: building $1 $2 into $out"
 	mkdir -p "$out"
 	(cd "$3" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$out/.$1.$$" "$4")
 	mv "$out/.$1.$$" "$out/$1"
 	echo "$2" > "$out/$1.version"
+	echo "$src" > "$out/$1.source"
 }
 tool_at_version crictl "$crictl_version" "$root/tools/cri" sigs.k8s.io/cri-tools/cmd/crictl
 tool_at_version coredns "$coredns_version" "$root/tools/coredns" .
