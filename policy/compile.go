@@ -631,23 +631,7 @@ func (c *compiler) unmanaged() []netip.Addr {
 
 func (c *compiler) result() Result {
 	v4, v6 := c.families()
-	known := map[bool]*Set{false: {Name: "known4"}, true: {Name: "known6", V6: true}}
-	for _, p := range c.local {
-		for _, ip := range p.ips {
-			known[ip.Is6()].Elems = append(known[ip.Is6()].Elems, ip)
-		}
-	}
-	for _, ip := range c.unmanaged() {
-		known[ip.Is6()].Elems = append(known[ip.Is6()].Elems, ip)
-	}
-	for _, s := range []*Set{known[false], known[true]} {
-		if s.V6 && !v6 || !s.V6 && !v4 {
-			continue
-		}
-		slices.SortFunc(s.Elems, netip.Addr.Compare)
-		s.Elems = slices.Compact(s.Elems)
-		c.sets[s.Name] = *s
-	}
+	known := c.knownSets(v4, v6)
 	base := Chain{Name: ChainForward, Rules: []Rule{{Established: true, Verdict: Accept}}}
 	for _, cidr := range c.cidrs {
 		set := known[cidr.Addr().Is6()].Name
@@ -657,27 +641,7 @@ func (c *compiler) result() Result {
 	}
 	rs := Ruleset{}
 	var chains []Chain
-	// A verdict map per direction and family sends a pod's packets to its
-	// chain in one lookup, however many pods the node has. Egress first:
-	// a packet between two local pods passes its source's egress chain,
-	// then its destination's ingress chain.
-	jumpMaps := map[string]*Set{}
-	for _, dir := range []string{"eg", "in"} {
-		for _, fam := range []struct{ on, v6 bool }{{v4, false}, {v6, true}} {
-			if !fam.on {
-				continue
-			}
-			name := JumpMap(dir, fam.v6)
-			jumpMaps[name] = &Set{Name: name, V6: fam.v6, VMap: true}
-			r := Rule{V6: fam.v6, Verdict: Continue}
-			if dir == "eg" {
-				r.Src = Addr{VMap: name}
-			} else {
-				r.Dst = Addr{VMap: name}
-			}
-			base.Rules = append(base.Rules, r)
-		}
-	}
+	jumpMaps := addJumpMaps(&base, v4, v6)
 	for _, dir := range []string{"eg", "in"} {
 		for _, p := range c.local {
 			allow := c.ingress[p.key]
@@ -750,4 +714,54 @@ func sortJumps(m *Set) {
 		elems, jumps = append(elems, m.Elems[i]), append(jumps, m.Jumps[i])
 	}
 	m.Elems, m.Jumps = elems, jumps
+}
+
+// addJumpMaps adds to base the lookups of the verdict maps, one per
+// direction and family in use, that send a pod's packets to its chain in
+// one lookup however many pods the node has, and returns the maps, empty.
+// Egress first: a packet between two local pods passes its source's
+// egress chain, then its destination's ingress chain.
+func addJumpMaps(base *Chain, v4, v6 bool) map[string]*Set {
+	jumpMaps := map[string]*Set{}
+	for _, dir := range []string{"eg", "in"} {
+		for _, fam := range []struct{ on, v6 bool }{{v4, false}, {v6, true}} {
+			if !fam.on {
+				continue
+			}
+			name := JumpMap(dir, fam.v6)
+			jumpMaps[name] = &Set{Name: name, V6: fam.v6, VMap: true}
+			r := Rule{V6: fam.v6, Verdict: Continue}
+			if dir == "eg" {
+				r.Src = Addr{VMap: name}
+			} else {
+				r.Dst = Addr{VMap: name}
+			}
+			base.Rules = append(base.Rules, r)
+		}
+	}
+	return jumpMaps
+}
+
+// knownSets adds known4 and known6 (the families in use): the local
+// pods' addresses and the unmanaged ones come of age. Both are returned,
+// by family.
+func (c *compiler) knownSets(v4, v6 bool) map[bool]*Set {
+	known := map[bool]*Set{false: {Name: "known4"}, true: {Name: "known6", V6: true}}
+	for _, p := range c.local {
+		for _, ip := range p.ips {
+			known[ip.Is6()].Elems = append(known[ip.Is6()].Elems, ip)
+		}
+	}
+	for _, ip := range c.unmanaged() {
+		known[ip.Is6()].Elems = append(known[ip.Is6()].Elems, ip)
+	}
+	for _, s := range []*Set{known[false], known[true]} {
+		if s.V6 && !v6 || !s.V6 && !v4 {
+			continue
+		}
+		slices.SortFunc(s.Elems, netip.Addr.Compare)
+		s.Elems = slices.Compact(s.Elems)
+		c.sets[s.Name] = *s
+	}
+	return known
 }
