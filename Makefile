@@ -38,12 +38,16 @@ lab-kube: setup kube-images ## Start a Kubernetes lab (2 nodes: control plane, c
 # make conformance's backend (vxlan or host-gw).
 BACKEND ?= vxlan
 
+# make conformance's suite: conformance ([sig-network] [Conformance]) or
+# sig-network (the rest of [sig-network]; twillctl lab conformance --suite).
+SUITE ?= conformance
+
 .PHONY: conformance
-conformance: setup e2e-images ## Kubernetes' own [sig-network] [Conformance] specs on a 3-node Kubernetes lab (BACKEND=vxlan|host-gw); fails if any spec does
-	@name=cf$$(echo '$(BACKEND)' | tr -dc a-z); \
+conformance: setup e2e-images ## Kubernetes' own [sig-network] [Conformance] specs (SUITE=sig-network: the rest of [sig-network]) on a 3-node Kubernetes lab (BACKEND=vxlan|host-gw); fails if any spec does
+	@name=$$(if [ '$(SUITE)' = sig-network ]; then echo sn; else echo cf; fi)$$(echo '$(BACKEND)' | tr -dc a-z); \
 	bin/twillctl lab up --name $$name --kubernetes --nodes 3 --pods-per-node 1 --backend '$(BACKEND)'; rc=$$?; \
 	if [ $$rc = 0 ]; then rm -rf build/conformance/$$name; \
-		bin/twillctl lab conformance --name $$name --markdown --report-dir build/conformance/$$name; rc=$$?; fi; \
+		bin/twillctl lab conformance --name $$name --suite '$(SUITE)' --markdown --report-dir build/conformance/$$name; rc=$$?; fi; \
 	bin/twillctl lab down --name $$name; exit $$rc
 
 .PHONY: netpol

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -41,6 +42,11 @@ var NetpolFast = []string{
 	`\[sig-network\] Netpol NetworkPolicy between server and client should allow ingress access from updated pod`,
 }
 
+// SigNetworkFocus selects the rest of Kubernetes' [sig-network] specs,
+// what `make conformance SUITE=sig-network` runs: every one that neither
+// ConformanceSkips nor SigNetworkSkips leaves out.
+var SigNetworkFocus = []string{`\[sig-network\]`}
+
 // Skip leaves specs matching Pattern out of a run, for Reason.
 type Skip struct {
 	Pattern, Reason string
@@ -51,9 +57,28 @@ type Skip struct {
 // conformance.md lists them (twillctl lab conformance --list-skips).
 var ConformanceSkips = []Skip{
 	{`\[Feature:IPv6DualStack\]|IPv6`, "the Kubernetes lab is IPv4-only (IPv6 is proven in etcd mode and by the Kubernetes-mode e2e tests)"},
-	{`\[Disruptive\]|\[Serial\]`, "the suite runs against a shared lab; none of the selected network specs is either"},
+	{`\[Disruptive\]|\[Serial\]`, "none of the Conformance or Netpol specs is either; the rest of [sig-network]'s need what the lab's nodes lack: SSH (to delete a node's iptables rules), kube-proxy and the apiserver as pods to delete, or SCTP (below)"},
 	{`\[Feature:Networking-IPv6\]|\[Feature:Networking-DNS\]|\[Provider:`, "need the internet or a cloud provider"},
 	{`\[Feature:SCTPConnectivity\]`, "SCTP traffic needs the kernel's sctp module, and loading it would change the machine; policies naming SCTP are still checked (the Netpol specs that expect SCTP not to be taken for TCP run)"},
+}
+
+// SigNetworkSkips are what the sig-network suite leaves out besides
+// ConformanceSkips: the specs the other suites run, and those outside the
+// default set Kubernetes' own CI runs against a network plugin.
+var SigNetworkSkips = []Skip{
+	{`\[Conformance\]`, "make conformance runs them (--suite conformance)"},
+	{`\[sig-network\] Netpol `, "make netpol runs them (--suite netpol)"},
+	{`\[Feature:`, "each needs a cluster feature set up beyond a plain cluster (a cloud load balancer, an ingress controller, a feature gate, SCTP, ...); Kubernetes' CI runs them in their own jobs"},
+	{`\[Slow\]|\[Flaky\]`, "outside the default set Kubernetes' own CI runs against a network plugin: [Slow] specs wait out timeouts of many minutes, [Flaky] ones are known to fail at times"},
+}
+
+// SuiteSkips are every spec a suite leaves out (conformance, netpol or
+// sig-network), and why.
+func SuiteSkips(suite string) []Skip {
+	if suite == "sig-network" {
+		return slices.Concat(ConformanceSkips, SigNetworkSkips)
+	}
+	return ConformanceSkips
 }
 
 // SkipRegexp joins skips into one --ginkgo.skip expression.

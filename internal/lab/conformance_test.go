@@ -52,13 +52,13 @@ func TestReadJUnit(t *testing.T) {
 // Every pattern compiles (ginkgo reads them as Go regular expressions) and
 // has its reason; the skips leave the fast subset's specs alone.
 func TestConformancePatterns(t *testing.T) {
-	for _, s := range ConformanceSkips {
+	for _, s := range SuiteSkips("sig-network") {
 		if _, err := regexp.Compile(s.Pattern); err != nil || s.Reason == "" {
 			t.Errorf("skip %q: %v, reason %q", s.Pattern, err, s.Reason)
 		}
 	}
 	skip := regexp.MustCompile(SkipRegexp(ConformanceSkips))
-	for _, f := range slices.Concat(ConformanceFocus, ConformanceFast, NetpolFocus, NetpolFast) {
+	for _, f := range slices.Concat(ConformanceFocus, ConformanceFast, NetpolFocus, NetpolFast, SigNetworkFocus) {
 		if _, err := regexp.Compile(f); err != nil {
 			t.Errorf("focus %q: %v", f, err)
 		}
@@ -74,6 +74,22 @@ func TestConformancePatterns(t *testing.T) {
 			t.Errorf("the skip list leaves out %q", name)
 		}
 	}
+	// The sig-network suite runs what the other two do not, and leaves
+	// them to those.
+	wide := regexp.MustCompile(SkipRegexp(SuiteSkips("sig-network")))
+	for name, skipped := range map[string]bool{
+		"[sig-network] Services should be able to up and down services":                                                          false,
+		"[sig-network] KubeProxy should set TCP CLOSE_WAIT timeout [Privileged]":                                                 false,
+		"[sig-network] Conntrack proxy implementation should not be vulnerable to the invalid conntrack state bug [Privileged]":  false,
+		"[sig-network] Services should serve a basic endpoint from pods [Conformance]":                                           true,
+		"[sig-network] Netpol API should support creating NetworkPolicy API operations":                                          true,
+		"[sig-network] LoadBalancers should be able to change the type and ports of a TCP service [Slow] [Feature:LoadBalancer]": true,
+		"[sig-network] Services should work with the pod containing more than 6 DNS search paths [Flaky]":                        true,
+	} {
+		if wide.MatchString(name) != skipped {
+			t.Errorf("--suite sig-network skips %q: %v, want %v", name, !skipped, skipped)
+		}
+	}
 }
 
 // Documentation/conformance.md lists every skip with its reason, as the
@@ -83,7 +99,7 @@ func TestConformanceSkipsDocumented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range ConformanceSkips {
+	for _, s := range SuiteSkips("sig-network") {
 		row := "| `" + strings.ReplaceAll(s.Pattern, "|", `\|`) + "` | " + s.Reason + " |"
 		if !strings.Contains(string(doc), row) {
 			t.Errorf("Documentation/conformance.md has no row\n%s", row)

@@ -13,15 +13,37 @@ import (
 // E2EUserland are the Debian packages (with DebClosure's closure) under
 // the stand-ins for Kubernetes' e2e test images: what the suite's specs
 // run inside them, by name — sh and bash, curl, nc (OpenBSD's, as in the
-// upstream images), dig, getent, ip and ss, awk, ps, hostname.
-var E2EUserland = []string{"bash", "dash", "coreutils", "curl", "netcat-openbsd", "bind9-dnsutils", "iproute2",
-	"grep", "sed", "gawk", "procps", "hostname", "libc-bin", "findutils"}
+// upstream images), busybox's wget (the specs give it busybox's -T),
+// dig, getent, ip and ss, awk, ps, hostname, which, and iptables and
+// conntrack (distroless-iptables).
+var E2EUserland = []string{"bash", "dash", "coreutils", "curl", "netcat-openbsd", "busybox", "bind9-dnsutils", "iproute2",
+	"grep", "sed", "gawk", "procps", "hostname", "libc-bin", "findutils", "debianutils", "iptables", "conntrack"}
 
-// userlandLinks are what the packages' maintainer scripts would make.
+// userlandLinks are what the packages' maintainer scripts would make
+// (Debian's alternatives: iptables in nft mode, as Debian's default).
 var userlandLinks = map[string]string{
-	"/usr/bin/nc":  "/bin/nc.openbsd",
-	"/usr/bin/awk": "gawk",
-	"/agnhost-2":   "agnhost",
+	"/usr/bin/nc":                 "/bin/nc.openbsd",
+	"/usr/bin/awk":                "gawk",
+	"/usr/bin/wget":               "/bin/busybox",
+	"/usr/bin/which":              "which.debianutils",
+	"/usr/sbin/iptables":          "iptables-nft",
+	"/usr/sbin/iptables-save":     "iptables-nft-save",
+	"/usr/sbin/iptables-restore":  "iptables-nft-restore",
+	"/usr/sbin/ip6tables":         "ip6tables-nft",
+	"/usr/sbin/ip6tables-save":    "ip6tables-nft-save",
+	"/usr/sbin/ip6tables-restore": "ip6tables-nft-restore",
+	"/agnhost-2":                  "agnhost",
+}
+
+// E2EBinaries are the files the stand-ins hold besides Debian's packages,
+// built by tools/kube/build.sh at the suite's version.
+type E2EBinaries struct {
+	Agnhost string // the suite's test server; its TLS pair next to it (Agnhost+"-localhost.crt", .key)
+	CoreDNS string
+	Pause   string
+	// Regression74839 is test/images/regression-issue-74839's server,
+	// which sends the out-of-window packets conntrack calls invalid.
+	Regression74839 string
 }
 
 // E2EImages are stand-ins, built here, for the e2e suite's images that
@@ -34,18 +56,22 @@ var userlandLinks = map[string]string{
 // image does:
 //
 //   - agnhost: entrypoint /agnhost, pause by default (as upstream);
-//   - busybox and glibc-dns-testing: the userland, sh by default (the
-//     specs give their commands: sh, dig, getent);
+//   - busybox, glibc-dns-testing and build-image/distroless-iptables:
+//     the userland, sh by default (the specs give their commands: sh,
+//     wget, dig, getent; sleep, and conntrack in a privileged pod on the
+//     node's network);
 //   - nginx: /agnhost test-webserver, an HTTP server on port 80 like
 //     nginx's default page (the specs only need a server that stays up);
-//   - pause: twill's pause binary.
+//   - pause: twill's pause binary;
+//   - regression-issue-74839: the userland with its server as entrypoint.
 //
 // Other references are returned in missing: the specs that need them
 // cannot run here.
-func E2EImages(refs []string, agnhost, coredns, pauseBin string, debs []string) (specs []Spec, missing []string) {
+func E2EImages(refs []string, bin E2EBinaries, debs []string) (specs []Spec, missing []string) {
 	// agnhost porter's TLS pair, in its working directory as upstream's.
-	files := []File{{Src: agnhost, Dst: "/agnhost"}, {Src: coredns, Dst: "/coredns"},
-		{Src: agnhost + "-localhost.crt", Dst: "/localhost.crt", Mode: 0o644}, {Src: agnhost + "-localhost.key", Dst: "/localhost.key", Mode: 0o644}}
+	files := []File{{Src: bin.Agnhost, Dst: "/agnhost"}, {Src: bin.CoreDNS, Dst: "/coredns"},
+		{Src: bin.Agnhost + "-localhost.crt", Dst: "/localhost.crt", Mode: 0o644},
+		{Src: bin.Agnhost + "-localhost.key", Dst: "/localhost.key", Mode: 0o644}}
 	dirs := []string{"/tmp", "/uploads", "/results"}
 	userland := func(ref string, entrypoint, cmd []string) Spec {
 		return Spec{Ref: ref, Entrypoint: entrypoint, Cmd: cmd, Debs: debs, Files: files, Symlinks: userlandLinks, Dirs: dirs}
@@ -54,7 +80,8 @@ func E2EImages(refs []string, agnhost, coredns, pauseBin string, debs []string) 
 	sort.Strings(sorted)
 	for _, ref := range sorted {
 		repo, _, _ := strings.Cut(path.Base(ref), ":")
-		if !strings.HasPrefix(ref, "registry.k8s.io/e2e-test-images/") && !strings.HasPrefix(ref, "registry.k8s.io/pause:") {
+		if !strings.HasPrefix(ref, "registry.k8s.io/e2e-test-images/") && !strings.HasPrefix(ref, "registry.k8s.io/pause:") &&
+			!strings.HasPrefix(ref, "registry.k8s.io/build-image/distroless-iptables:") {
 			// Private and invalid registries: the specs that name them
 			// test that a pull fails.
 			repo = ""
@@ -62,12 +89,16 @@ func E2EImages(refs []string, agnhost, coredns, pauseBin string, debs []string) 
 		switch repo {
 		case "agnhost":
 			specs = append(specs, userland(ref, []string{"/agnhost"}, []string{"pause"}))
-		case "busybox", "glibc-dns-testing":
+		case "busybox", "glibc-dns-testing", "distroless-iptables":
 			specs = append(specs, userland(ref, nil, []string{"sh"}))
+		case "regression-issue-74839":
+			s := userland(ref, []string{"/regression-issue-74839"}, nil)
+			s.Files = append(append([]File(nil), files...), File{Src: bin.Regression74839, Dst: "/regression-issue-74839"})
+			specs = append(specs, s)
 		case "nginx":
 			specs = append(specs, userland(ref, []string{"/agnhost"}, []string{"test-webserver"}))
 		case "pause":
-			specs = append(specs, PauseImage(ref, pauseBin))
+			specs = append(specs, PauseImage(ref, bin.Pause))
 		default:
 			missing = append(missing, ref)
 		}
@@ -81,8 +112,8 @@ func CoreDNSImage(ref, coredns string) Spec {
 }
 
 // WriteE2EImages writes the stand-ins for the images the e2e suite in
-// kubeBinDir (e2e.test, agnhost, coredns, as tools/kube/build.sh leaves
-// them) asks for to out, the userland's packages cached in debDir. It
+// kubeBinDir (e2e.test, agnhost, coredns, regression-issue-74839, as
+// tools/kube/build.sh leaves them) asks for to out, the userland's packages cached in debDir. It
 // returns the references it has no stand-in for.
 func WriteE2EImages(out, kubeBinDir, pauseBin, debDir string) (missing []string, err error) {
 	list, err := exec.Command(filepath.Join(kubeBinDir, "e2e.test"), "--list-images").Output()
@@ -97,8 +128,9 @@ func WriteE2EImages(out, kubeBinDir, pauseBin, debDir string) (missing []string,
 	if err != nil {
 		return nil, err
 	}
-	specs, missing := E2EImages(strings.Fields(string(list)), filepath.Join(kubeBinDir, "agnhost"),
-		filepath.Join(kubeBinDir, "coredns"), pauseBin, debs)
+	specs, missing := E2EImages(strings.Fields(string(list)), E2EBinaries{Agnhost: filepath.Join(kubeBinDir, "agnhost"),
+		CoreDNS: filepath.Join(kubeBinDir, "coredns"), Pause: pauseBin,
+		Regression74839: filepath.Join(kubeBinDir, "regression-issue-74839")}, debs)
 	if len(specs) == 0 {
 		return nil, fmt.Errorf("e2e.test --list-images named none of the images this lab stands in for:\n%s", list)
 	}

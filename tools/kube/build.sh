@@ -3,7 +3,8 @@
 # proxy, and cache them by version: build/kube/<version>/ holds
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
 # kube-proxy, kubectl, and for Kubernetes' own end-to-end suite e2e.test
-# and agnhost (its test image's binary), all at the pinned version; crictl
+# and agnhost (its test image's binary) and regression-issue-74839 (another
+# test image's server), all at the pinned version; crictl
 # (tools/cri) and CoreDNS (tools/coredns, the lab's cluster DNS) are built
 # at their own versions, named in stamp files next to them. A second run
 # with the same versions does nothing.
@@ -47,6 +48,13 @@ if [ ! -x "$out/e2e.test" ] || [ ! -x "$out/agnhost" ] || [ ! -f "$out/agnhost-l
 	for f in crt key; do cp "$src/test/images/agnhost/porter/localhost.$f" "$out/agnhost-localhost.$f"; done
 	mv "$out/.e2e.test.$$" "$out/e2e.test"
 	mv "$out/.agnhost.$$" "$out/agnhost"
+fi
+# The server of the e2e image regression-issue-74839 (the Conntrack spec
+# for packets conntrack calls invalid).
+if [ ! -x "$out/regression-issue-74839" ]; then
+	echo "kube tools: building regression-issue-74839 $version into $out"
+	(cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$out/.regression.$$" k8s.io/kubernetes/test/images/regression-issue-74839)
+	mv "$out/.regression.$$" "$out/regression-issue-74839"
 fi
 # tool_at_version builds a tool of its own module at the version its go.mod
 # pins, when the stamp next to the binary names another, or when the

@@ -3,6 +3,7 @@ package app
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -24,14 +25,19 @@ func labConformanceCommand(o *labOptions) *cobra.Command {
 lab's underlay namespace as the lab's admin: by default every [sig-network]
 [Conformance] spec, with --fast the pod-networking subset make test runs;
 with --suite netpol every [sig-network] Netpol (NetworkPolicy) spec, with
---fast the subset make test runs.
-The skip list (--list-skips) is the one place specs are left out, each with
-its reason.`,
+--fast the subset make test runs; with --suite sig-network the rest of
+[sig-network] (neither [Conformance] nor Netpol, nor [Feature:*], [Slow]
+or [Flaky]).
+The skip list (--list-skips, per suite) is the one place specs are left
+out, each with its reason.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			w := cmd.OutOrStdout()
+			if !slices.Contains([]string{"conformance", "netpol", "sig-network"}, suite) {
+				return fmt.Errorf("--suite %q: want conformance, netpol or sig-network", suite)
+			}
 			if listSkips {
-				for _, s := range lab.ConformanceSkips {
+				for _, s := range lab.SuiteSkips(suite) {
 					fmt.Fprintf(w, "%s\t%s\n", s.Pattern, s.Reason)
 				}
 				return nil
@@ -40,15 +46,17 @@ its reason.`,
 			if err != nil {
 				return err
 			}
-			c := lab.Conformance{Focus: lab.ConformanceFocus, Skips: lab.ConformanceSkips, Out: w, Timeout: timeout,
+			c := lab.Conformance{Focus: lab.ConformanceFocus, Skips: lab.SuiteSkips(suite), Out: w, Timeout: timeout,
 				ReportDir: reportDir}
 			switch {
+			case suite == "sig-network" && fast:
+				return fmt.Errorf("--suite sig-network has no --fast subset (make test runs those of conformance and netpol)")
+			case suite == "sig-network":
+				c.Focus = lab.SigNetworkFocus
 			case suite == "netpol" && fast:
 				c.Focus = lab.NetpolFast
 			case suite == "netpol":
 				c.Focus = lab.NetpolFocus
-			case suite != "conformance":
-				return fmt.Errorf("--suite %q: want conformance or netpol", suite)
 			case fast:
 				c.Focus = lab.ConformanceFast
 			}
@@ -68,7 +76,7 @@ its reason.`,
 		},
 	}
 	cmd.Flags().BoolVar(&fast, "fast", false, "run only the suite's subset that make test runs")
-	cmd.Flags().StringVar(&suite, "suite", "conformance", "conformance ([sig-network] [Conformance]) or netpol ([sig-network] Netpol, NetworkPolicy)")
+	cmd.Flags().StringVar(&suite, "suite", "conformance", "conformance ([sig-network] [Conformance]), netpol ([sig-network] Netpol, NetworkPolicy) or sig-network (the rest of [sig-network])")
 	cmd.Flags().StringArrayVar(&focus, "focus", nil, "run the specs matching this regular expression instead (repeatable)")
 	cmd.Flags().BoolVar(&listSkips, "list-skips", false, "print every skip pattern and its reason, and exit")
 	cmd.Flags().BoolVar(&markdown, "markdown", false, "also print the specs that ran as a Markdown table")
