@@ -81,7 +81,8 @@ var hostPaths = []string{"/etc/cni", "/opt/cni", "/var/lib/kubelet", "/var/lib/c
 // hostSysctls are machine-wide settings kubelet or kube-proxy would change
 // if let.
 var hostSysctls = []string{"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
-	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes", "net/ipv4/ip_forward", "net/netfilter/nf_conntrack_max"}
+	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes", "net/ipv4/ip_forward", "net/netfilter/nf_conntrack_max",
+	"net/netfilter/nf_conntrack_tcp_timeout_close_wait", "net/netfilter/nf_conntrack_tcp_timeout_established"}
 
 type hostSnapshot map[string]string
 
@@ -139,6 +140,15 @@ func testKubeLab(t *testing.T, backend string) {
 				}
 			}
 		}
+	}
+
+	// kube-proxy set its conntrack timeouts, as on a real node, in the
+	// node's namespace only (the machine's are checked at the end).
+	for _, n := range s.Nodes {
+		waitFor(t, 30*time.Second, n.Name+"'s TCP CLOSE_WAIT conntrack timeout at kube-proxy's 3600 s", func() bool {
+			out, err := s.NodeExec(ctx, n.Name, nil, "cat", "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait")
+			return err == nil && strings.TrimSpace(out) == "3600"
+		})
 	}
 
 	// node1's twill pod's own token (kubelet's projected one) can change

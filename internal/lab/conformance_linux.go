@@ -14,8 +14,8 @@ import (
 
 // Conformance is one run of Kubernetes' e2e suite against the lab.
 type Conformance struct {
-	Focus     []string // a spec runs when it matches any of these
-	Skips     []Skip
+	Focus     []string      // a spec runs when it matches any of these
+	Skips     []Skip        // those for other backends than the lab's are left out
 	ReportDir string        // where e2e.test writes its JUnit report
 	Out       io.Writer     // e2e.test's output
 	Timeout   time.Duration // the suite's own limit (ginkgo.timeout)
@@ -54,8 +54,8 @@ func (s *State) RunConformance(ctx context.Context, c Conformance) (Outcome, err
 	for _, f := range c.Focus {
 		args = append(args, "--ginkgo.focus="+f)
 	}
-	if len(c.Skips) > 0 {
-		args = append(args, "--ginkgo.skip="+SkipRegexp(c.Skips))
+	if skips := SkipsFor(c.Skips, s.Backend); len(skips) > 0 {
+		args = append(args, "--ginkgo.skip="+SkipRegexp(skips))
 	}
 	cmd := exec.CommandContext(ctx, "nsenter", args...)
 	cmd.Dir = c.ReportDir

@@ -106,3 +106,14 @@ func TestConformanceSkipsDocumented(t *testing.T) {
 		}
 	}
 }
+
+// A skip for one backend leaves other backends' runs alone.
+func TestSkipsFor(t *testing.T) {
+	skips := []Skip{{Pattern: "a", Reason: "everywhere"}, {Pattern: "b", Reason: "overlay only", Backends: []string{"vxlan"}}}
+	if got := SkipRegexp(SkipsFor(skips, "vxlan")); got != "a|b" {
+		t.Errorf("vxlan skips %q, want a|b", got)
+	}
+	if got := SkipRegexp(SkipsFor(skips, "host-gw")); got != "a" {
+		t.Errorf("host-gw skips %q, want a", got)
+	}
+}

@@ -83,7 +83,11 @@ rotateCertificates: false
 }
 
 // kubeProxyConfig is a node's kube-proxy in iptables mode. The conntrack
-// settings leave the machine-wide conntrack table size alone.
+// settings leave the machine-wide conntrack table size alone (maxPerCore
+// and min 0; it is read-only outside the machine's own namespace) and set
+// the TCP timeouts to kube-proxy's defaults, as a real node has them:
+// those sysctls are the node namespace's own, so the machine's stay as
+// they are.
 func kubeProxyConfig(node, kubeconfigPath string) string {
 	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
@@ -93,7 +97,7 @@ hostnameOverride: %s
 clientConnection: {kubeconfig: %s}
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
-conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 24h0m0s, tcpCloseWaitTimeout: 1h0m0s}
 iptables: {minSyncPeriod: 0s}
 `, ClusterCIDR, node, kubeconfigPath)
 }

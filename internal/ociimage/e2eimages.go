@@ -13,10 +13,11 @@ import (
 // E2EUserland are the Debian packages (with DebClosure's closure) under
 // the stand-ins for Kubernetes' e2e test images: what the suite's specs
 // run inside them, by name — sh and bash, curl, nc (OpenBSD's, as in the
-// upstream images), busybox's wget (the specs give it busybox's -T),
-// dig, getent, ip and ss, awk, ps, hostname, which, and iptables and
-// conntrack (distroless-iptables).
-var E2EUserland = []string{"bash", "dash", "coreutils", "curl", "netcat-openbsd", "busybox", "bind9-dnsutils", "iproute2",
+// upstream images), wget (GNU's: Debian's busybox 1.35 crashes on the -T
+// the specs give; e2eWgetrc makes it try once, as busybox's does), dig,
+// getent, ip and ss, awk, ps, hostname, which, and iptables and conntrack
+// (distroless-iptables).
+var E2EUserland = []string{"bash", "dash", "coreutils", "curl", "netcat-openbsd", "wget", "bind9-dnsutils", "iproute2",
 	"grep", "sed", "gawk", "procps", "hostname", "libc-bin", "findutils", "debianutils", "iptables", "conntrack"}
 
 // userlandLinks are what the packages' maintainer scripts would make
@@ -24,7 +25,6 @@ var E2EUserland = []string{"bash", "dash", "coreutils", "curl", "netcat-openbsd"
 var userlandLinks = map[string]string{
 	"/usr/bin/nc":                 "/bin/nc.openbsd",
 	"/usr/bin/awk":                "gawk",
-	"/usr/bin/wget":               "/bin/busybox",
 	"/usr/bin/which":              "which.debianutils",
 	"/usr/sbin/iptables":          "iptables-nft",
 	"/usr/sbin/iptables-save":     "iptables-nft-save",
@@ -34,6 +34,12 @@ var userlandLinks = map[string]string{
 	"/usr/sbin/ip6tables-restore": "ip6tables-nft-restore",
 	"/agnhost-2":                  "agnhost",
 }
+
+// e2eWgetrc is the stand-ins' /etc/wgetrc: GNU wget tries a request 20
+// times by default, busybox's wget (whose -T and -qO- the specs use) once.
+// Specs loop over wget -T 1 and count answers, so retries would stretch a
+// loop over a dropped backend from seconds to minutes.
+const e2eWgetrc = "tries = 1\n"
 
 // E2EBinaries are the files the stand-ins hold besides Debian's packages,
 // built by tools/kube/build.sh at the suite's version.
@@ -71,7 +77,8 @@ func E2EImages(refs []string, bin E2EBinaries, debs []string) (specs []Spec, mis
 	// agnhost porter's TLS pair, in its working directory as upstream's.
 	files := []File{{Src: bin.Agnhost, Dst: "/agnhost"}, {Src: bin.CoreDNS, Dst: "/coredns"},
 		{Src: bin.Agnhost + "-localhost.crt", Dst: "/localhost.crt", Mode: 0o644},
-		{Src: bin.Agnhost + "-localhost.key", Dst: "/localhost.key", Mode: 0o644}}
+		{Src: bin.Agnhost + "-localhost.key", Dst: "/localhost.key", Mode: 0o644},
+		{Data: []byte(e2eWgetrc), Dst: "/etc/wgetrc", Mode: 0o644}}
 	dirs := []string{"/tmp", "/uploads", "/results"}
 	userland := func(ref string, entrypoint, cmd []string) Spec {
 		return Spec{Ref: ref, Entrypoint: entrypoint, Cmd: cmd, Debs: debs, Files: files, Symlinks: userlandLinks, Dirs: dirs}

@@ -30,8 +30,9 @@ func TestE2EImages(t *testing.T) {
 		return slices.ContainsFunc(s.Files, func(f File) bool { return f.Dst == dst && f.Src == src })
 	}
 	busybox := byRef["registry.k8s.io/e2e-test-images/busybox:1.37.0-1"]
-	if busybox.Symlinks["/usr/bin/wget"] != "/bin/busybox" || !slices.Equal(busybox.Cmd, []string{"sh"}) {
-		t.Errorf("busybox: %+v; want sh, and wget from busybox", busybox)
+	wgetrc := slices.IndexFunc(busybox.Files, func(f File) bool { return f.Dst == "/etc/wgetrc" })
+	if !slices.Equal(busybox.Cmd, []string{"sh"}) || wgetrc < 0 || string(busybox.Files[wgetrc].Data) != "tries = 1\n" {
+		t.Errorf("busybox: %+v; want sh, and wget trying once", busybox)
 	}
 	ipt := byRef["registry.k8s.io/build-image/distroless-iptables:v0.9.6"]
 	if ipt.Symlinks["/usr/sbin/iptables"] == "" || !slices.Equal(ipt.Debs, []string{"/debs/busybox.deb"}) {

@@ -32,6 +32,7 @@ import (
 // File is a file copied from this machine into an image.
 type File struct {
 	Src  string      // path on this machine
+	Data []byte      // the file's content when Src is empty
 	Dst  string      // absolute path in the image
 	Mode os.FileMode // permission bits; 0 means 0755
 }
@@ -184,9 +185,12 @@ func filesLayer(files []File, symlinks map[string]string, extraDirs []string) (v
 		if !path.IsAbs(f.Dst) {
 			return nil, fmt.Errorf("image file %s: destination %q must be absolute", f.Src, f.Dst)
 		}
-		data, err := os.ReadFile(f.Src)
-		if err != nil {
-			return nil, fmt.Errorf("image file: %w", err)
+		data := f.Data
+		if f.Src != "" {
+			var err error
+			if data, err = os.ReadFile(f.Src); err != nil {
+				return nil, fmt.Errorf("image file: %w", err)
+			}
 		}
 		if err := addDir(path.Dir(f.Dst)); err != nil {
 			return nil, err

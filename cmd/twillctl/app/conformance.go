@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -38,7 +39,11 @@ out, each with its reason.`,
 			}
 			if listSkips {
 				for _, s := range lab.SuiteSkips(suite) {
-					fmt.Fprintf(w, "%s\t%s\n", s.Pattern, s.Reason)
+					only := ""
+					if len(s.Backends) > 0 {
+						only = "\t(" + strings.Join(s.Backends, ", ") + " only)"
+					}
+					fmt.Fprintf(w, "%s\t%s%s\n", s.Pattern, s.Reason, only)
 				}
 				return nil
 			}
