@@ -151,6 +151,14 @@ func testKubeLab(t *testing.T, backend string) {
 		})
 	}
 
+	// Each Node is in a zone of its own, as a cloud labels them.
+	zones := kubectl("get", "nodes", "-o", `jsonpath={range .items[*]}{.metadata.name}={.metadata.labels.topology\.kubernetes\.io/zone}{"\n"}{end}`)
+	for _, n := range s.Nodes {
+		if !strings.Contains(zones, n.Name+"="+lab.NodeZone(n.Name)+"\n") {
+			t.Errorf("Node zones:\n%s\nwant %s in %s", zones, n.Name, lab.NodeZone(n.Name))
+		}
+	}
+
 	// node1's twill pod's own token (kubelet's projected one) can change
 	// its own Node's twill annotations, and nothing of node2's.
 	labNodeIsolation(t, s)

@@ -70,3 +70,9 @@ func (o *Options) validateKube() error {
 	}
 	return nil
 }
+
+// ZoneLabel is the well-known label of a Node's zone.
+const ZoneLabel = "topology.kubernetes.io/zone"
+
+// NodeZone is the zone a Kubernetes lab's node is in: one per node.
+func NodeZone(node string) string { return "zone-" + node }

@@ -285,9 +285,12 @@ func (s *State) startNode(ctx context.Context, i int, nodeCrt, nodeKey string) e
 		"images", "tag", "--force", s.TwillImage, dist.ShippedImage); err != nil {
 		return fmt.Errorf("tagging %s as %s in %s's containerd: %w\n%s", s.TwillImage, dist.ShippedImage, n.Name, err, out)
 	}
+	// Each node in a zone of its own, as a cloud labels its nodes, so
+	// the suite's topology specs (hints, trafficDistribution) run.
 	if err := s.spawnInNode("kubelet", n.NS, root, filepath.Join(s.KubeBinDir, "kubelet"),
 		"--config="+filepath.Join(dir, "kubelet.yaml"), "--kubeconfig="+filepath.Join(dir, "kubelet.kubeconfig"),
-		"--hostname-override="+n.Name, "--node-ip="+n.Addr.String(), "--v=1"); err != nil {
+		"--hostname-override="+n.Name, "--node-ip="+n.Addr.String(), "--node-labels="+ZoneLabel+"="+NodeZone(n.Name),
+		"--v=1"); err != nil {
 		return err
 	}
 	return s.spawnInNode("kube-proxy", n.NS, root, filepath.Join(s.KubeBinDir, "kube-proxy"),
