@@ -2,6 +2,7 @@ package ociimage
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path"
@@ -22,18 +23,16 @@ var E2EUserland = []string{"bash", "dash", "coreutils", "curl", "netcat-openbsd"
 
 // userlandLinks are what the packages' maintainer scripts would make
 // (Debian's alternatives: iptables in nft mode, as Debian's default).
-var userlandLinks = map[string]string{
-	"/usr/bin/nc":                 "/bin/nc.openbsd",
-	"/usr/bin/awk":                "gawk",
-	"/usr/bin/which":              "which.debianutils",
-	"/usr/sbin/iptables":          "iptables-nft",
-	"/usr/sbin/iptables-save":     "iptables-nft-save",
-	"/usr/sbin/iptables-restore":  "iptables-nft-restore",
-	"/usr/sbin/ip6tables":         "ip6tables-nft",
-	"/usr/sbin/ip6tables-save":    "ip6tables-nft-save",
-	"/usr/sbin/ip6tables-restore": "ip6tables-nft-restore",
-	"/agnhost-2":                  "agnhost",
-}
+var userlandLinks = func() map[string]string {
+	m := map[string]string{
+		"/usr/bin/nc":    "/bin/nc.openbsd",
+		"/usr/bin/awk":   "gawk",
+		"/usr/bin/which": "which.debianutils",
+		"/agnhost-2":     "agnhost",
+	}
+	maps.Copy(m, iptablesLinks)
+	return m
+}()
 
 // e2eWgetrc is the stand-ins' /etc/wgetrc: GNU wget tries a request 20
 // times by default, busybox's wget (whose -T and -qO- the specs use) once.
