@@ -273,9 +273,13 @@ func (s *State) startNode(ctx context.Context, i int, nodeCrt, nodeKey string) e
 	}); err != nil {
 		return err
 	}
+	// Content only: containerd's CRI unpacks an image into a snapshot the
+	// first time a container uses it, so the e2e stand-ins no pod
+	// on this node runs cost a copy of their blobs, not a filesystem each
+	// (3 nodes, e2e images: 45 s to Ready rather than 62-75 s).
 	for _, img := range nodeImages(s.ImageDir) {
 		if out, err := s.NodeExec(ctx, n.Name, nil, "/usr/bin/ctr", "-a", "/run/containerd/containerd.sock", "-n", "k8s.io",
-			"images", "import", filepath.Join(s.ImageDir, img)); err != nil {
+			"images", "import", "--no-unpack", filepath.Join(s.ImageDir, img)); err != nil {
 			return fmt.Errorf("importing %s into %s's containerd: %w\n%s", img, n.Name, err, out)
 		}
 	}
