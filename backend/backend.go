@@ -241,6 +241,25 @@ type ExternalInterface struct {
 	OnLink []netip.Prefix
 }
 
+// NoAddressError is what Prepare returns when the external interface has
+// no address of a family the network uses for the backend to publish. The
+// address may yet come (SLAAC or DHCPv6 after boot): the daemon waits for
+// it, not ready, and prepares the backend again.
+type NoAddressError struct {
+	Backend, Iface string
+	IPv6           bool
+	// Hint says what the backend needs the address for and the ways out.
+	Hint string
+}
+
+func (e *NoAddressError) Error() string {
+	family := "IPv4"
+	if e.IPv6 {
+		family = "IPv6"
+	}
+	return fmt.Sprintf("%s: interface %s has no %s address to publish: %s", e.Backend, e.Iface, family, e.Hint)
+}
+
 // Reachable reports whether ip is directly connected through the interface.
 func (e ExternalInterface) Reachable(ip netip.Addr) bool {
 	for _, p := range e.OnLink {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -76,4 +77,51 @@ func TestEtcdHostGWDualStack(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.tcp(p2, v6b, p1)
+}
+
+// TestEtcdHostGWLateIPv6: a dual-stack host-gw node whose IPv6 address
+// comes after twilld started (SLAAC or DHCPv6 late at boot). twilld waits
+// for it, alive, not ready and saying why, with nothing written; once the
+// address is there it takes its lease, its peers route its IPv6 pods
+// through the new address, and pods talk over IPv6.
+func TestEtcdHostGWLateIPv6(t *testing.T) {
+	c := newClusterWith(t, topology.Options{Nodes: 2, Underlay: netip.MustParsePrefix("10.99.0.0/24"), UnderlayV6: netip.MustParsePrefix("fd99::/64")})
+	c.put("/twill.io/network/config", `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10::/56","Backend":{"Type":"host-gw"}}`)
+	node2 := c.topo.Nodes[1]
+	if out, err := exec.Command("ip", "-n", node2.NS, "-6", "addr", "del", node2.AddrV6.String(), "dev", "eth0").CombinedOutput(); err != nil {
+		t.Fatalf("removing node2's IPv6 address: %v: %s", err, out)
+	}
+	c.startDaemon(0)
+	d2 := c.startDaemon(1, "--healthz-port", "10263")
+	e1 := c.env(0)
+	waitFor(t, 20*time.Second, "node2's twilld to say it waits for its IPv6 address", func() bool {
+		return strings.Contains(d2.Output(), "waiting for the external interface's address") &&
+			strings.Contains(d2.Output(), "has no IPv6 address to publish")
+	})
+	if exited, err := d2.Exited(); exited {
+		t.Fatalf("node2's twilld exited (%v) instead of waiting:\n%s", err, d2.Output())
+	}
+	if code, body := nodeGet(t, node2.NS, 10263, "/readyz"); code != 503 {
+		t.Errorf("node2's /readyz while it waits: %d %q, want 503", code, body)
+	}
+	if code, _ := nodeGet(t, node2.NS, 10263, "/healthz"); code != 200 {
+		t.Errorf("node2's /healthz while it waits: %d, want 200 (alive)", code)
+	}
+	if _, err := os.Stat(c.subnetFile(1)); !os.IsNotExist(err) {
+		t.Errorf("node2 wrote subnet.env before it has its IPv6 address (%v)", err)
+	}
+	if out, err := exec.Command("ip", "-n", node2.NS, "-6", "addr", "add", node2.AddrV6.String(), "dev", "eth0", "nodad").CombinedOutput(); err != nil {
+		t.Fatalf("adding node2's IPv6 address: %v: %s", err, out)
+	}
+	e2 := c.env(1)
+	v6routes := func(i int) string {
+		out, _ := exec.Command("ip", "-n", c.topo.Nodes[i].NS, "-6", "route", "show", "proto", "167").CombinedOutput()
+		return string(out)
+	}
+	want1 := fmt.Sprintf("%s via %s dev eth0", e2.IPv6Subnet, node2.AddrV6.Addr())
+	want2 := fmt.Sprintf("%s via %s dev eth0", e1.IPv6Subnet, c.topo.Nodes[0].AddrV6.Addr())
+	waitFor(t, 30*time.Second, "IPv6 routes to each other's pods through the nodes' IPv6 addresses", func() bool {
+		return strings.Contains(v6routes(0), want1) && strings.Contains(v6routes(1), want2)
+	})
+	c.podsTalk(t, 1500, true, true)
 }

@@ -56,12 +56,12 @@ func New(opts backend.Options) (backend.Backend, error) {
 func (b *Backend) Prepare(context.Context) (subnet.LeaseAttrs, error) {
 	ext := b.opts.ExtIface
 	if b.opts.Config.EnableIPv4 && !ext.PublicIP.IsValid() {
-		return subnet.LeaseAttrs{}, fmt.Errorf("host-gw: interface %s has no IPv4 address to publish: "+
-			"host-gw routes IPv4 pods via each node's IPv4 address (give it one, pass --public-ip, or use vxlan)", ext.Link.Name)
+		return subnet.LeaseAttrs{}, &backend.NoAddressError{Backend: Type, Iface: ext.Link.Name,
+			Hint: "host-gw routes IPv4 pods via each node's IPv4 address (give it one, pass --public-ip, or use vxlan)"}
 	}
 	if b.opts.Config.EnableIPv6 && !ext.PublicIPv6.IsValid() {
-		return subnet.LeaseAttrs{}, fmt.Errorf("host-gw: interface %s has no IPv6 address to publish: "+
-			"host-gw routes IPv6 pods via each node's IPv6 address (give it one, pass --public-ipv6, or use vxlan)", ext.Link.Name)
+		return subnet.LeaseAttrs{}, &backend.NoAddressError{Backend: Type, Iface: ext.Link.Name, IPv6: true,
+			Hint: "host-gw routes IPv6 pods via each node's IPv6 address (give it one, pass --public-ipv6, or use vxlan)"}
 	}
 	return subnet.LeaseAttrs{PublicIP: ext.PublicIP, PublicIPv6: ext.PublicIPv6, BackendType: Type}, nil
 }

@@ -250,25 +250,12 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 
 // attach chooses the external interface, prepares the backend, takes the
 // lease and attaches the backend to it. A nil Network with no error means
-// the daemon was stopped while waiting for the lease.
+// the daemon was stopped while waiting for an address or the lease.
 func (d *Daemon) attach(ctx context.Context, cfg *subnet.Config) (backend.ExternalInterface, subnet.Lease, backend.Network, error) {
 	var lease subnet.Lease
-	ext, err := network.ChooseExternal(d.o.Netlink, withFamilies(d.o.Iface, cfg))
-	if err != nil {
+	ext, be, attrs, err := d.prepare(ctx, cfg)
+	if err != nil || be == nil {
 		return ext, lease, nil, err
-	}
-	d.log.Info("using external interface", "iface", ext.Link.Name, "addr", ext.Addr, "public_ip", ext.PublicIP, "mtu", ext.Link.MTU)
-	be, err := d.o.Registry.New(cfg.BackendType, backend.Options{
-		Logger: d.log, Netlink: d.o.Netlink, ExtIface: ext, Config: cfg, StateDir: d.o.StateDir,
-		FullSyncEvery: d.o.Resync, KeyRotations: d.o.KeyRotations,
-		Metrics: &backend.Metrics{DriftRepairs: d.metrics.driftRepairs, PeersUnroutable: d.metrics.unroutable, Registerer: d.metrics.reg},
-	})
-	if err != nil {
-		return ext, lease, nil, err
-	}
-	attrs, err := be.Prepare(ctx)
-	if err != nil {
-		return ext, lease, nil, fmt.Errorf("preparing the %s backend: %w", cfg.BackendType, err)
 	}
 	var hint subnet.Lease
 	if env, err := subnet.ReadEnv(d.o.SubnetFile); err == nil {
@@ -287,6 +274,57 @@ func (d *Daemon) attach(ctx context.Context, cfg *subnet.Config) (backend.Extern
 		return ext, lease, nil, fmt.Errorf("attaching the %s backend to %s: %w", cfg.BackendType, lease, err)
 	}
 	return ext, lease, nw, nil
+}
+
+// prepare chooses the external interface and prepares the backend on it.
+// An interface that lacks the address of a family the backend publishes
+// (backend.NoAddressError: IPv6 from SLAAC or DHCPv6 may come after boot)
+// is waited for, the daemon alive and not ready, and read again. A nil
+// Backend with no error means the daemon was stopped while waiting.
+func (d *Daemon) prepare(ctx context.Context, cfg *subnet.Config) (backend.ExternalInterface, backend.Backend, subnet.LeaseAttrs, error) {
+	delay := 500 * time.Millisecond
+	for {
+		ext, err := network.ChooseExternal(d.o.Netlink, withFamilies(d.o.Iface, cfg))
+		if err != nil {
+			return ext, nil, subnet.LeaseAttrs{}, err
+		}
+		d.log.Info("using external interface", "iface", ext.Link.Name, "addr", ext.Addr, "public_ip", ext.PublicIP, "mtu", ext.Link.MTU)
+		be, err := d.o.Registry.New(cfg.BackendType, backend.Options{
+			Logger: d.log, Netlink: d.o.Netlink, ExtIface: ext, Config: cfg, StateDir: d.o.StateDir,
+			FullSyncEvery: d.o.Resync, KeyRotations: d.o.KeyRotations,
+			Metrics: &backend.Metrics{DriftRepairs: d.metrics.driftRepairs, PeersUnroutable: d.metrics.unroutable, Registerer: d.metrics.reg},
+		})
+		if err != nil {
+			return ext, nil, subnet.LeaseAttrs{}, err
+		}
+		attrs, err := be.Prepare(ctx)
+		var noAddr *backend.NoAddressError
+		if !errors.As(err, &noAddr) {
+			if err != nil {
+				return ext, nil, attrs, fmt.Errorf("preparing the %s backend: %w", cfg.BackendType, err)
+			}
+			return ext, be, attrs, nil
+		}
+		d.log.Warn("waiting for the external interface's address", "err", err, "retry_in", delay)
+		d.heartbeat.Store(time.Now().UnixNano()) // alive, only waiting
+		if !sleep(ctx, &delay) {
+			return ext, nil, subnet.LeaseAttrs{}, nil
+		}
+	}
+}
+
+// sleep waits *delay, or until ctx is done (then it returns false), and
+// doubles *delay up to 10 s for the next retry.
+func sleep(ctx context.Context, delay *time.Duration) bool {
+	t := time.NewTimer(*delay)
+	defer t.Stop()
+	*delay = min(*delay*2, 10*time.Second)
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // setUpNode enables forwarding, installs the netfilter rules in the mode
@@ -451,14 +489,9 @@ func (d *Daemon) networkConfig(ctx context.Context) (*subnet.Config, error) {
 			return nil, err
 		}
 		d.log.Warn("waiting for the network configuration", "err", err, "retry_in", delay)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep(ctx, &delay) {
 			return nil, nil
-		case <-t.C:
 		}
-		delay = min(delay*2, 10*time.Second)
 	}
 }
 
