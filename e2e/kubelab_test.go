@@ -52,14 +52,13 @@ func kubeLabImages(t testing.TB, bin, tag string) string {
 	return dir
 }
 
-// kubeBinDir builds (or finds cached) the Kubernetes binaries.
 // upKube brings up a Kubernetes lab of nodes nodes, podsPerNode pods each,
-// on the e2e images, and returns its state.
-func (l *labCtl) upKube(name string, nodes, podsPerNode int, backend string) *lab.State {
+// on the e2e images (extra: more lab up flags), and returns its state.
+func (l *labCtl) upKube(name string, nodes, podsPerNode int, backend string, extra ...string) *lab.State {
 	l.t.Helper()
 	images := kubeLabImages(l.t, l.bin, "e2e")
-	l.up(name, "--kubernetes", "--nodes", strconv.Itoa(nodes), "--pods-per-node", strconv.Itoa(podsPerNode), "--backend", backend,
-		"--kube-bin-dir", kubeBinDir(l.t), "--image-dir", images)
+	l.up(name, append([]string{"--kubernetes", "--nodes", strconv.Itoa(nodes), "--pods-per-node", strconv.Itoa(podsPerNode), "--backend", backend,
+		"--kube-bin-dir", kubeBinDir(l.t), "--image-dir", images}, extra...)...)
 	s, err := lab.Load(l.root, name)
 	if err != nil {
 		l.t.Fatal(err)
@@ -67,6 +66,7 @@ func (l *labCtl) upKube(name string, nodes, podsPerNode int, backend string) *la
 	return s
 }
 
+// kubeBinDir builds (or finds cached) the Kubernetes binaries.
 func kubeBinDir(t testing.TB) string {
 	t.Helper()
 	apiserver, _ := kubetest.Binaries(t)
@@ -81,7 +81,7 @@ var hostPaths = []string{"/etc/cni", "/opt/cni", "/var/lib/kubelet", "/var/lib/c
 // hostSysctls are machine-wide settings kubelet or kube-proxy would change
 // if let.
 var hostSysctls = []string{"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
-	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes", "net/ipv4/ip_forward", "net/netfilter/nf_conntrack_max",
+	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes", "net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding", "net/netfilter/nf_conntrack_max",
 	"net/netfilter/nf_conntrack_tcp_timeout_close_wait", "net/netfilter/nf_conntrack_tcp_timeout_established"}
 
 type hostSnapshot map[string]string

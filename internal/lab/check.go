@@ -202,19 +202,25 @@ func Matrix(ctx context.Context, binDir string, from []Vantage, to []Target) Res
 
 // Print writes the matrix as a table.
 func (r Result) Print(w io.Writer) {
+	// Columns as wide as the longest target name, from 11 up to 17
+	// characters ("node1/hostport-v6", a dual-stack pod's second address).
+	width := 11
+	for _, t := range r.To {
+		width = max(width, min(len(short(t.Name, 17)), 17))
+	}
 	fmt.Fprintf(w, "%-14s", "from \\ to")
 	for _, t := range r.To {
-		fmt.Fprintf(w, " %-11s", short(t.Name))
+		fmt.Fprintf(w, " %-*s", width, short(t.Name, width))
 	}
 	fmt.Fprintln(w)
 	for _, src := range r.From {
-		fmt.Fprintf(w, "%-14s", short(src.Name))
+		fmt.Fprintf(w, "%-14s", short(src.Name, 14))
 		for _, dst := range r.To {
 			cell := "ok"
 			if r.Errors[src.Name][dst.Name] != "" {
 				cell = "FAIL"
 			}
-			fmt.Fprintf(w, " %-11s", cell)
+			fmt.Fprintf(w, " %-*s", width, cell)
 		}
 		fmt.Fprintln(w)
 	}
@@ -228,10 +234,11 @@ func (r Result) Print(w io.Writer) {
 	fmt.Fprintf(w, "%d of %d pairs OK\n", len(r.From)*len(r.To)-r.Failed, len(r.From)*len(r.To))
 }
 
-func short(name string) string {
+// short is name abbreviated to at most n characters.
+func short(name string, n int) string {
 	name = strings.Replace(name, "-pod", "/p", 1)
-	if len(name) > 11 {
-		name = name[:11]
+	if len(name) > n {
+		name = name[:n]
 	}
 	return name
 }

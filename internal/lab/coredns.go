@@ -10,7 +10,8 @@ import (
 )
 
 // ClusterDNS is the kube-dns Service's ClusterIP, the nameserver every
-// kubelet puts in its pods' resolv.conf (kubeletConfig's clusterDNS).
+// kubelet puts in its pods' resolv.conf (kubeletConfig's clusterDNS), in
+// an IPv4 or dual-stack lab (kubeNet.DNS).
 const ClusterDNS = "10.96.0.10"
 
 // corednsYAML is the lab's DNS add-on, as a cluster installs it: CoreDNS
@@ -101,15 +102,15 @@ spec:
   - {name: dns-tcp, port: 53, protocol: TCP}
 `
 
-// corednsManifest is corednsYAML running image.
-func corednsManifest(image string) string {
-	return strings.NewReplacer("IMAGE", image, "CLUSTERDNS", ClusterDNS).Replace(corednsYAML)
+// corednsManifest is corednsYAML running image, its Service at dns.
+func corednsManifest(image, dns string) string {
+	return strings.NewReplacer("IMAGE", image, "CLUSTERDNS", dns).Replace(corednsYAML)
 }
 
 // deployDNS installs CoreDNS and waits until its pods are ready: the pods
 // need the pod network, so this comes after twill.
 func (s *State) deployDNS(ctx context.Context) error {
-	if out, err := s.Kubectl(ctx, strings.NewReader(corednsManifest(s.CoreDNSImage)), "apply", "-f", "-"); err != nil {
+	if out, err := s.Kubectl(ctx, strings.NewReader(corednsManifest(s.CoreDNSImage, s.kubeNet().DNS)), "apply", "-f", "-"); err != nil {
 		return fmt.Errorf("kubectl apply (CoreDNS): %w\n%s", err, out)
 	}
 	return cluster.Poll(ctx, 3*time.Minute, "CoreDNS to be ready", func() error {

@@ -2,6 +2,7 @@ package lab
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,11 @@ const (
 	// ServiceCIDR holds ClusterIPs; the first is the kubernetes Service.
 	ServiceCIDR   = "10.96.0.0/16"
 	KubernetesSvc = "10.96.0.1"
+	// ClusterCIDRV6 and ServiceCIDRV6 are their IPv6 counterparts in a
+	// dual-stack or IPv6-only lab (--ip-family dual|ipv6); ClusterCIDRV6
+	// is net-conf.json's IPv6Network.
+	ClusterCIDRV6 = ipv6Network
+	ServiceCIDRV6 = "fd00:96::/112"
 	// HostPort is where the lab's hostPort pod answers on its node.
 	HostPort = 8080
 	// kubeNamespace holds the lab's test workload.
@@ -76,3 +82,78 @@ const ZoneLabel = "topology.kubernetes.io/zone"
 
 // NodeZone is the zone a Kubernetes lab's node is in: one per node.
 func NodeZone(node string) string { return "zone-" + node }
+
+// kubeNet is a Kubernetes lab's address plan for its IP family, each list
+// with the primary family first (IPv4 in a dual-stack lab, as kubeadm
+// makes it).
+type kubeNet struct {
+	PodCIDRs, ServiceCIDRs []string
+	// KubernetesSvc is the kubernetes Service's ClusterIP, DNS kube-dns's.
+	KubernetesSvc, DNS string
+}
+
+// kubeNetFor is the address plan of a lab of IP family family.
+func kubeNetFor(family string) kubeNet {
+	switch family {
+	case "dual":
+		return kubeNet{PodCIDRs: []string{ClusterCIDR, ClusterCIDRV6}, ServiceCIDRs: []string{ServiceCIDR, ServiceCIDRV6},
+			KubernetesSvc: KubernetesSvc, DNS: ClusterDNS}
+	case "ipv6":
+		return kubeNet{PodCIDRs: []string{ClusterCIDRV6}, ServiceCIDRs: []string{ServiceCIDRV6},
+			KubernetesSvc: "fd00:96::1", DNS: "fd00:96::a"}
+	}
+	return kubeNet{PodCIDRs: []string{ClusterCIDR}, ServiceCIDRs: []string{ServiceCIDR}, KubernetesSvc: KubernetesSvc, DNS: ClusterDNS}
+}
+
+// nodeMaskFlags is kube-controller-manager's node subnet size: a /24 per
+// node from IPv4 and a /64 from IPv6 (the per-family flags in a dual-stack
+// cluster; it refuses them in a single-stack one).
+func (k kubeNet) nodeMaskFlags() []string {
+	switch {
+	case len(k.PodCIDRs) > 1:
+		return []string{"--node-cidr-mask-size-ipv4=24", "--node-cidr-mask-size-ipv6=64"}
+	case strings.Contains(k.PodCIDRs[0], ":"):
+		return []string{"--node-cidr-mask-size=64"}
+	}
+	return []string{"--node-cidr-mask-size=24"}
+}
+
+// Family is the lab's IP family: ipv4, ipv6 or dual (ipv4 in the state
+// of a lab from before --ip-family).
+func (s *State) Family() string {
+	if s.IPFamily == "" {
+		return "ipv4"
+	}
+	return s.IPFamily
+}
+
+// kubeNet is the lab's address plan.
+func (s *State) kubeNet() kubeNet { return kubeNetFor(s.Family()) }
+
+// nodeIPs are a node's addresses, one per family of the lab, primary
+// first: kubelet's --node-ip.
+func (n Node) nodeIPs() []netip.Addr {
+	if n.AddrV6.IsValid() && n.AddrV6 != n.Addr {
+		return []netip.Addr{n.Addr, n.AddrV6}
+	}
+	return []netip.Addr{n.Addr}
+}
+
+// addrFor is the node's address of a's family (invalid if it has none).
+func (n Node) addrFor(a netip.Addr) netip.Addr {
+	for _, ip := range n.nodeIPs() {
+		if ip.Is4() == a.Is4() {
+			return ip
+		}
+	}
+	return netip.Addr{}
+}
+
+// joinAddrs is addrs comma-separated.
+func joinAddrs(addrs []netip.Addr) string {
+	out := make([]string, len(addrs))
+	for i, a := range addrs {
+		out[i] = a.String()
+	}
+	return strings.Join(out, ",")
+}

@@ -36,7 +36,7 @@ import (
 // installed from dist/kube-twill.yml with kubectl, as users install it.
 func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, step func(string, ...any)) error {
 	s.Kubernetes, s.KubeBinDir, s.ImageDir = true, o.KubeBinDir, o.ImageDir
-	s.APIServer = fmt.Sprintf("https://%s:%d", topo.BridgeAddr, APIServerPort)
+	s.APIServer = "https://" + net.JoinHostPort(topo.BridgeAddr.String(), strconv.Itoa(APIServerPort))
 	step("Kubernetes control plane in %s", topo.Underlay)
 	p, err := pki.New(filepath.Join(s.Dir, "pki"), "twill-lab-ca")
 	if err != nil {
@@ -95,7 +95,7 @@ func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, 
 		}
 	} else {
 		step("twill: kubectl apply -f dist/kube-twill.yml (image %s)", s.TwillImage)
-		manifest, err := InstallManifest(s.TwillImage, o.Backend)
+		manifest, err := InstallManifest(s.TwillImage, o.Backend, s.IPFamily)
 		if err != nil {
 			return err
 		}
@@ -106,7 +106,7 @@ func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, 
 			return err
 		}
 	}
-	step("CoreDNS, the cluster DNS at %s (image %s)", ClusterDNS, s.CoreDNSImage)
+	step("CoreDNS, the cluster DNS at %s (image %s)", s.kubeNet().DNS, s.CoreDNSImage)
 	if err := s.deployDNS(ctx); err != nil {
 		return err
 	}
@@ -145,19 +145,20 @@ func (s *State) startControlPlane(ctx context.Context, p *pki.CA, topo *topology
 	if err := s.startAPIServer(ctx, p, topo, saKey, saPub); err != nil {
 		return err
 	}
+	kn := s.kubeNet()
 	for _, c := range []struct {
 		name, cn string
 		args     []string
 	}{
-		{"kube-controller-manager", "system:kube-controller-manager", []string{
-			"--allocate-node-cidrs", "--cluster-cidr=" + ClusterCIDR, "--node-cidr-mask-size=24",
-			"--service-cluster-ip-range=" + ServiceCIDR,
-			"--service-account-private-key-file=" + saKey, "--root-ca-file=" + p.CAFile(),
+		{"kube-controller-manager", "system:kube-controller-manager", append(kn.nodeMaskFlags(),
+			"--allocate-node-cidrs", "--cluster-cidr="+strings.Join(kn.PodCIDRs, ","),
+			"--service-cluster-ip-range="+strings.Join(kn.ServiceCIDRs, ","),
+			"--service-account-private-key-file="+saKey, "--root-ca-file="+p.CAFile(),
 			"--use-service-account-credentials", "--leader-elect=false",
 			// Its default, /usr/libexec/kubernetes/..., would be created on
 			// the machine.
-			"--flex-volume-plugin-dir=" + filepath.Join(s.Dir, "flexvolume"),
-			"--bind-address=127.0.0.1", "--secure-port=10257", "--v=1"}},
+			"--flex-volume-plugin-dir="+filepath.Join(s.Dir, "flexvolume"),
+			"--bind-address=127.0.0.1", "--secure-port=10257", "--v=1")},
 		{"kube-scheduler", "system:kube-scheduler", []string{"--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=10259", "--v=1"}},
 	} {
 		crt, key, err := p.Issue(pki.Cert{Name: c.name, CN: c.cn})
@@ -179,9 +180,9 @@ func (s *State) startControlPlane(ctx context.Context, p *pki.CA, topo *topology
 // startAPIServer runs kube-apiserver on the underlay bridge's address,
 // waits until it is ready, and lets it reach kubelets (exec, logs).
 func (s *State) startAPIServer(ctx context.Context, p *pki.CA, topo *topology.Topology, saKey, saPub string) error {
-	addr := topo.BridgeAddr
+	addr, kn := topo.BridgeAddr, s.kubeNet()
 	apiCrt, apiKey, err := p.Issue(pki.Cert{Name: "apiserver", CN: "kube-apiserver", Server: true,
-		IPs: []netip.Addr{addr, netip.MustParseAddr(KubernetesSvc), netip.MustParseAddr("127.0.0.1")},
+		IPs: []netip.Addr{addr, netip.MustParseAddr(kn.KubernetesSvc), netip.MustParseAddr("127.0.0.1")},
 		DNS: []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}})
 	if err != nil {
 		return err
@@ -199,7 +200,7 @@ func (s *State) startAPIServer(ctx context.Context, p *pki.CA, topo *topology.To
 		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file="+saPub, "--service-account-signing-key-file="+saKey,
-		"--service-cluster-ip-range="+ServiceCIDR,
+		"--service-cluster-ip-range="+strings.Join(kn.ServiceCIDRs, ","),
 		"--kubelet-client-certificate="+kcCrt, "--kubelet-client-key="+kcKey,
 		"--kubelet-preferred-address-types=InternalIP",
 		"--allow-privileged=true", "--enable-priority-and-fairness=false", "--profiling=false",
@@ -242,6 +243,11 @@ func (s *State) startNode(ctx context.Context, i int, nodeCrt, nodeKey string) e
 	if err := sysctl.SetIn("/var/run/netns/"+n.NS, "net/ipv4/ip_forward", "1"); err != nil {
 		return err
 	}
+	if s.IPFamily != "ipv4" {
+		if err := sysctl.SetIn("/var/run/netns/"+n.NS, "net/ipv6/conf/all/forwarding", "1"); err != nil {
+			return err
+		}
+	}
 	for _, p := range []string{"loopback", "portmap"} {
 		if err := copyFile("/usr/lib/cni/"+p, filepath.Join(dir, "rootfs", "opt", "cni", "bin", p), 0o755); err != nil {
 			return err
@@ -256,9 +262,9 @@ func (s *State) startNode(ctx context.Context, i int, nodeCrt, nodeKey string) e
 	}
 	for name, content := range map[string]string{
 		"containerd.toml":    containerdConfig(s.PauseImage),
-		"kubelet.yaml":       kubeletConfig(n.NS, s.CAFile),
+		"kubelet.yaml":       kubeletConfig(n.NS, s.CAFile, s.kubeNet().DNS),
 		"kubelet.kubeconfig": kubeconfig(s.APIServer, s.CAFile, nodeCrt, nodeKey),
-		"kube-proxy.yaml":    kubeProxyConfig(n.Name, filepath.Join(s.Dir, "kube-proxy.kubeconfig")),
+		"kube-proxy.yaml":    kubeProxyConfig(n.Name, filepath.Join(s.Dir, "kube-proxy.kubeconfig"), s.kubeNet().PodCIDRs),
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
 			return err
@@ -293,7 +299,7 @@ func (s *State) startNode(ctx context.Context, i int, nodeCrt, nodeKey string) e
 	// the suite's topology specs (hints, trafficDistribution) run.
 	if err := s.spawnInNode("kubelet", n.NS, root, filepath.Join(s.KubeBinDir, "kubelet"),
 		"--config="+filepath.Join(dir, "kubelet.yaml"), "--kubeconfig="+filepath.Join(dir, "kubelet.kubeconfig"),
-		"--hostname-override="+n.Name, "--node-ip="+n.Addr.String(), "--node-labels="+ZoneLabel+"="+NodeZone(n.Name),
+		"--hostname-override="+n.Name, "--node-ip="+joinAddrs(n.nodeIPs()), "--node-labels="+ZoneLabel+"="+NodeZone(n.Name),
 		"--v=1"); err != nil {
 		return err
 	}

@@ -8,13 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-
-	corev1 "k8s.io/api/core/v1"
 )
 
 // checkKube probes, over TCP: every pod from every pod and from every node
 // (node -> pod), the echo Service's ClusterIP from everywhere (kube-proxy),
-// and the hostPort pod through its node's address (the chained portmap).
+// and the hostPort pod through its node's address (the chained portmap);
+// in a dual-stack lab each of them in both families.
 func checkKube(ctx context.Context, s *State, binDir string) (Result, error) {
 	if err := s.refreshPods(ctx); err != nil {
 		return Result{}, err
@@ -27,26 +26,36 @@ func checkKube(ctx context.Context, s *State, binDir string) (Result, error) {
 			return Result{}, err
 		}
 		from = append(from, Vantage{Name: p.Label(), NetNS: nsPath})
-		to = append(to, Target{Name: p.Label(), Addr: netip.AddrPortFrom(p.IP, EchoPort)})
+		for i, a := range p.Addrs() {
+			name := p.Label()
+			if i > 0 {
+				name += "-v6" // a dual-stack pod's second address
+			}
+			to = append(to, Target{Name: name, Addr: netip.AddrPortFrom(a, EchoPort)})
+		}
 	}
 	for _, n := range s.Nodes {
 		from = append(from, Vantage{Name: n.Name, NetNS: "/var/run/netns/" + n.NS})
 	}
-	var svc corev1.Service
-	if err := s.apiJSON(ctx, "/api/v1/namespaces/"+kubeNamespace+"/services/echo", &svc); err != nil {
+	svc, err := s.echoServiceTargets(ctx)
+	if err != nil {
 		return Result{}, err
 	}
-	ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
-	if err != nil {
-		return Result{}, fmt.Errorf("service echo: ClusterIP %q: %w", svc.Spec.ClusterIP, err)
-	}
-	to = append(to, Target{Name: "svc/echo", Addr: netip.AddrPortFrom(ip, 80)})
+	to = append(to, svc...)
 	for _, p := range s.Pods {
-		if strings.HasPrefix(p.Name, "hostport") {
-			for _, n := range s.Nodes {
-				if n.Name == p.Node {
-					to = append(to, Target{Name: "hostport", Addr: netip.AddrPortFrom(n.Addr, HostPort)})
+		if !strings.HasPrefix(p.Name, "hostport") {
+			continue
+		}
+		for _, n := range s.Nodes {
+			if n.Name != p.Node {
+				continue
+			}
+			for i, a := range n.nodeIPs() {
+				name := "hostport"
+				if i > 0 {
+					name += "-v6"
 				}
+				to = append(to, Target{Name: name, Addr: netip.AddrPortFrom(a, HostPort)})
 			}
 		}
 	}

@@ -55,7 +55,7 @@ disabled_plugins = [
 // kubelet check the machine-wide sysctls it would otherwise set (the
 // node's root answers those checks); volumePluginDir keeps kubelet out of
 // /usr.
-func kubeletConfig(cgroupRoot, caFile string) string {
+func kubeletConfig(cgroupRoot, caFile, dns string) string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 authentication:
@@ -71,7 +71,7 @@ protectKernelDefaults: true
 failSwapOn: false
 volumePluginDir: /var/lib/kubelet/volumeplugins
 clusterDomain: cluster.local
-clusterDNS: [%s]
+clusterDNS: [%q]
 readOnlyPort: 0
 serializeImagePulls: false
 # The lab never pulls: images are imported. Disk-pressure eviction would
@@ -79,7 +79,7 @@ serializeImagePulls: false
 imageGCHighThresholdPercent: 100
 evictionHard: {memory.available: "50Mi", nodefs.available: "1%%", imagefs.available: "1%%"}
 rotateCertificates: false
-`, caFile, cgroupRoot, ClusterDNS)
+`, caFile, cgroupRoot, dns)
 }
 
 // kubeProxyConfig is a node's kube-proxy in iptables mode. The conntrack
@@ -88,25 +88,27 @@ rotateCertificates: false
 // the TCP timeouts to kube-proxy's defaults, as a real node has them:
 // those sysctls are the node namespace's own, so the machine's stay as
 // they are.
-func kubeProxyConfig(node, kubeconfigPath string) string {
+func kubeProxyConfig(node, kubeconfigPath string, podCIDRs []string) string {
 	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: iptables
-clusterCIDR: %s
+clusterCIDR: %q
 hostnameOverride: %s
 clientConnection: {kubeconfig: %s}
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 24h0m0s, tcpCloseWaitTimeout: 1h0m0s}
 iptables: {minSyncPeriod: 0s}
-`, ClusterCIDR, node, kubeconfigPath)
+`, strings.Join(podCIDRs, ","), node, kubeconfigPath)
 }
 
 // InstallManifest is dist/kube-twill.yml as the lab applies it: the image
 // reference replaced by the locally built one, and net-conf.json's
-// backend set (the two edits the install docs tell an operator to make);
-// for wireguard, with dist/kube-twill-wireguard.yml after it.
-func InstallManifest(image, backendType string) ([]byte, error) {
+// backend set (the two edits the install docs tell an operator to make),
+// and for a dual-stack or IPv6-only cluster (family dual or ipv6) its IPv6
+// network (the one more edit Documentation/kubernetes.md gives); for
+// wireguard, with dist/kube-twill-wireguard.yml after it.
+func InstallManifest(image, backendType, family string) ([]byte, error) {
 	m := dist.KubeManifest
 	if !bytes.Contains(m, []byte(dist.ShippedImage)) {
 		return nil, fmt.Errorf("kube-twill.yml no longer names %s; update dist.ShippedImage", dist.ShippedImage)
@@ -121,6 +123,9 @@ func InstallManifest(image, backendType string) ([]byte, error) {
 		return nil, err
 	}
 	m = bytes.Replace(m, []byte(vxlan), []byte(`"Type": `+string(t)), 1)
+	if m, err = withIPv6(m, family); err != nil {
+		return nil, err
+	}
 	if backendType == "wireguard" {
 		// This machine's kernel has no wireguard module: the keeper too.
 		k := bytes.ReplaceAll(dist.WireGuardKeeperManifest, []byte(dist.ShippedImage), []byte(image))
@@ -129,8 +134,26 @@ func InstallManifest(image, backendType string) ([]byte, error) {
 	return m, nil
 }
 
+// withIPv6 edits net-conf.json in manifest m for a cluster of IP family
+// family: IPv6 pods in ClusterCIDRV6 too (dual), or only (ipv6).
+func withIPv6(m []byte, family string) ([]byte, error) {
+	network := fmt.Sprintf(`"Network": %q,`, ClusterCIDR)
+	if !bytes.Contains(m, []byte(network)) {
+		return nil, fmt.Errorf("kube-twill.yml's net-conf.json no longer holds %s", network)
+	}
+	v6 := fmt.Sprintf(`"EnableIPv6": true, "IPv6Network": %q,`, ClusterCIDRV6)
+	switch family {
+	case "dual":
+		return bytes.Replace(m, []byte(network), []byte(network+" "+v6), 1), nil
+	case "ipv6":
+		return bytes.Replace(m, []byte(network), []byte(`"EnableIPv4": false, `+v6), 1), nil
+	}
+	return m, nil
+}
+
 // workloadManifest is the lab's test workload: an echo Deployment spread
-// over the nodes, a ClusterIP Service in front of it, and one pod with a
+// over the nodes, a ClusterIP Service in front of it (of both families in
+// a dual-stack lab), and one pod with a
 // hostPort (served through the chained portmap plugin) on the first node.
 func workloadManifest(image string, replicas int, firstNode string) string {
 	r := strings.NewReplacer("IMAGE", image, "REPLICAS", fmt.Sprint(replicas), "NODE", firstNode,
@@ -165,6 +188,7 @@ kind: Service
 metadata: {name: echo, namespace: NAMESPACE}
 spec:
   selector: {app: echo}
+  ipFamilyPolicy: PreferDualStack
   ports: [{port: 80, targetPort: ECHOPORT}]
 ---
 apiVersion: v1

@@ -118,25 +118,47 @@ func (s *State) deployWorkload(ctx context.Context, perNode int) error {
 	}
 	// kube-proxy programs a Service's endpoints a moment after they are
 	// ready: wait until every node routes the Service.
-	var svc corev1.Service
-	if err := s.apiJSON(ctx, "/api/v1/namespaces/"+kubeNamespace+"/services/echo", &svc); err != nil {
-		return err
-	}
-	ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
+	to, err := s.echoServiceTargets(ctx)
 	if err != nil {
-		return fmt.Errorf("service echo: ClusterIP %q: %w", svc.Spec.ClusterIP, err)
+		return err
 	}
 	var from []Vantage
 	for _, n := range s.Nodes {
 		from = append(from, Vantage{Name: n.Name, NetNS: "/var/run/netns/" + n.NS})
 	}
-	to := []Target{{Name: "svc/echo", Addr: netip.AddrPortFrom(ip, 80)}}
 	return cluster.Poll(ctx, time.Minute, "kube-proxy on every node to route Service echo", func() error {
 		if r := Matrix(ctx, s.BinDir, from, to); r.Failed > 0 {
-			return fmt.Errorf("%d of %d nodes cannot reach %s yet", r.Failed, len(from), to[0].Addr)
+			return fmt.Errorf("%d of %d probes from the nodes to Service echo (%v) failed", r.Failed, len(from)*len(to), to)
 		}
 		return nil
 	})
+}
+
+// echoServiceTargets are the lab's echo Service's ClusterIPs, one per
+// family, port 80: "svc/echo", and "svc/echo-v6" for a dual-stack one's
+// second.
+func (s *State) echoServiceTargets(ctx context.Context) ([]Target, error) {
+	var svc corev1.Service
+	if err := s.apiJSON(ctx, "/api/v1/namespaces/"+kubeNamespace+"/services/echo", &svc); err != nil {
+		return nil, err
+	}
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 {
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	var to []Target
+	for i, c := range ips {
+		ip, err := netip.ParseAddr(c)
+		if err != nil {
+			return nil, fmt.Errorf("service echo: ClusterIP %q: %w", c, err)
+		}
+		name := "svc/echo"
+		if i > 0 {
+			name += "-v6"
+		}
+		to = append(to, Target{Name: name, Addr: netip.AddrPortFrom(ip, 80)})
+	}
+	return to, nil
 }
 
 // podTrouble says why a pod is not ready, from its containers' states
@@ -180,11 +202,20 @@ func (s *State) refreshPods(ctx context.Context) error {
 		if p.DeletionTimestamp != nil || !podReady(p) {
 			continue
 		}
-		ip, err := netip.ParseAddr(p.Status.PodIP)
-		if err != nil {
-			continue
+		pod := Pod{Name: p.Name, Node: p.Spec.NodeName, UID: string(p.UID)}
+		for _, pip := range p.Status.PodIPs {
+			ip, err := netip.ParseAddr(pip.IP)
+			switch {
+			case err != nil:
+			case !pod.IP.IsValid():
+				pod.IP = ip
+			case ip.Is6() && pod.IP.Is4():
+				pod.IPv6 = ip
+			}
 		}
-		ready = append(ready, Pod{Name: p.Name, Node: p.Spec.NodeName, IP: ip, UID: string(p.UID)})
+		if pod.IP.IsValid() {
+			ready = append(ready, pod)
+		}
 	}
 	slices.SortFunc(ready, func(a, b Pod) int {
 		return strings.Compare(a.Node+"/"+a.Name, b.Node+"/"+b.Name)

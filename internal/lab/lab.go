@@ -120,8 +120,11 @@ func (o *Options) Validate() error {
 	default:
 		return fmt.Errorf("--ip-family %q: ipv4, ipv6 or dual", o.IPFamily)
 	}
-	if o.IPFamily != "ipv4" && (o.Kubernetes || o.Bare || o.Backend == "eni") {
-		return fmt.Errorf("--ip-family %s: the etcd-mode lab's vxlan, host-gw and wireguard only (the Kubernetes, bare and eni labs are IPv4)", o.IPFamily)
+	if o.IPFamily != "ipv4" && (o.Bare || o.Backend == "eni") {
+		return fmt.Errorf("--ip-family %s: the vxlan, host-gw and wireguard labs only (the bare and eni labs are IPv4)", o.IPFamily)
+	}
+	if o.IPFamily != "ipv4" && o.Kubernetes && (o.Flannel || (o.Backend != "vxlan" && o.Backend != "host-gw")) {
+		return fmt.Errorf("--ip-family %s --kubernetes: twill's vxlan or host-gw (--backend, without --flannel)", o.IPFamily)
 	}
 	switch o.Netfilter {
 	case "":
@@ -237,9 +240,12 @@ type State struct {
 
 // Node is one simulated host.
 type Node struct {
-	Name   string       `json:"name"`
-	NS     string       `json:"netns"`
-	Addr   netip.Addr   `json:"addr"`
+	Name string     `json:"name"`
+	NS   string     `json:"netns"`
+	Addr netip.Addr `json:"addr"`
+	// AddrV6 is the node's IPv6 address on an IPv6 or dual-stack underlay
+	// (on an IPv6-only one, Addr too).
+	AddrV6 netip.Addr   `json:"addrV6,omitzero"`
 	Subnet netip.Prefix `json:"subnet"`
 	// IPv6Subnet is the node's IPv6 pod subnet, in a lab with IPv6 pods.
 	IPv6Subnet netip.Prefix `json:"ipv6Subnet,omitzero"`

@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"fmt"
+	"net/netip"
 
 	"github.com/twill-net/twill/internal/topology"
 )
@@ -18,15 +19,25 @@ func (s *State) routePodCIDRs(ctx context.Context) error {
 		return err
 	}
 	for _, kn := range nodes {
-		if kn.Spec.PodCIDR == "" {
-			return fmt.Errorf("Node %s has no podCIDR yet", kn.Name)
+		if len(kn.Spec.PodCIDRs) < len(s.kubeNet().PodCIDRs) {
+			return fmt.Errorf("Node %s has podCIDRs %v, want one per family of %v", kn.Name, kn.Spec.PodCIDRs, s.kubeNet().PodCIDRs)
 		}
 		for _, n := range s.Nodes {
 			if n.Name != kn.Name {
 				continue
 			}
-			if err := topology.IP(s.underlayNS(), "route", "replace", kn.Spec.PodCIDR, "via", n.Addr.String()); err != nil {
-				return fmt.Errorf("routing %s's pod subnet %s from the control plane: %w", n.Name, kn.Spec.PodCIDR, err)
+			for _, c := range kn.Spec.PodCIDRs {
+				p, err := netip.ParsePrefix(c)
+				if err != nil {
+					return fmt.Errorf("Node %s: podCIDR %q: %w", kn.Name, c, err)
+				}
+				via := n.addrFor(p.Addr())
+				if !via.IsValid() {
+					return fmt.Errorf("Node %s: podCIDR %s of a family %s has no address of", kn.Name, p, n.Name)
+				}
+				if err := topology.IP(s.underlayNS(), "route", "replace", p.String(), "via", via.String()); err != nil {
+					return fmt.Errorf("routing %s's pod subnet %s from the control plane: %w", n.Name, p, err)
+				}
 			}
 		}
 	}

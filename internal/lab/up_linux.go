@@ -143,7 +143,7 @@ func (s *State) buildTopology(o Options) (*topology.Topology, string, error) {
 		return nil, "", err
 	}
 	for _, n := range topo.Nodes {
-		s.Nodes = append(s.Nodes, Node{Name: n.Name, NS: n.NS, Addr: n.Addr.Addr()})
+		s.Nodes = append(s.Nodes, Node{Name: n.Name, NS: n.NS, Addr: n.Addr.Addr(), AddrV6: n.AddrV6.Addr()})
 	}
 	return topo, conf, s.save()
 }
