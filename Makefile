@@ -42,10 +42,14 @@ BACKEND ?= vxlan
 # sig-network (the rest of [sig-network]; twillctl lab conformance --suite).
 SUITE ?= conformance
 
+# make conformance's lab: ipv4, dual (dual-stack: the suite adds the
+# [Feature:IPv6DualStack] specs) or ipv6.
+IP_FAMILY ?= ipv4
+
 .PHONY: conformance
-conformance: setup e2e-images ## Kubernetes' own [sig-network] [Conformance] specs (SUITE=sig-network: the rest of [sig-network]) on a 3-node Kubernetes lab (BACKEND=vxlan|host-gw); fails if any spec does
-	@name=$$(if [ '$(SUITE)' = sig-network ]; then echo sn; else echo cf; fi)$$(echo '$(BACKEND)' | tr -dc a-z); \
-	bin/twillctl lab up --name $$name --kubernetes --nodes 3 --pods-per-node 1 --backend '$(BACKEND)'; rc=$$?; \
+conformance: setup e2e-images ## Kubernetes' own [sig-network] [Conformance] specs (SUITE=sig-network: the rest of [sig-network]) on a 3-node Kubernetes lab (BACKEND=vxlan|host-gw, IP_FAMILY=ipv4|dual|ipv6); fails if any spec does
+	@name=$$(case '$(SUITE)/$(IP_FAMILY)' in sig-network/*) echo sn;; */dual) echo ds;; */ipv6) echo v6;; *) echo cf;; esac)$$(echo '$(BACKEND)' | tr -dc a-z); \
+	bin/twillctl lab up --name $$name --kubernetes --nodes 3 --pods-per-node 1 --backend '$(BACKEND)' --ip-family '$(IP_FAMILY)'; rc=$$?; \
 	if [ $$rc = 0 ]; then rm -rf build/conformance/$$name; \
 		bin/twillctl lab conformance --name $$name --suite '$(SUITE)' --markdown --report-dir build/conformance/$$name; rc=$$?; fi; \
 	bin/twillctl lab down --name $$name; exit $$rc

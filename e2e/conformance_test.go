@@ -15,9 +15,11 @@ import (
 
 // TestKubeConformanceFast runs the pod-networking subset of Kubernetes' own
 // e2e suite (lab.ConformanceFast: pod to pod and node to pod over HTTP and
-// UDP, a Service's endpoints, a NodePort, hairpin) against a Kubernetes
-// lab running twill as dist/kube-twill.yml installs it, through twillctl
-// lab conformance --fast as make conformance runs the whole set.
+// UDP, a Service's endpoints, a NodePort, hairpin) and its dual-stack
+// subset (lab.DualStackFast) against a dual-stack vxlan Kubernetes lab
+// running twill as dist/kube-twill.yml installs it, through twillctl lab
+// conformance --fast as make conformance IP_FAMILY=dual runs the whole set;
+// then the NetworkPolicy subset on the same lab.
 func TestKubeConformanceFast(t *testing.T) {
 	l := newLabCtl(t)
 	images := kubeLabImages(t, l.bin, "e2e")
@@ -29,7 +31,7 @@ func TestKubeConformanceFast(t *testing.T) {
 	}
 	t.Logf("e2e images: %d of the suite's references have no stand-in", len(missing))
 	name := labName("cf")
-	l.up(name, "--kubernetes", "--nodes", "2", "--pods-per-node", "1", "--backend", "vxlan",
+	l.up(name, "--kubernetes", "--nodes", "2", "--pods-per-node", "1", "--backend", "vxlan", "--ip-family", "dual",
 		"--kube-bin-dir", kubeBinDir(t), "--image-dir", images)
 	report := t.TempDir()
 	out, err := l.run("conformance", "--name", name, "--fast", "--report-dir", report)
@@ -42,7 +44,8 @@ func TestKubeConformanceFast(t *testing.T) {
 	}
 	// Every spec of the subset ran and passed: each pattern matched a
 	// passed spec, and none failed.
-	for _, f := range lab.ConformanceFast {
+	fast := slices.Concat(lab.ConformanceFast, lab.DualStackFast)
+	for _, f := range fast {
 		re := regexp.MustCompile(f)
 		n := 0
 		for _, s := range o.Specs {
@@ -54,8 +57,8 @@ func TestKubeConformanceFast(t *testing.T) {
 			t.Errorf("no passed spec matches %s; specs that ran:\n%s", f, o.Markdown("vxlan"))
 		}
 	}
-	if o.Failed > 0 || o.Passed < 7 {
-		t.Fatalf("%d passed, %d failed (want the 7 specs of the subset):\n%s", o.Passed, o.Failed, o.Markdown("vxlan"))
+	if o.Failed > 0 || o.Passed < 11 {
+		t.Fatalf("%d passed, %d failed (want the 11 specs of the subsets):\n%s", o.Passed, o.Failed, o.Markdown("vxlan"))
 	}
 	t.Logf("conformance subset:\n%s", o.Markdown("vxlan"))
 

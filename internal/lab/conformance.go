@@ -47,18 +47,37 @@ var NetpolFast = []string{
 // ConformanceSkips nor SigNetworkSkips leaves out.
 var SigNetworkFocus = []string{`\[sig-network\]`}
 
+// DualStackFocus selects the dual-stack specs a dual-stack lab's `make
+// conformance IP_FAMILY=dual` runs besides ConformanceFocus: pod IPs and
+// host IPs of both families, pod to pod and pod, node and endpoint to a
+// Service in the secondary family, Services of each family policy.
+var DualStackFocus = []string{`\[sig-network\] \[Feature:IPv6DualStack\]`}
+
+// DualStackFast is the dual-stack subset `make test` runs: a pod reached
+// on both of its addresses, Services of both families created, and pod to
+// Service over the secondary family (HTTP, UDP).
+var DualStackFast = []string{
+	`\[sig-network\] \[Feature:IPv6DualStack\] should be able to reach pod on ipv4 and ipv6 ip`,
+	`\[sig-network\] \[Feature:IPv6DualStack\] should create service with ipv4,v6 cluster ip`,
+	`\[sig-network\] \[Feature:IPv6DualStack\] Granular Checks: Services Secondary IP Family \[LinuxOnly\] should function for pod-Service: (http|udp)`,
+}
+
 // Skip leaves specs matching Pattern out of a run, for Reason: out of
-// every run, or only of runs on Backends when that is set.
+// every run, or only of runs on Backends, or on labs of Families, when
+// those are set.
 type Skip struct {
 	Pattern, Reason string
 	Backends        []string
+	Families        []string
 }
 
-// SkipsFor are the skips that apply to a lab running backend.
-func SkipsFor(skips []Skip, backend string) []Skip {
+// SkipsFor are the skips that apply to a lab running backend, of IP
+// family family (ipv4, ipv6 or dual).
+func SkipsFor(skips []Skip, backend, family string) []Skip {
 	var out []Skip
 	for _, s := range skips {
-		if len(s.Backends) == 0 || slices.Contains(s.Backends, backend) {
+		if (len(s.Backends) == 0 || slices.Contains(s.Backends, backend)) &&
+			(len(s.Families) == 0 || slices.Contains(s.Families, family)) {
 			out = append(out, s)
 		}
 	}
@@ -69,7 +88,8 @@ func SkipsFor(skips []Skip, backend string) []Skip {
 // what needs something this machine cannot give. Documentation/
 // conformance.md lists them (twillctl lab conformance --list-skips).
 var ConformanceSkips = []Skip{
-	{Pattern: `\[Feature:IPv6DualStack\]|IPv6`, Reason: "the Kubernetes lab is IPv4-only (IPv6 is proven in etcd mode and by the Kubernetes-mode e2e tests)"},
+	{Pattern: `\[Feature:IPv6DualStack\]|IPv6`, Families: []string{"ipv4"},
+		Reason: "on an IPv4 lab only: they need IPv6 pods and Services; make conformance IP_FAMILY=dual runs the dual-stack ones on a dual-stack lab"},
 	{Pattern: `\[Disruptive\]|\[Serial\]`, Reason: "none of the Conformance or Netpol specs is either; the rest of [sig-network]'s need what the lab's nodes lack: SSH (to delete a node's iptables rules), kube-proxy and the apiserver as pods to delete, or SCTP (below)"},
 	{Pattern: `\[Feature:Networking-IPv6\]|\[Feature:Networking-DNS\]|\[Provider:`, Reason: "need the internet or a cloud provider"},
 	{Pattern: `\[Feature:SCTPConnectivity\]`, Reason: "SCTP traffic needs the kernel's sctp module, and loading it would change the machine; policies naming SCTP are still checked (the Netpol specs that expect SCTP not to be taken for TCP run)"},

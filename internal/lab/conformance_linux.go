@@ -54,7 +54,7 @@ func (s *State) RunConformance(ctx context.Context, c Conformance) (Outcome, err
 	for _, f := range c.Focus {
 		args = append(args, "--ginkgo.focus="+f)
 	}
-	if skips := SkipsFor(c.Skips, s.Backend); len(skips) > 0 {
+	if skips := SkipsFor(c.Skips, s.Backend, s.Family()); len(skips) > 0 {
 		args = append(args, "--ginkgo.skip="+SkipRegexp(skips))
 	}
 	cmd := exec.CommandContext(ctx, "nsenter", args...)

@@ -107,13 +107,19 @@ func TestConformanceSkipsDocumented(t *testing.T) {
 	}
 }
 
-// A skip for one backend leaves other backends' runs alone.
+// A skip for one backend, or one IP family, leaves other backends' and
+// families' runs alone.
 func TestSkipsFor(t *testing.T) {
-	skips := []Skip{{Pattern: "a", Reason: "everywhere"}, {Pattern: "b", Reason: "overlay only", Backends: []string{"vxlan"}}}
-	if got := SkipRegexp(SkipsFor(skips, "vxlan")); got != "a|b" {
-		t.Errorf("vxlan skips %q, want a|b", got)
-	}
-	if got := SkipRegexp(SkipsFor(skips, "host-gw")); got != "a" {
-		t.Errorf("host-gw skips %q, want a", got)
+	skips := []Skip{{Pattern: "a", Reason: "everywhere"}, {Pattern: "b", Reason: "overlay only", Backends: []string{"vxlan"}},
+		{Pattern: "c", Reason: "IPv4 labs only", Families: []string{"ipv4"}}}
+	for _, tc := range []struct{ backend, family, want string }{
+		{"vxlan", "ipv4", "a|b|c"},
+		{"host-gw", "ipv4", "a|c"},
+		{"vxlan", "dual", "a|b"},
+		{"host-gw", "ipv6", "a"},
+	} {
+		if got := SkipRegexp(SkipsFor(skips, tc.backend, tc.family)); got != tc.want {
+			t.Errorf("%s, %s skips %q, want %q", tc.backend, tc.family, got, tc.want)
+		}
 	}
 }

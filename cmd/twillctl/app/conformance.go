@@ -2,6 +2,7 @@ package app
 
 import (
 	"fmt"
+	"io"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -28,7 +29,8 @@ lab's underlay namespace as the lab's admin: by default every [sig-network]
 with --suite netpol every [sig-network] Netpol (NetworkPolicy) spec, with
 --fast the subset make test runs; with --suite sig-network the rest of
 [sig-network] (neither [Conformance] nor Netpol, nor [Feature:*], [Slow]
-or [Flaky]).
+or [Flaky]). On a dual-stack lab (lab up --ip-family dual) the conformance
+suite adds the [Feature:IPv6DualStack] specs (with --fast, a subset).
 The skip list (--list-skips, per suite) is the one place specs are left
 out, each with its reason.`,
 		Args: cobra.NoArgs,
@@ -38,33 +40,19 @@ out, each with its reason.`,
 				return fmt.Errorf("--suite %q: want conformance, netpol or sig-network", suite)
 			}
 			if listSkips {
-				for _, s := range lab.SuiteSkips(suite) {
-					only := ""
-					if len(s.Backends) > 0 {
-						only = "\t(" + strings.Join(s.Backends, ", ") + " only)"
-					}
-					fmt.Fprintf(w, "%s\t%s%s\n", s.Pattern, s.Reason, only)
-				}
+				printSkips(w, suite)
 				return nil
 			}
 			s, err := lab.Load(o.StateRoot, o.Name)
 			if err != nil {
 				return err
 			}
-			c := lab.Conformance{Focus: lab.ConformanceFocus, Skips: lab.SuiteSkips(suite), Out: w, Timeout: timeout,
-				ReportDir: reportDir}
-			switch {
-			case suite == "sig-network" && fast:
-				return fmt.Errorf("--suite sig-network has no --fast subset (make test runs those of conformance and netpol)")
-			case suite == "sig-network":
-				c.Focus = lab.SigNetworkFocus
-			case suite == "netpol" && fast:
-				c.Focus = lab.NetpolFast
-			case suite == "netpol":
-				c.Focus = lab.NetpolFocus
-			case fast:
-				c.Focus = lab.ConformanceFast
+			suiteFocus, err := focusFor(suite, fast, s.Family())
+			if err != nil {
+				return err
 			}
+			c := lab.Conformance{Focus: suiteFocus, Skips: lab.SuiteSkips(suite), Out: w, Timeout: timeout,
+				ReportDir: reportDir}
 			if len(focus) > 0 {
 				c.Focus = focus
 			}
@@ -72,8 +60,8 @@ out, each with its reason.`,
 				c.ReportDir = filepath.Join(s.Dir, "conformance-"+time.Now().Format("20060102-150405"))
 			}
 			out, err := s.RunConformance(cmd.Context(), c)
-			fmt.Fprintf(w, "\nconformance (%s, %d nodes): %d passed, %d failed, %d skipped; report in %s\n",
-				s.Backend, len(s.Nodes), out.Passed, out.Failed, out.Skipped, c.ReportDir)
+			fmt.Fprintf(w, "\nconformance (%s, %s, %d nodes): %d passed, %d failed, %d skipped; report in %s\n",
+				s.Backend, s.Family(), len(s.Nodes), out.Passed, out.Failed, out.Skipped, c.ReportDir)
 			if markdown {
 				fmt.Fprint(w, "\n"+out.Markdown(s.Backend))
 			}
@@ -88,4 +76,43 @@ out, each with its reason.`,
 	cmd.Flags().StringVar(&reportDir, "report-dir", "", "where e2e.test writes its JUnit report (default: a new directory in the lab's state)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Hour, "the suite's own time limit")
 	return cmd
+}
+
+// printSkips lists a suite's skip patterns, each with its reason and, when
+// it applies only to some backends or IP families, which.
+func printSkips(w io.Writer, suite string) {
+	for _, s := range lab.SuiteSkips(suite) {
+		only := ""
+		if on := slices.Concat(s.Backends, s.Families); len(on) > 0 {
+			only = "\t(" + strings.Join(on, ", ") + " only)"
+		}
+		fmt.Fprintf(w, "%s\t%s%s\n", s.Pattern, s.Reason, only)
+	}
+}
+
+// focusFor is the specs a suite runs on a lab of the given IP family: a
+// dual-stack lab's conformance suite runs the dual-stack specs too.
+func focusFor(suite string, fast bool, family string) ([]string, error) {
+	var focus []string
+	switch {
+	case suite == "sig-network" && fast:
+		return nil, fmt.Errorf("--suite sig-network has no --fast subset (make test runs those of conformance and netpol)")
+	case suite == "sig-network":
+		return lab.SigNetworkFocus, nil
+	case suite == "netpol" && fast:
+		return lab.NetpolFast, nil
+	case suite == "netpol":
+		return lab.NetpolFocus, nil
+	case fast:
+		focus = lab.ConformanceFast
+	default:
+		focus = lab.ConformanceFocus
+	}
+	if family != "dual" {
+		return focus, nil
+	}
+	if fast {
+		return slices.Concat(focus, lab.DualStackFast), nil
+	}
+	return slices.Concat(focus, lab.DualStackFocus), nil
 }
