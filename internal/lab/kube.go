@@ -54,6 +54,15 @@ func (o *Options) validateKube() error {
 	if o.ImageDir == "" {
 		o.ImageDir = filepath.Join(defaultBuildDir(o.BinDir), "images")
 	}
+	// The nodes' processes start in mount namespaces of their own, from
+	// other working directories: relative paths would not find them.
+	for _, d := range []*string{&o.KubeBinDir, &o.ImageDir} {
+		abs, err := filepath.Abs(*d)
+		if err != nil {
+			return fmt.Errorf("--kube-bin-dir or --image-dir %q: %w", *d, err)
+		}
+		*d = abs
+	}
 	var missing []string
 	for _, t := range KubeTools {
 		if _, err := os.Stat(filepath.Join(o.KubeBinDir, t)); err != nil {

@@ -2,6 +2,8 @@ package lab
 
 import (
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -106,5 +108,21 @@ func TestNodeConfigsFamilies(t *testing.T) {
 	}
 	if err := yaml.Unmarshal([]byte(kubeProxyConfig("node1", "/kc", dual.PodCIDRs)), &pc); err != nil || pc.ClusterCIDR != strings.Join(dual.PodCIDRs, ",") {
 		t.Errorf("kube-proxy clusterCIDR %q (%v), want %q", pc.ClusterCIDR, err, strings.Join(dual.PodCIDRs, ","))
+	}
+}
+
+// A relative --kube-bin-dir or --image-dir is made absolute: the nodes'
+// processes start from other working directories.
+func TestValidateKubeAbsolutePaths(t *testing.T) {
+	t.Chdir(t.TempDir())
+	o := Options{Kubernetes: true, Backend: "vxlan", KubeBinDir: "kube", ImageDir: "images"}
+	err := o.validateKube()
+	wd, _ := os.Getwd()
+	want := filepath.Join(wd, "kube", KubeTools[0])
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("validateKube with no tools: %v, want it to name %s", err, want)
+	}
+	if o.KubeBinDir != filepath.Join(wd, "kube") || o.ImageDir != filepath.Join(wd, "images") {
+		t.Errorf("KubeBinDir %q, ImageDir %q: want both absolute under %s", o.KubeBinDir, o.ImageDir, wd)
 	}
 }
