@@ -6,6 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/twill-net/twill/internal/topology"
+	"github.com/twill-net/twill/subnet/kube"
 )
 
 // routePodCIDRs routes each Node's pod subnet, in the underlay namespace
@@ -26,14 +27,17 @@ func (s *State) routePodCIDRs(ctx context.Context) error {
 			if n.Name != kn.Name {
 				continue
 			}
-			for _, c := range kn.Spec.PodCIDRs {
-				p, err := netip.ParsePrefix(c)
-				if err != nil {
-					return fmt.Errorf("Node %s: podCIDR %q: %w", kn.Name, c, err)
+			v4, v6, err := kube.PodCIDRs(&kn)
+			if err != nil {
+				return err
+			}
+			for _, p := range []netip.Prefix{v4, v6} {
+				if !p.IsValid() {
+					continue
 				}
 				via := n.addrFor(p.Addr())
 				if !via.IsValid() {
-					return fmt.Errorf("Node %s: podCIDR %s of a family %s has no address of", kn.Name, p, n.Name)
+					return fmt.Errorf("Node %s: podCIDR %s: the lab's node has no address of its family", kn.Name, p)
 				}
 				if err := topology.IP(s.underlayNS(), "route", "replace", p.String(), "via", via.String()); err != nil {
 					return fmt.Errorf("routing %s's pod subnet %s from the control plane: %w", n.Name, p, err)
