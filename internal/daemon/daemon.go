@@ -28,6 +28,7 @@ import (
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/internal/backoff"
 	"github.com/twill-net/twill/internal/desiredfile"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/network/netfilter"
@@ -282,7 +283,7 @@ func (d *Daemon) attach(ctx context.Context, cfg *subnet.Config) (backend.Extern
 // is waited for, the daemon alive and not ready, and read again. A nil
 // Backend with no error means the daemon was stopped while waiting.
 func (d *Daemon) prepare(ctx context.Context, cfg *subnet.Config) (backend.ExternalInterface, backend.Backend, subnet.LeaseAttrs, error) {
-	delay := 500 * time.Millisecond
+	bo := backoff.Backoff{Min: 500 * time.Millisecond, Max: 10 * time.Second}
 	for {
 		ext, err := network.ChooseExternal(d.o.Netlink, withFamilies(d.o.Iface, cfg))
 		if err != nil {
@@ -305,25 +306,12 @@ func (d *Daemon) prepare(ctx context.Context, cfg *subnet.Config) (backend.Exter
 			}
 			return ext, be, attrs, nil
 		}
+		delay := bo.Next()
 		d.log.Warn("waiting for the external interface's address", "err", err, "retry_in", delay)
 		d.heartbeat.Store(time.Now().UnixNano()) // alive, only waiting
-		if !sleep(ctx, &delay) {
+		if !backoff.Sleep(ctx, delay) {
 			return ext, nil, subnet.LeaseAttrs{}, nil
 		}
-	}
-}
-
-// sleep waits *delay, or until ctx is done (then it returns false), and
-// doubles *delay up to 10 s for the next retry.
-func sleep(ctx context.Context, delay *time.Duration) bool {
-	t := time.NewTimer(*delay)
-	defer t.Stop()
-	*delay = min(*delay*2, 10*time.Second)
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 
@@ -473,7 +461,7 @@ func withFamilies(o network.IfaceOptions, cfg *subnet.Config) network.IfaceOptio
 // networkConfig waits for the configuration, retrying with backoff and a
 // clear message: a node may start before the operator has written it.
 func (d *Daemon) networkConfig(ctx context.Context) (*subnet.Config, error) {
-	delay := 500 * time.Millisecond
+	bo := backoff.Backoff{Min: 500 * time.Millisecond, Max: 10 * time.Second}
 	for {
 		// A datastore that does not answer must not hold the daemon
 		// silent: each attempt is bounded, and its failure logged.
@@ -488,8 +476,9 @@ func (d *Daemon) networkConfig(ctx context.Context) (*subnet.Config, error) {
 			// by waiting; say so and stop.
 			return nil, err
 		}
+		delay := bo.Next()
 		d.log.Warn("waiting for the network configuration", "err", err, "retry_in", delay)
-		if !sleep(ctx, &delay) {
+		if !backoff.Sleep(ctx, delay) {
 			return nil, nil
 		}
 	}
@@ -520,9 +509,9 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 	tick := time.NewTicker(d.o.Resync)
 	defer tick.Stop()
 	var (
-		retry      *time.Timer
-		retryC     <-chan time.Time
-		retryDelay time.Duration
+		retry  *time.Timer
+		retryC <-chan time.Time
+		bo     = backoff.Backoff{Min: 200 * time.Millisecond, Max: 30 * time.Second}
 	)
 	for {
 		d.heartbeat.Store(time.Now().UnixNano())
@@ -556,7 +545,7 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 		d.log.Debug("reconciled", "full", full, "peers", peers, "took", took)
 		if err != nil {
 			d.metrics.reconcileErrors.Inc()
-			retryDelay = min(max(retryDelay*2, 200*time.Millisecond), 30*time.Second)
+			retryDelay := bo.Next()
 			d.log.Warn("reconcile failed; retrying", "err", err, "retry_in", retryDelay)
 			if retry != nil {
 				retry.Stop()
@@ -565,7 +554,8 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 			retryC = retry.C
 			continue
 		}
-		retryDelay, retryC = 0, nil
+		bo.Reset()
+		retryC = nil
 		if !d.ready.Load() {
 			if err := d.becomeReady(ctx); err != nil {
 				return err

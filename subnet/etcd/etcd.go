@@ -35,6 +35,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/twill-net/twill/internal/backoff"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -550,30 +551,6 @@ func (m *Manager) Run(ctx context.Context, publish func(subnet.Change)) error {
 	return g.Wait()
 }
 
-// backoff grows a retry delay from 100 ms to max (10 s when zero).
-type backoff struct{ d, max time.Duration }
-
-func (b *backoff) next() time.Duration {
-	const lo = 100 * time.Millisecond
-	hi := b.max
-	if hi == 0 {
-		hi = 10 * time.Second
-	}
-	b.d = min(max(b.d*2, lo), hi)
-	return b.d
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
 func (m *Manager) watch(ctx context.Context, publish func(subnet.Change)) error {
 	var (
 		listed bool
@@ -582,7 +559,7 @@ func (m *Manager) watch(ctx context.Context, publish func(subnet.Change)) error 
 		// (no leader while it shut down or started) must not sleep long
 		// past its return, deaf to lease changes. A retry is one Watch
 		// call that waits for the connection.
-		bo = backoff{max: time.Second}
+		bo = backoff.Backoff{Min: 100 * time.Millisecond, Max: time.Second}
 	)
 	for ctx.Err() == nil {
 		if !listed {
@@ -592,7 +569,7 @@ func (m *Manager) watch(ctx context.Context, publish func(subnet.Change)) error 
 					return nil
 				}
 				m.log.Warn("listing leases failed; retrying", "err", err)
-				sleep(ctx, bo.next())
+				backoff.Sleep(ctx, bo.Next())
 				continue
 			}
 			// The daemon keeps the set; the manager keeps only the
@@ -615,14 +592,14 @@ func (m *Manager) watch(ctx context.Context, publish func(subnet.Change)) error 
 			listed = false
 			continue
 		}
-		sleep(ctx, bo.next())
+		backoff.Sleep(ctx, bo.Next())
 	}
 	return nil
 }
 
 // consume applies watch responses until the channel ends. It reports
 // whether a fresh listing is needed (compaction).
-func (m *Manager) consume(ctx context.Context, wch clientv3.WatchChan, rev *int64, publish func(subnet.Change), bo *backoff) (bool, error) {
+func (m *Manager) consume(ctx context.Context, wch clientv3.WatchChan, rev *int64, publish func(subnet.Change), bo *backoff.Backoff) (bool, error) {
 	for resp := range wch {
 		if resp.CompactRevision != 0 || errors.Is(resp.Err(), rpctypes.ErrCompacted) {
 			return true, nil
@@ -631,7 +608,7 @@ func (m *Manager) consume(ctx context.Context, wch clientv3.WatchChan, rev *int6
 			m.log.Warn("lease watch failed; resuming", "revision", *rev, "err", err)
 			return false, nil
 		}
-		bo.d = 0
+		bo.Reset()
 		if resp.IsProgressNotify() {
 			*rev = resp.Header.Revision
 			continue
@@ -737,7 +714,7 @@ func changeOf(batch map[string]*subnet.Entry, touched []string) subnet.Change {
 // it would expire. If etcd lost the lease (expired while unreachable), the
 // key is created again with the same subnet.
 func (m *Manager) renew(ctx context.Context) error {
-	var bo backoff
+	bo := backoff.Backoff{Min: 100 * time.Millisecond, Max: 10 * time.Second}
 	for {
 		m.mu.Lock()
 		own := m.own
@@ -746,13 +723,13 @@ func (m *Manager) renew(ctx context.Context) error {
 			<-ctx.Done()
 			return nil
 		}
-		if !sleep(ctx, time.Until(own.expires.Add(-m.margin))) {
+		if !backoff.Sleep(ctx, time.Until(own.expires.Add(-m.margin))) {
 			return nil
 		}
 		resp, err := m.cli.KeepAliveOnce(ctx, own.etcdID)
 		switch {
 		case err == nil:
-			bo.d = 0
+			bo.Reset()
 			m.mu.Lock()
 			m.own.expires = time.Now().Add(time.Duration(resp.TTL) * time.Second)
 			m.own.lease.Expiration = m.own.expires
@@ -767,7 +744,7 @@ func (m *Manager) renew(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			d := bo.next()
+			d := bo.Next()
 			m.log.Warn("renewing lease failed; retrying", "key", own.key, "in", d, "err", err)
 			m.mu.Lock()
 			m.own.expires = time.Now().Add(m.margin + d) // retry after d

@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/twill-net/twill/internal/backoff"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -342,9 +343,9 @@ func (m *Manager) Run(ctx context.Context, publish func(subnet.Change)) error {
 		return nil
 	}
 	var (
-		retryAt    time.Time
-		retryDelay time.Duration
-		timer      = time.NewTimer(time.Hour)
+		retryAt time.Time
+		bo      = backoff.Backoff{Min: 500 * time.Millisecond, Max: 30 * time.Second}
+		timer   = time.NewTimer(time.Hour)
 	)
 	defer timer.Stop()
 	set := newNodeSet(m.ann, m.o.NodeName)
@@ -369,13 +370,13 @@ func (m *Manager) Run(ctx context.Context, publish func(subnet.Change)) error {
 			continue
 		}
 		if err := m.repairSelf(ctx); err != nil {
-			retryDelay = min(max(2*retryDelay, 500*time.Millisecond), 30*time.Second)
+			retryDelay := bo.Next()
 			retryAt = time.Now().Add(retryDelay)
 			timer.Reset(retryDelay)
 			m.log.Warn("updating the local Node failed; retrying", "err", err, "retry_in", retryDelay)
 			continue
 		}
-		retryDelay = 0
+		bo.Reset()
 	}
 }
 
