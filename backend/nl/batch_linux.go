@@ -99,65 +99,78 @@ func (h *Handle) socket() (int, error) { return h.socketGroups(0) }
 // bitmask of RTMGRP_*), with a receive buffer of watchReceiveBuffer when
 // it subscribes to any.
 func (h *Handle) socketGroups(groups uint32) (int, error) {
+	fd, err := inNS(h, func() (int, error) {
+		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+		if err != nil {
+			return -1, err
+		}
+		err = unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: groups})
+		switch {
+		case err == nil && groups != 0:
+			err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, watchReceiveBuffer)
+		case err == nil:
+			// Acks without the echoed request, and room for a full
+			// batch of them.
+			_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1)
+			_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 1<<20)
+		}
+		if err != nil {
+			unix.Close(fd)
+			return -1, err
+		}
+		return fd, nil
+	}, func(fd int) { unix.Close(fd) })
+	if err != nil {
+		return -1, fmt.Errorf("opening netlink socket: %w", err)
+	}
+	return fd, nil
+}
+
+// inNS runs open on a thread inside the handle's namespace (or the
+// caller's, for a handle bound to it), for what binds to the namespace it
+// is created in, such as a socket. If the thread cannot leave the
+// namespace again, what open returned is closed and the thread is not
+// reused.
+func inNS[T any](h *Handle, open func() (T, error), closeIt func(T)) (T, error) {
 	type result struct {
-		fd  int
+		v   T
 		err error
 	}
 	ch := make(chan result, 1)
 	go func() {
+		var zero T
 		runtime.LockOSThread()
-		var restore func() error
-		if h.ns >= 0 {
-			cur, err := netns.Get()
-			if err != nil {
-				ch <- result{-1, fmt.Errorf("reading current netns: %w", err)}
-				runtime.UnlockOSThread()
-				return
-			}
-			defer cur.Close()
-			if err := netns.Set(h.ns); err != nil {
-				ch <- result{-1, fmt.Errorf("entering netns: %w", err)}
-				runtime.UnlockOSThread()
-				return
-			}
-			restore = func() error { return netns.Set(cur) }
-		}
-		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
-		if err == nil {
-			err = unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: groups})
-			switch {
-			case err == nil && groups != 0:
-				err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, watchReceiveBuffer)
-				if err != nil {
-					unix.Close(fd)
-				}
-			case err == nil:
-				// Acks without the echoed request, and room for a full
-				// batch of them.
-				_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1)
-				_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 1<<20)
-			default:
-				unix.Close(fd)
-			}
-		}
-		if restore != nil {
-			if rerr := restore(); rerr != nil {
-				if err == nil {
-					unix.Close(fd)
-				}
-				ch <- result{-1, fmt.Errorf("leaving netns: %w", rerr)}
-				return // exit locked: the thread is not reused
-			}
-		}
-		runtime.UnlockOSThread()
-		if err != nil {
-			ch <- result{-1, fmt.Errorf("opening netlink socket: %w", err)}
+		if h.ns < 0 {
+			v, err := open()
+			runtime.UnlockOSThread()
+			ch <- result{v, err}
 			return
 		}
-		ch <- result{fd, nil}
+		cur, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{zero, fmt.Errorf("reading current netns: %w", err)}
+			return
+		}
+		defer cur.Close()
+		if err := netns.Set(h.ns); err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{zero, fmt.Errorf("entering netns: %w", err)}
+			return
+		}
+		v, err := open()
+		if rerr := netns.Set(cur); rerr != nil {
+			if err == nil {
+				closeIt(v)
+			}
+			ch <- result{zero, fmt.Errorf("leaving netns: %w", rerr)}
+			return // exit locked: the thread is not reused
+		}
+		runtime.UnlockOSThread()
+		ch <- result{v, err}
 	}()
 	r := <-ch
-	return r.fd, r.err
+	return r.v, r.err
 }
 
 func (b *batcher) closeLocked() {

@@ -41,6 +41,8 @@ type link struct {
 	l     nl.Link
 	vxlan *nl.VXLAN
 	addrs []netip.Prefix
+	// noTXChecksum: nl.FeatureTXChecksum turned off (a new device has it on).
+	noTXChecksum bool
 }
 
 func (k *Kernel) initLocked() {
@@ -141,13 +143,47 @@ func (k *Kernel) Links() ([]nl.Link, error) {
 func (k *Kernel) LinkByName(name string) (nl.Link, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	l, err := k.linkByNameLocked(name)
+	if err != nil {
+		return nl.Link{}, err
+	}
+	return l.l, nil
+}
+
+// TXChecksum reports whether the named link has nl.FeatureTXChecksum on.
+func (k *Kernel) TXChecksum(name string) (bool, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l, err := k.linkByNameLocked(name)
+	if err != nil {
+		return false, err
+	}
+	return !l.noTXChecksum, nil
+}
+
+// SetTXChecksum turns nl.FeatureTXChecksum on or off on the named link.
+func (k *Kernel) SetTXChecksum(name string, on bool) error {
+	if err := k.fail("tx checksum"); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l, err := k.linkByNameLocked(name)
+	if err != nil {
+		return err
+	}
+	l.noTXChecksum = !on
+	return nil
+}
+
+func (k *Kernel) linkByNameLocked(name string) (*link, error) {
 	k.initLocked()
 	for _, l := range k.links {
 		if l.l.Name == name {
-			return l.l, nil
+			return l, nil
 		}
 	}
-	return nl.Link{}, fmt.Errorf("finding link %q: %w", name, nl.ErrLinkNotFound)
+	return nil, fmt.Errorf("finding link %q: %w", name, nl.ErrLinkNotFound)
 }
 
 // LinkByIndex returns the link with the given index.
