@@ -8,9 +8,9 @@ LDFLAGS := -s -w -X github.com/twill-net/twill/internal/version.Version=$(VERSIO
 # only in tests, to alter twill's table and to watch for execs): the Kubernetes
 # lab's nodes run Debian's containerd and runc, with the CNI plugins a node
 # provides next to twill (loopback, portmap) from containernetworking-plugins.
-APT_PACKAGES := iproute2 iptables nftables strace iputils-ping iperf3 containerd runc containernetworking-plugins util-linux openssl
+APT_PACKAGES := iproute2 iptables nftables strace iputils-ping iperf3 ethtool containerd runc containernetworking-plugins util-linux openssl
 # A file each package provides, to check before installing.
-APT_FILES := /usr/sbin/ip /usr/sbin/iptables /usr/sbin/nft /usr/bin/strace /usr/bin/ping /usr/bin/iperf3 /usr/bin/containerd /usr/sbin/runc \
+APT_FILES := /usr/sbin/ip /usr/sbin/iptables /usr/sbin/nft /usr/bin/strace /usr/bin/ping /usr/bin/iperf3 /usr/sbin/ethtool /usr/bin/containerd /usr/sbin/runc \
 	/usr/lib/cni/portmap /usr/bin/nsenter /usr/bin/openssl
 
 .DEFAULT_GOAL := help

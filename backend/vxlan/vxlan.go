@@ -75,6 +75,8 @@ type Config struct {
 	Port          int
 	MTU           int
 	DirectRouting bool
+	// TXChecksumOffload is "auto", "on" or "off" (checksum.go).
+	TXChecksumOffload string
 }
 
 // Data is what a node publishes as BackendData (flannel's field names).
@@ -90,12 +92,19 @@ type Backend struct {
 	log  *slog.Logger
 	k    Kernel   // opts.Netlink, or a fake in tests
 	dev  nl.VXLAN // the device as it must be
+	// txChecksum is whether the device keeps transmit checksum offload
+	// on, and txChecksumWhy why (checksum.go).
+	txChecksum    bool
+	txChecksumWhy string
 }
 
 // New is the vxlan Factory.
 func New(opts backend.Options) (backend.Backend, error) {
-	cfg := Config{VNI: DefaultVNI, Port: DefaultPort}
+	cfg := Config{VNI: DefaultVNI, Port: DefaultPort, TXChecksumOffload: checksumAuto}
 	if err := backend.DecodeConfig(opts.Config.Backend, &cfg); err != nil {
+		return nil, err
+	}
+	if err := checkChecksumSetting(cfg.TXChecksumOffload); err != nil {
 		return nil, err
 	}
 	if cfg.VNI < 1 || cfg.VNI > 1<<24-1 {
@@ -123,6 +132,7 @@ func New(opts backend.Options) (backend.Backend, error) {
 	b := &Backend{opts: opts, cfg: cfg, log: opts.Logger.With("backend", Type)}
 	b.k = opts.Netlink
 	b.dev = nl.VXLAN{Name: DeviceName(cfg.VNI), VNI: cfg.VNI, Port: cfg.Port, SrcAddr: local, VtepDevIndex: ext.Link.Index, MTU: mtu}
+	b.txChecksum, b.txChecksumWhy = txChecksumWanted(cfg.TXChecksumOffload, kernelRelease())
 	return b, nil
 }
 
@@ -156,6 +166,10 @@ func (b *Backend) Prepare(context.Context) (subnet.LeaseAttrs, error) {
 	if _, _, err := ensureDevice(b.k, b.dev, nil); err != nil {
 		return subnet.LeaseAttrs{}, err
 	}
+	if _, err := ensureTXChecksum(b.k, b.dev.Name, b.txChecksum); err != nil {
+		return subnet.LeaseAttrs{}, fmt.Errorf("vxlan: %w", err)
+	}
+	b.log.Info("VTEP transmit checksum offload", "device", b.dev.Name, "on", b.txChecksum, "because", b.txChecksumWhy)
 	ext := b.opts.ExtIface
 	attrs := subnet.LeaseAttrs{PublicIP: ext.PublicIP, PublicIPv6: ext.PublicIPv6, BackendType: Type}
 	attrs.BackendData, attrs.BackendV6Data = b.data(mac)

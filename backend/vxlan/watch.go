@@ -54,11 +54,19 @@ func (n *Network) WatchKernel(ctx context.Context, poke, watching func()) error 
 }
 
 // deviceAsLeft reports whether the VTEP device is the one the last
-// reconcile left, up: what a link watch needs to know once subscribed
+// reconcile left, up, with its offload as set: what a link watch needs to know once subscribed
 // (changes after that come as events). A device altered or gone means a
 // full reconcile; an intact one spares it, which matters with tens of
 // thousands of peers.
 func (n *Network) deviceAsLeft() bool {
 	link, _, isVXLAN, err := n.b.k.VXLANByName(n.b.dev.Name)
-	return err == nil && isVXLAN && link.Up && int64(link.Index) == n.devSeen.Load()
+	if err != nil || !isVXLAN || !link.Up || int64(link.Index) != n.devSeen.Load() {
+		return false
+	}
+	c, ok := n.b.k.(checksummer)
+	if !ok {
+		return true // Reconcile reports it
+	}
+	on, err := c.TXChecksum(n.b.dev.Name)
+	return err == nil && on == n.b.txChecksum
 }
