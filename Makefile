@@ -63,16 +63,17 @@ netpol: setup e2e-images ## Kubernetes' own [sig-network] Netpol (NetworkPolicy)
 	bin/twillctl lab down --name $$name; exit $$rc
 
 .PHONY: build
-build: ## Build twilld, twillctl and the twill CNI plugin into bin/
+build: ## Build twilld, twillctl, the twill CNI plugin, twill-wg and the lab (twill-lab, which runs twillctl lab) into bin/
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
-# mkimage writes twill's image and the pause image; the targets below add
+# mkimage writes twill's image, and the lab's pause image and its own
+# (twill-lab, for its echo pods); the targets below add
 # to what it writes in the same run.
 MKIMAGE = CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o build/images/.pause ./tools/pause && \
 	$(GO) run ./tools/mkimage -bin $(BIN) -pause build/images/.pause -debs build/debs -out build/images -tag $(VERSION)
 
 .PHONY: image
-image: build ## Build twill's image and the lab's pause image as tarballs in build/images (no Docker needed; ctr images import reads them)
+image: build ## Build twill's image and the lab's pause and lab images as tarballs in build/images (no Docker needed; ctr images import reads them)
 	$(MKIMAGE)
 
 .PHONY: kube-images
@@ -134,7 +135,7 @@ cover: ## Statement coverage of backend/ by the unit tier, no root involved (flo
 
 .PHONY: test-privileged
 test-privileged: setup ## Privileged tier: real netns, netlink, iptables (root)
-	$(GO) test -race -count=1 -run 'Privileged' ./backend/... ./network/... ./internal/... ./subnet/... ./plugin/...
+	$(GO) test -race -count=1 -run 'Privileged' ./backend/... ./network/... ./internal/... ./lab/... ./subnet/... ./plugin/...
 
 .PHONY: e2e
 e2e: setup ## Multi-node clusters in network namespaces with the built binaries (root)

@@ -19,8 +19,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/twill-net/twill/backend/owned"
-	twcluster "github.com/twill-net/twill/internal/cluster"
-	"github.com/twill-net/twill/internal/netnstest"
+	"github.com/twill-net/twill/internal/testsupport/netnstest"
+	twcluster "github.com/twill-net/twill/lab/cluster"
 	"github.com/twill-net/twill/subnet"
 )
 

@@ -7,10 +7,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/twill-net/twill/internal/buildtest"
-	"github.com/twill-net/twill/internal/kubetest"
-	"github.com/twill-net/twill/internal/lab"
-	"github.com/twill-net/twill/internal/ociimage"
+	"github.com/twill-net/twill/internal/testsupport/buildtest"
+	"github.com/twill-net/twill/internal/testsupport/kubetest"
+	"github.com/twill-net/twill/lab"
+	"github.com/twill-net/twill/lab/ociimage"
 )
 
 // TestKubeConformanceFast runs the pod-networking subset of Kubernetes' own

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/kubetest"
-	"github.com/twill-net/twill/internal/netnstest"
+	"github.com/twill-net/twill/internal/testsupport/kubetest"
+	"github.com/twill-net/twill/internal/testsupport/netnstest"
 )
 
 // The docs' shell commands are run as written, so that the docs cannot

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/topology"
+	"github.com/twill-net/twill/lab/topology"
 )
 
 // TestEtcdHostGWDualStack: with EnableIPv6, every node gets an IPv4 and an

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	enicni "github.com/twill-net/twill/backend/eni/cni"
-	"github.com/twill-net/twill/backend/eni/sim"
-	"github.com/twill-net/twill/internal/topology"
+	"github.com/twill-net/twill/lab/eni/sim"
+	"github.com/twill-net/twill/lab/topology"
 	"github.com/twill-net/twill/subnet"
 )
 

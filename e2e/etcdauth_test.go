@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/pki"
+	"github.com/twill-net/twill/lab/pki"
 )
 
 // etcdAuthPort is where TestEtcdTLSRBAC's etcd serves, beside the plain

@@ -13,7 +13,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	twcluster "github.com/twill-net/twill/internal/cluster"
+	twcluster "github.com/twill-net/twill/lab/cluster"
 )
 
 // TestFilesAndPorts: what twilld and the plugin leave on a node's disk

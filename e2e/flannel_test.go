@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/cnidriver"
-	"github.com/twill-net/twill/internal/kubetest"
-	"github.com/twill-net/twill/internal/topology"
+	"github.com/twill-net/twill/internal/testsupport/kubetest"
+	"github.com/twill-net/twill/lab/cnidriver"
+	"github.com/twill-net/twill/lab/topology"
 )
 
 // These tests take over a running flannel cluster, node by node, with
@@ -152,7 +152,7 @@ func (c *flannelCluster) runCNI(op string, p *flPod, conf json.RawMessage) cnidr
 	state := filepath.Join(c.dir, c.topo.Nodes[p.node].Name)
 	req := cnidriver.Request{Op: op, ConfList: conf, BinDirs: []string{c.bin, "/usr/lib/cni"}, CacheDir: filepath.Join(state, "cni-cache"),
 		Attachments: []cnidriver.Attachment{{ContainerID: p.name, IfName: "eth0", Netns: "/var/run/netns/" + p.ns}}}
-	resp, err := cnidriver.RunIn(context.Background(), c.bin+"/twillctl", c.topo.Nodes[p.node].NS, req)
+	resp, err := cnidriver.RunIn(context.Background(), c.bin+"/twill-lab", c.topo.Nodes[p.node].NS, req)
 	if err != nil || len(resp.Outcomes) != 1 {
 		c.t.Fatalf("cni %s %s on node%d: %+v (%v)", op, p.name, p.node+1, resp, err)
 	}

@@ -18,15 +18,15 @@ import (
 	"testing"
 	"time"
 
-	twcluster "github.com/twill-net/twill/internal/cluster"
+	twcluster "github.com/twill-net/twill/lab/cluster"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/twill-net/twill/internal/buildtest"
-	"github.com/twill-net/twill/internal/cnidriver"
-	"github.com/twill-net/twill/internal/netnstest"
-	"github.com/twill-net/twill/internal/topology"
+	"github.com/twill-net/twill/internal/testsupport/buildtest"
+	"github.com/twill-net/twill/internal/testsupport/netnstest"
+	"github.com/twill-net/twill/lab/cnidriver"
+	"github.com/twill-net/twill/lab/topology"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -41,7 +41,7 @@ func TestMain(m *testing.M) {
 func binaries(t testing.TB) string {
 	t.Helper()
 	return buildtest.Binaries(t, "github.com/twill-net/twill/cmd/twilld", "github.com/twill-net/twill/cmd/twilld-lab",
-		"github.com/twill-net/twill/cmd/twillctl", "github.com/twill-net/twill/cmd/twill", "github.com/twill-net/twill/cmd/twill-wg")
+		"github.com/twill-net/twill/cmd/twillctl", "github.com/twill-net/twill/cmd/twill-lab", "github.com/twill-net/twill/cmd/twill", "github.com/twill-net/twill/cmd/twill-wg")
 }
 
 // proc is a process the test started inside a namespace; it is stopped by
@@ -195,7 +195,7 @@ func newClusterWith(t testing.TB, o topology.Options) *cluster {
 	})
 	c := &cluster{t: t, bin: bin, dir: dir, topo: topo, daemons: map[int]*proc{}, daemon: "twilld"}
 	t.Cleanup(c.logDaemonsIfFailed)
-	e := twcluster.NewEtcd(topo, dir, bin+"/twillctl")
+	e := twcluster.NewEtcd(topo, dir, bin+"/twill-lab")
 	c.etcdURL = e.URL
 	c.etcdRun = func() *proc { return start(t, e.NS(), filepath.Join(dir, "etcd.log"), e.Argv()[0], e.Argv()[1:]...) }
 	t.Cleanup(e.Close)
@@ -361,7 +361,7 @@ func (c *cluster) cni(i int, op, name, podNS string) cnidriver.Outcome {
 		c.subnetFile(i), filepath.Join(state, "networks"))
 	req := cnidriver.Request{Op: op, ConfList: json.RawMessage(list), BinDirs: []string{c.bin}, CacheDir: filepath.Join(state, "cni-cache"),
 		Attachments: []cnidriver.Attachment{{ContainerID: name, IfName: "eth0", Netns: "/var/run/netns/" + podNS}}}
-	resp, err := cnidriver.RunIn(context.Background(), c.bin+"/twillctl", c.topo.Nodes[i].NS, req)
+	resp, err := cnidriver.RunIn(context.Background(), c.bin+"/twill-lab", c.topo.Nodes[i].NS, req)
 	if err != nil || len(resp.Outcomes) != 1 {
 		c.t.Fatalf("cni %s %s on node%d: %+v (%v)", op, name, i+1, resp, err)
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/backend/owned"
-	"github.com/twill-net/twill/internal/topology"
+	"github.com/twill-net/twill/lab/topology"
 	"github.com/twill-net/twill/subnet"
 )
 

@@ -13,7 +13,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/twill-net/twill/internal/topology"
+	"github.com/twill-net/twill/lab/topology"
 )
 
 // IPv6 across nodes: vxlan dual-stack over an IPv4 underlay, vxlan and

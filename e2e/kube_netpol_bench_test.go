@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/internal/netnstest"
+	"github.com/twill-net/twill/internal/testsupport/netnstest"
 )
 
 // BenchmarkKubeNetworkPolicy measures twilld --network-policy as an

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/lab"
+	"github.com/twill-net/twill/lab"
 )
 
 // BenchmarkKubeLab measures the Kubernetes lab as an operator meets it:
@@ -55,10 +55,10 @@ spec:
       containers:
         - name: echo
           image: %s
-          command: ["/usr/local/bin/twillctl", "lab", "echo-server", "--port", "%d"]
+          command: ["/usr/local/bin/twill-lab", "lab", "echo-server", "--port", "%d"]
           readinessProbe: {tcpSocket: {port: %d}, periodSeconds: 1}
           resources: {requests: {cpu: 1m, memory: 8Mi}}
-`, s.TwillImage, lab.EchoPort, lab.EchoPort)
+`, s.LabImage, lab.EchoPort, lab.EchoPort)
 	t0 := time.Now()
 	if out, err := s.Kubectl(ctx, strings.NewReader(deploy), "apply", "-f", "-"); err != nil {
 		b.Fatalf("%v\n%s", err, out)

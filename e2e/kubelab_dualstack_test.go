@@ -15,7 +15,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/twill-net/twill/internal/lab"
+	"github.com/twill-net/twill/lab"
 )
 
 // TestKubeLabIPFamilies runs the Kubernetes lab in the other two IP

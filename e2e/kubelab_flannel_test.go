@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/buildtest"
-	"github.com/twill-net/twill/internal/kubetest"
-	"github.com/twill-net/twill/internal/lab"
-	"github.com/twill-net/twill/internal/ociimage"
+	"github.com/twill-net/twill/internal/testsupport/buildtest"
+	"github.com/twill-net/twill/internal/testsupport/kubetest"
+	"github.com/twill-net/twill/lab"
+	"github.com/twill-net/twill/lab/ociimage"
 )
 
 // TestKubeLabFlannelTakeover: a Kubernetes lab (kubelet, containerd,
@@ -111,7 +111,7 @@ func testKubeLabFlannel(t *testing.T, backend string) {
 		// A new pod on the switched node: twill wires it, at an address no
 		// running pod holds, and every pod reaches every pod.
 		pod := fmt.Sprintf("tw-%d", i+1)
-		kubectl(fmt.Sprintf(newPodManifest, pod, n.Name, s.TwillImage, lab.EchoPort, lab.EchoPort), "-n", "lab", "apply", "-f", "-")
+		kubectl(fmt.Sprintf(newPodManifest, pod, n.Name, s.LabImage, lab.EchoPort, lab.EchoPort), "-n", "lab", "apply", "-f", "-")
 		kubectl("", "-n", "lab", "wait", "--for=condition=Ready", "pod/"+pod, "--timeout", "2m")
 		if err := s.RefreshPods(ctx); err != nil {
 			t.Fatal(err)
@@ -207,7 +207,7 @@ spec:
   containers:
     - name: echo
       image: %s
-      command: ["/usr/local/bin/twillctl", "lab", "echo-server", "--port", "%d"]
+      command: ["/usr/local/bin/twill-lab", "lab", "echo-server", "--port", "%d"]
       readinessProbe: {tcpSocket: {port: %d}, periodSeconds: 1}
 `
 

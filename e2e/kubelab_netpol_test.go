@@ -11,7 +11,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/twill-net/twill/internal/lab"
+	"github.com/twill-net/twill/lab"
 )
 
 // TestKubeNetworkPolicy: on a two-node Kubernetes lab running twill as
@@ -214,8 +214,8 @@ spec:
   nodeSelector: {kubernetes.io/hostname: ` + s.Nodes[1].Name + `}
   containers:
     - name: probe
-      image: ` + s.TwillImage + `
-      command: ["/usr/local/bin/twillctl", "lab", "probe", "--every", "200ms", "--for", "` + d.String() + `", "--port", "` + fmt.Sprint(lab.EchoPort) + `", "` + target.IP.String() + `"]
+      image: ` + s.LabImage + `
+      command: ["/usr/local/bin/twill-lab", "lab", "probe", "--every", "200ms", "--for", "` + d.String() + `", "--port", "` + fmt.Sprint(lab.EchoPort) + `", "` + target.IP.String() + `"]
 `
 	}
 	pods := [2]string{name, name + "-control"}

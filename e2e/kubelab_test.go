@@ -23,14 +23,15 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 
-	"github.com/twill-net/twill/internal/buildtest"
-	"github.com/twill-net/twill/internal/kubetest"
-	"github.com/twill-net/twill/internal/lab"
-	"github.com/twill-net/twill/internal/ociimage"
+	"github.com/twill-net/twill/internal/testsupport/buildtest"
+	"github.com/twill-net/twill/internal/testsupport/kubetest"
+	"github.com/twill-net/twill/lab"
+	"github.com/twill-net/twill/lab/ociimage"
 )
 
 // kubeLabImages builds twill's image (from this tree's binaries, as make
-// image does), the pause image and CoreDNS's into a fresh directory.
+// image does), the pause image, CoreDNS's and the lab's own into a fresh
+// directory.
 func kubeLabImages(t testing.TB, bin, tag string) string {
 	t.Helper()
 	root := kubetest.Root(t)
@@ -47,6 +48,9 @@ func kubeLabImages(t testing.TB, bin, tag string) string {
 		t.Fatal(err)
 	}
 	if _, err := ociimage.WriteCoreDNS(filepath.Join(dir, "coredns.tar"), kubeBinDir(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := ociimage.Write(filepath.Join(dir, "lab.tar"), ociimage.LabImage("twill.local/lab:"+tag, filepath.Join(bin, "twill-lab"))); err != nil {
 		t.Fatal(err)
 	}
 	return dir
@@ -335,7 +339,7 @@ func crictlPod(t *testing.T, s *lab.State) {
 	pod := fmt.Sprintf(`{"metadata": {"name": "crictl", "namespace": "crictl", "uid": "crictl-1", "attempt": 0},
   "log_directory": "/var/log/crictl", "linux": {"cgroup_parent": "/%s/crictl"}}`, s.Nodes[0].NS)
 	ctr := fmt.Sprintf(`{"metadata": {"name": "echo"}, "image": {"image": %q},
-  "command": ["/usr/local/bin/twillctl", "lab", "echo-server", "--port", "%d"], "log_path": "echo.log", "linux": {}}`, s.TwillImage, lab.EchoPort)
+  "command": ["/usr/local/bin/twill-lab", "lab", "echo-server", "--port", "%d"], "log_path": "echo.log", "linux": {}}`, s.LabImage, lab.EchoPort)
 	cfg := "runtime-endpoint: unix:///run/containerd/containerd.sock\nimage-endpoint: unix:///run/containerd/containerd.sock\ntimeout: 60\n"
 	for f, content := range map[string]string{"crictl-pod.json": pod, "crictl-ctr.json": ctr, "crictl.yaml": cfg} {
 		if err := os.WriteFile(filepath.Join(dir, f), []byte(content), 0o644); err != nil {

@@ -11,7 +11,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/twill-net/twill/backend/wireguard/uapi"
-	"github.com/twill-net/twill/internal/lab"
+	"github.com/twill-net/twill/lab"
 )
 
 // TestKubeLabWireGuard: the Kubernetes lab (kubelet, containerd,

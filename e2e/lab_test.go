@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/kubetest"
-	"github.com/twill-net/twill/internal/lab"
-	"github.com/twill-net/twill/internal/netnstest"
+	"github.com/twill-net/twill/internal/testsupport/kubetest"
+	"github.com/twill-net/twill/internal/testsupport/netnstest"
+	"github.com/twill-net/twill/lab"
 )
 
 // labCtl runs the built twillctl lab with a per-test state root.
@@ -288,7 +288,7 @@ func TestLabStatusReportsDrift(t *testing.T) {
 func TestLabExampleBackend(t *testing.T) {
 	l := newLabCtl(t)
 	dir := t.TempDir()
-	if out, err := exec.Command("cp", filepath.Join(l.bin, "twill"), dir).CombinedOutput(); err != nil {
+	if out, err := exec.Command("cp", filepath.Join(l.bin, "twill"), filepath.Join(l.bin, "twill-lab"), dir).CombinedOutput(); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
 	for bin, pkg := range map[string]string{"twilld": "twilld-directgw", "twillctl": "twillctl-directgw"} {

@@ -16,8 +16,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	twcluster "github.com/twill-net/twill/internal/cluster"
-	"github.com/twill-net/twill/internal/topology"
+	twcluster "github.com/twill-net/twill/lab/cluster"
+	"github.com/twill-net/twill/lab/topology"
 )
 
 // listenOnce accepts one TCP connection on addr:port inside a namespace,

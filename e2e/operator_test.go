@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/twill-net/twill/backend/owned"
-	"github.com/twill-net/twill/internal/cnidriver"
-	"github.com/twill-net/twill/internal/netnstest"
+	"github.com/twill-net/twill/internal/testsupport/netnstest"
+	"github.com/twill-net/twill/lab/cnidriver"
 )
 
 // TestEtcdUnreachableSaysSo: twilld and twillctl pointed at an etcd that is

@@ -16,7 +16,7 @@ import (
 
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/backend/owned"
-	"github.com/twill-net/twill/internal/netnstest"
+	"github.com/twill-net/twill/internal/testsupport/netnstest"
 )
 
 // routeWatch follows twill's routes (proto 167, main table) in one

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/topology"
+	"github.com/twill-net/twill/lab/topology"
 	"github.com/twill-net/twill/subnet"
 )
 

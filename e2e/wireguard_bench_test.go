@@ -19,8 +19,8 @@ import (
 	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/backend/wireguard"
 	"github.com/twill-net/twill/backend/wireguard/uapi"
-	twcluster "github.com/twill-net/twill/internal/cluster"
-	"github.com/twill-net/twill/internal/netnstest"
+	"github.com/twill-net/twill/internal/testsupport/netnstest"
+	twcluster "github.com/twill-net/twill/lab/cluster"
 )
 
 // wireguardBenchSizes are the wireguard backend's points of the scale

@@ -26,8 +26,8 @@ import (
 
 	"github.com/twill-net/twill/backend/wireguard"
 	"github.com/twill-net/twill/backend/wireguard/uapi"
-	twcluster "github.com/twill-net/twill/internal/cluster"
-	"github.com/twill-net/twill/internal/topology"
+	twcluster "github.com/twill-net/twill/lab/cluster"
+	"github.com/twill-net/twill/lab/topology"
 	"github.com/twill-net/twill/subnet"
 )
 

@@ -13,7 +13,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/internal/netnstest"
+	"github.com/twill-net/twill/internal/testsupport/netnstest"
 )
 
 func iptablesSave(t *testing.T, name string) string { return save(t, name, "iptables-save") }

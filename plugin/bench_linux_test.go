@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/cnidriver"
+	"github.com/twill-net/twill/lab/cnidriver"
 )
 
 const benchPods = 200

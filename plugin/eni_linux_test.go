@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/twill-net/twill/internal/cnidriver"
+	"github.com/twill-net/twill/lab/cnidriver"
 	"github.com/twill-net/twill/subnet"
 )
 

@@ -13,9 +13,9 @@ import (
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/twill-net/twill/internal/buildtest"
-	"github.com/twill-net/twill/internal/cnidriver"
-	"github.com/twill-net/twill/internal/netnstest"
+	"github.com/twill-net/twill/internal/testsupport/buildtest"
+	"github.com/twill-net/twill/internal/testsupport/netnstest"
+	"github.com/twill-net/twill/lab/cnidriver"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 // the module's own dependencies (pinned in internal/tools).
 func binDir(t testing.TB) string {
 	t.Helper()
-	return buildtest.Binaries(t, "github.com/twill-net/twill/cmd/twill", "github.com/twill-net/twill/cmd/twillctl",
+	return buildtest.Binaries(t, "github.com/twill-net/twill/cmd/twill", "github.com/twill-net/twill/cmd/twill-lab",
 		"github.com/containernetworking/plugins/plugins/main/ptp",
 		"github.com/containernetworking/plugins/plugins/ipam/host-local",
 		"github.com/containernetworking/plugins/plugins/meta/portmap")
@@ -95,7 +95,7 @@ func (n *node) run(req cnidriver.Request) cnidriver.Response {
 	if req.CacheDir == "" {
 		req.CacheDir = filepath.Join(n.dir, "cache")
 	}
-	resp, err := cnidriver.RunIn(context.Background(), n.bin+"/twillctl", n.ns, req)
+	resp, err := cnidriver.RunIn(context.Background(), n.bin+"/twill-lab", n.ns, req)
 	if err != nil {
 		n.t.Fatal(err)
 	}

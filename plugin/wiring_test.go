@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/internal/golden"
+	"github.com/twill-net/twill/internal/testsupport/golden"
 )
 
 // TestWiringGolden renders what ADD puts in the kernel (and CHECK

@@ -20,7 +20,7 @@
 // filled through the provider (see pool.go).
 //
 // Cloud calls sit behind Provider; "static" (declared ENIs) is built in, and
-// the backend/eni/sim package registers "sim", the simulated VPC of the
+// the lab/eni/sim package registers "sim", the simulated VPC of the
 // tests and the lab.
 package eni
 

@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/internal/backendtest"
 	"github.com/twill-net/twill/internal/kernelfake"
+	"github.com/twill-net/twill/internal/testsupport/backendtest"
 	"github.com/twill-net/twill/subnet"
 )
 

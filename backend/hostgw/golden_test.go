@@ -8,7 +8,7 @@ import (
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/internal/golden"
+	"github.com/twill-net/twill/internal/testsupport/golden"
 	"github.com/twill-net/twill/subnet"
 )
 

@@ -15,8 +15,8 @@ import (
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/internal/backendtest"
-	"github.com/twill-net/twill/internal/netnstest"
+	"github.com/twill-net/twill/internal/testsupport/backendtest"
+	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/subnet"
 )
 

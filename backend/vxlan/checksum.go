@@ -123,3 +123,18 @@ func ensureTXChecksum(k Kernel, name string, on bool) (bool, error) {
 	}
 	return true, c.SetTXChecksum(name, on)
 }
+
+// keepTXChecksum sets the VTEP's offload as chosen, and reports a change
+// someone made to a device it did not just create.
+func (n *Network) keepTXChecksum(created bool) error {
+	changed, err := ensureTXChecksum(n.b.k, n.b.dev.Name, n.b.txChecksum)
+	if err != nil {
+		return err
+	}
+	if changed && !created {
+		n.b.log.Warn("VTEP transmit checksum offload was changed behind twill's back; set it back",
+			"device", n.b.dev.Name, "on", n.b.txChecksum, "because", n.b.txChecksumWhy)
+		n.metrics.AddDriftRepairs(1)
+	}
+	return nil
+}

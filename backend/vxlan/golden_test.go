@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/internal/golden"
+	"github.com/twill-net/twill/internal/testsupport/golden"
 	"github.com/twill-net/twill/subnet"
 )
 

@@ -10,8 +10,8 @@ import (
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/internal/backendtest"
 	"github.com/twill-net/twill/internal/kernelfake"
+	"github.com/twill-net/twill/internal/testsupport/backendtest"
 	"github.com/twill-net/twill/subnet"
 )
 

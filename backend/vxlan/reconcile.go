@@ -145,11 +145,8 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 	if err != nil {
 		return fmt.Errorf("vxlan: %w", err)
 	}
-	if changed, err := ensureTXChecksum(n.b.k, n.b.dev.Name, n.b.txChecksum); err != nil {
+	if err := n.keepTXChecksum(created); err != nil {
 		return fmt.Errorf("vxlan: %w", err)
-	} else if changed && !created {
-		n.b.log.Warn("VTEP transmit checksum offload was changed behind twill's back; set it back", "device", n.b.dev.Name, "on", n.b.txChecksum, "because", n.b.txChecksumWhy)
-		n.metrics.AddDriftRepairs(1)
 	}
 	if created || n.devIdx != link.Index {
 		if created && !newMAC {

@@ -10,11 +10,11 @@ import (
 
 	"github.com/twill-net/twill/backend"
 	_ "github.com/twill-net/twill/backend/eni" // built-in backends register in init()
-	_ "github.com/twill-net/twill/backend/eni/sim"
 	_ "github.com/twill-net/twill/backend/hostgw"
 	_ "github.com/twill-net/twill/backend/vxlan"
 	_ "github.com/twill-net/twill/backend/wireguard"
 	"github.com/twill-net/twill/cmd/twilld/app"
+	_ "github.com/twill-net/twill/lab/eni/sim"
 )
 
 func main() { os.Exit(app.Main(backend.Default)) }

@@ -17,7 +17,7 @@ import (
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/daemon"
-	"github.com/twill-net/twill/internal/netnstest"
+	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/subnet"
 )

@@ -16,7 +16,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/internal/netnstest"
+	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/network"
 )
 

@@ -14,7 +14,7 @@ import (
 	"github.com/google/nftables"
 
 	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/internal/netnstest"
+	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/network"
 )
 

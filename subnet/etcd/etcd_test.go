@@ -18,7 +18,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/twill-net/twill/internal/etcdserver"
+	"github.com/twill-net/twill/lab/etcdserver"
 	"github.com/twill-net/twill/subnet"
 )
 

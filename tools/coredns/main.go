@@ -8,7 +8,7 @@ package main
 import (
 	"github.com/coredns/coredns/coremain"
 
-	// The plugins the lab's Corefile names (internal/lab/coredns.go), and
+	// The plugins the lab's Corefile names (lab/coredns.go), and
 	// the e2e suite's (test/e2e/network/dns_common.go, dns_configmap.go).
 	_ "github.com/coredns/coredns/plugin/cache"
 	_ "github.com/coredns/coredns/plugin/errors"

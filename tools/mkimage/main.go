@@ -18,7 +18,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/twill-net/twill/internal/ociimage"
+	"github.com/twill-net/twill/lab/ociimage"
 )
 
 func main() {
@@ -30,9 +30,9 @@ func main() {
 
 func run() error {
 	bin := flag.String("bin", "bin", "directory holding twilld, twill, twillctl and twill-wg")
-	pause := flag.String("pause", "", "pause binary for the pause image (none: no pause image)")
+	pause := flag.String("pause", "", "pause binary for the pause image; with it, also lab.tar from -bin's twill-lab (none: neither)")
 	debs := flag.String("debs", "build/debs", "cache of the Debian packages the image is made of")
-	out := flag.String("out", "build/images", "directory to write twill.tar (and pause.tar) to")
+	out := flag.String("out", "build/images", "directory to write twill.tar (and pause.tar and lab.tar) to")
 	tag := flag.String("tag", "dev", "image tag")
 	repo := flag.String("repo", "twill.local/twill", "image repository")
 	coredns := flag.String("coredns", "", "also write coredns.tar from this directory's coredns (build/kube/current)")
@@ -54,6 +54,12 @@ func run() error {
 		ref := "twill.local/pause:" + *tag
 		path := filepath.Join(*out, "pause.tar")
 		if err := ociimage.Write(path, ociimage.PauseImage(ref, *pause)); err != nil {
+			return err
+		}
+		fmt.Printf("%s: %s\n", path, ref)
+		ref = "twill.local/lab:" + *tag
+		path = filepath.Join(*out, "lab.tar")
+		if err := ociimage.Write(path, ociimage.LabImage(ref, filepath.Join(*bin, "twill-lab"))); err != nil {
 			return err
 		}
 		fmt.Printf("%s: %s\n", path, ref)

@@ -1,342 +1,66 @@
 package app
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"time"
+	"syscall"
 
 	"github.com/spf13/cobra"
-
-	"github.com/twill-net/twill/internal/lab"
 )
 
-type labOptions struct {
-	lab.Options
+// labBinary holds twillctl's lab commands (cmd/twill-lab): the lab, the
+// embedded etcd it runs, and the CNI driver. The operator's twillctl links
+// none of them; it runs labBinary in its own place instead.
+const labBinary = "twill-lab"
+
+// labCommands stand for the commands of labBinary.
+func labCommands() []*cobra.Command {
+	var cmds []*cobra.Command
+	for _, c := range []struct{ use, short string }{
+		{"lab", "A twill cluster on this machine, made of network namespaces"},
+		{"etcd", "Run a single-member embedded etcd (for labs and tests, not production)"},
+		{"cni", "Drive CNI plugins through libcni, as a container runtime does"},
+	} {
+		cmds = append(cmds, &cobra.Command{
+			Use:                c.use,
+			Short:              c.short + " (" + labBinary + ")",
+			DisableFlagParsing: true,
+			RunE: func(cmd *cobra.Command, args []string) error {
+				return execLab(c.use, args)
+			},
+		})
+	}
+	return cmds
 }
 
-func newLabCommand() *cobra.Command {
-	var o labOptions
-	cmd := &cobra.Command{
-		Use:   "lab",
-		Short: "A twill cluster on this machine, made of network namespaces",
-		Long: `lab builds a multi-node twill cluster on one Linux machine (as root): an
-underlay, node namespaces each running twilld, an embedded etcd, and pods wired
-by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
-		Example: `  twillctl lab up                       # 3 nodes x 2 pods, vxlan
-  twillctl lab check                    # TCP from every pod to every pod
-  twillctl lab exec node1 -- ip route
-  twillctl lab down`,
-	}
-	// Defaults may come from the environment, so that the docs' commands run
-	// as written in a lab of one's own (tests run them side by side).
-	env := func(k, def string) string {
-		if v := os.Getenv(k); v != "" {
-			return v
-		}
-		return def
-	}
-	cmd.PersistentFlags().StringVar(&o.Name, "name", env("TWILL_LAB_NAME", "lab"), "lab name (1-8 lowercase letters or digits; env TWILL_LAB_NAME)")
-	cmd.PersistentFlags().StringVar(&o.StateRoot, "state-root", env("TWILL_LAB_STATE_ROOT", lab.DefaultStateRoot),
-		"directory holding one state directory per lab (env TWILL_LAB_STATE_ROOT)")
-	cmd.PersistentFlags().StringVar(&o.NetnsPrefix, "netns-prefix", env("TWILL_LAB_NETNS_PREFIX", lab.DefaultNetnsPrefix),
-		"first part of the lab's namespace names, <prefix>-<name>-n1 (env TWILL_LAB_NETNS_PREFIX)")
-	cmd.AddCommand(labUpCommand(&o), labCheckCommand(&o), labStatusCommand(&o), labExecCommand(&o), labDownCommand(&o),
-		labKubectlCommand(&o), labConformanceCommand(&o), labEchoCommand(), labProbeCommand(), labNodeRootCommand())
-	return cmd
-}
-
-// binDir is the directory of this twillctl, where make build puts twilld
-// and the plugin too.
-func binDir() string {
-	exe, err := os.Executable()
+// execLab replaces this process with labBinary running the command, so
+// that its output, exit status and signals are the command's own. It is
+// looked for next to this twillctl (make build puts both in bin/), then
+// on PATH.
+func execLab(command string, args []string) error {
+	path, err := findLab()
 	if err != nil {
-		return "."
+		return fmt.Errorf("%s: %w", command, err)
 	}
-	return filepath.Dir(exe)
+	err = syscall.Exec(path, append([]string{path, command}, args...), os.Environ())
+	return fmt.Errorf("%s: running %s: %w", command, path, err)
 }
 
-func labUpCommand(o *labOptions) *cobra.Command {
-	up := &cobra.Command{
-		Use:   "up",
-		Short: "Build a lab and wait until every node is ready",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			o.BinDir = binDir()
-			s, err := lab.Up(cmd.Context(), o.Options, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			w := cmd.OutOrStdout()
-			if s.Bare {
-				fmt.Fprintf(w, "\nlab %q is up: %d bare machines on the underlay (state in %s)\n", s.Name, len(s.Nodes), s.Dir)
-			} else {
-				fam := ""
-				if s.IPFamily != "" && s.IPFamily != "ipv4" {
-					fam = " " + s.IPFamily
-				}
-				fmt.Fprintf(w, "\nlab %q is up: %d nodes, %d pods, backend %s, %s%s underlay (state in %s)\n", s.Name, len(s.Nodes), len(s.Pods), s.Backend, s.Underlay, fam, s.Dir)
-			}
-			flag := ""
-			if o.Name != "lab" {
-				flag = " --name " + o.Name
-			}
-			fmt.Fprintf(w, "  twillctl lab check%s                   connectivity matrix\n", flag)
-			fmt.Fprintf(w, "  twillctl lab status%s                  nodes, leases, pods, daemons\n", flag)
-			fmt.Fprintf(w, "  twillctl lab exec%s node1 -- ip route  run a command in a node or pod\n", flag)
-			fmt.Fprintf(w, "  twillctl lab down%s                    remove it all\n", flag)
-			return nil
-		},
-	}
-	up.Flags().IntVar(&o.Nodes, "nodes", 3, "number of nodes")
-	up.Flags().IntVar(&o.PodsPerNode, "pods-per-node", 2, "pods per node")
-	up.Flags().StringVar(&o.Backend, "backend", "vxlan", "vxlan, host-gw, wireguard or eni (eni runs on a simulated cloud VPC)")
-	up.Flags().StringVar(&o.Underlay, "underlay", "flat", "flat (one L2 segment) or routed (two segments and a router); eni always uses its VPC")
-	up.Flags().StringVar(&o.IPFamily, "ip-family", "ipv4", "ipv4, ipv6 or dual: the underlay's, the pods' and (--kubernetes) the Services' address families (vxlan, host-gw; wireguard without --kubernetes)")
-	up.Flags().StringVar(&o.Netfilter, "netfilter", "auto", "twilld's --netfilter: auto, iptables or nftables (not with --kubernetes, whose DaemonSet chooses)")
-	up.Flags().StringVar(&o.ENIMode, "eni-mode", "prefix", "with --backend eni: prefix or secondary-ip")
-	up.Flags().BoolVar(&o.Bare, "bare", false, "machines only: node namespaces with a root of their own and nothing running, to install twill by hand with lab exec")
-	up.Flags().Var(prefixFlag{&o.UnderlayCIDR}, "underlay-cidr", "the nodes' segment, an IPv4 /24 (default 10.99.0.0/24)")
-	up.Flags().BoolVar(&o.KeepOnFailure, "keep-on-failure", false, "leave what was built in place when up fails, to inspect it (lab down removes it)")
-	up.Flags().BoolVar(&o.Kubernetes, "kubernetes", false, "a Kubernetes cluster: control plane, containerd, kubelet and kube-proxy per node, twill installed from dist/kube-twill.yml")
-	up.Flags().BoolVar(&o.Flannel, "flannel", false, "with --kubernetes: install flannel (kube-flannel's DaemonSet, image-dir's flannel.tar) instead of twill, to try the migration on")
-	up.Flags().StringVar(&o.KubeBinDir, "kube-bin-dir", "", "with --kubernetes: the Kubernetes binaries (default: build/kube/current next to bin/, made by make setup)")
-	up.Flags().StringVar(&o.ImageDir, "image-dir", "", "with --kubernetes: twill.tar, pause.tar, coredns.tar and optionally e2e-images.tar (default: build/images next to bin/, made by make kube-images)")
-
-	return up
-}
-
-func labCheckCommand(o *labOptions) *cobra.Command {
-	check := &cobra.Command{
-		Use:   "check",
-		Short: "Connect over TCP from every pod to every pod and print the matrix; exit 1 on any failure",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := lab.Load(o.StateRoot, o.Name)
-			if err != nil {
-				return err
-			}
-			res, err := lab.Check(cmd.Context(), s, binDir())
-			if err != nil {
-				return err
-			}
-			res.Print(cmd.OutOrStdout())
-			if res.Failed > 0 {
-				return fmt.Errorf("%d pod pairs cannot connect", res.Failed)
-			}
-			return nil
-		},
-	}
-	return check
-}
-
-func labStatusCommand(o *labOptions) *cobra.Command {
-	status := &cobra.Command{
-		Use:   "status",
-		Short: "Show the lab's nodes, leases, pods and daemons",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := lab.Load(o.StateRoot, o.Name)
-			if err != nil {
-				return err
-			}
-			return lab.PrintStatus(cmd.Context(), s, cmd.OutOrStdout())
-		},
-	}
-	return status
-}
-
-func labExecCommand(o *labOptions) *cobra.Command {
-	execCmd := &cobra.Command{
-		Use:   "exec NODE|POD -- COMMAND [ARG...]",
-		Short: "Run a command inside a lab node or pod",
-		Args:  cobra.MinimumNArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			s, err := lab.Load(o.StateRoot, o.Name)
-			if err != nil {
-				return err
-			}
-			c, err := lab.ExecCommand(s, args[0], args[1:])
-			if err != nil {
-				return fmt.Errorf("%w (see twillctl lab status)", err)
-			}
-			c.Stdin, c.Stdout, c.Stderr = os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr()
-			return commandExit(c.Run())
-		},
-	}
-	return execCmd
-}
-
-func labDownCommand(o *labOptions) *cobra.Command {
-	down := &cobra.Command{
-		Use:   "down",
-		Short: "Remove every namespace, process and file of the lab (also after a crashed lab up)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := lab.Down(o.StateRoot, o.Name, o.NetnsPrefix); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "lab %q removed\n", o.Name)
-			return nil
-		},
-	}
-	return down
-}
-
-func labKubectlCommand(o *labOptions) *cobra.Command {
-	kubectl := &cobra.Command{
-		Use:                "kubectl [ARG...]",
-		Short:              "Run kubectl as the admin of a Kubernetes lab (lab up --kubernetes)",
-		DisableFlagParsing: true,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			name, stateRoot, rest, err := labFlags(args, o.Name, o.StateRoot)
-			if err != nil {
-				return err
-			}
-			s, err := lab.Load(stateRoot, name)
-			if err != nil {
-				return err
-			}
-			if !s.Kubernetes {
-				return fmt.Errorf("lab %q is not a Kubernetes lab (lab up --kubernetes)", name)
-			}
-			c := s.KubectlCommand(rest...)
-			c.Stdin, c.Stdout, c.Stderr = os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr()
-			return commandExit(c.Run())
-		},
-	}
-	return kubectl
-}
-
-// The lab's own processes: lab up starts them, users do not.
-
-func labEchoCommand() *cobra.Command {
-	var (
-		port      int
-		readyFile string
-	)
-	echo := &cobra.Command{
-		Use:    "echo-server",
-		Short:  "Echo one line per TCP connection (runs inside lab pods)",
-		Hidden: true,
-		Args:   cobra.NoArgs,
-		RunE:   func(cmd *cobra.Command, _ []string) error { return lab.ServeEcho(cmd.Context(), port, readyFile) },
-	}
-	echo.Flags().IntVar(&port, "port", lab.EchoPort, "port")
-	echo.Flags().StringVar(&readyFile, "ready-file", "", "file to create once listening")
-	return echo
-}
-
-func labProbeCommand() *cobra.Command {
-	var (
-		port         int
-		every, until time.Duration
-	)
-	probe := &cobra.Command{
-		Use:    "probe IP...",
-		Short:  "Connect to each IP's echo server and print the results as JSON",
-		Hidden: true,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			for _, a := range args {
-				if _, err := lab.ProbeTarget(a, port); err != nil {
-					return err
-				}
-			}
-			enc := json.NewEncoder(cmd.OutOrStdout())
-			if every <= 0 {
-				return enc.Encode(lab.Probe(args, port, 3*time.Second))
-			}
-			// From the first moment (a pod's first instruction), one line
-			// per round, each probe waiting at most --every.
-			end := time.Now().Add(until)
-			for start := time.Now(); start.Before(end); start = time.Now() {
-				if err := enc.Encode(lab.Probe(args, port, every)); err != nil {
-					return err
-				}
-				time.Sleep(every - time.Since(start))
-			}
-			return nil
-		},
-	}
-	probe.Flags().IntVar(&port, "port", lab.EchoPort, "port")
-	probe.Flags().DurationVar(&every, "every", 0, "probe again this often (each probe waits at most this long), for --for")
-	probe.Flags().DurationVar(&until, "for", 10*time.Second, "with --every, how long to go on")
-	return probe
-}
-
-func labNodeRootCommand() *cobra.Command {
-	var root lab.NodeRootOptions
-	nodeRoot := &cobra.Command{
-		Use:    "node-root",
-		Short:  "Hold a Kubernetes lab node's mount namespace (started by lab up)",
-		Hidden: true,
-		Args:   cobra.NoArgs,
-		RunE:   func(cmd *cobra.Command, _ []string) error { return lab.RunNodeRoot(cmd.Context(), root) },
-	}
-	nodeRoot.Flags().StringVar(&root.Dir, "dir", "", "the node's directory")
-	nodeRoot.Flags().StringVar(&root.ReadyFile, "ready-file", "", "created once the mounts are in place")
-	nodeRoot.Flags().StringSliceVar(&root.Keep, "keep", nil, "a path of the machine the node must still see")
-	nodeRoot.Flags().StringVar(&root.Hostname, "hostname", "", "the node's host name, set in its own UTS namespace")
-	return nodeRoot
-}
-
-// prefixFlag is a netip.Prefix flag.
-type prefixFlag struct{ p *netip.Prefix }
-
-func (f prefixFlag) String() string {
-	if f.p == nil || !f.p.IsValid() {
-		return ""
-	}
-	return f.p.String()
-}
-func (f prefixFlag) Set(v string) error {
-	p, err := netip.ParsePrefix(v)
-	if err != nil {
-		return err
-	}
-	*f.p = p
-	return nil
-}
-func (prefixFlag) Type() string { return "cidr" }
-
-// commandExit turns a command's failing exit status into twillctl's own.
-func commandExit(err error) error {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) && ee.ExitCode() > 0 {
-		return exitCode(ee.ExitCode())
-	}
-	return err
-}
-
-// labFlags takes --name and --state-root out of args (for commands that
-// pass the rest through untouched, such as lab kubectl).
-func labFlags(args []string, name, stateRoot string) (string, string, []string, error) {
-	var rest []string
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		switch {
-		case a == "--name" || a == "--state-root":
-			if i+1 >= len(args) {
-				return "", "", nil, fmt.Errorf("%s needs a value", a)
-			}
-			if a == "--name" {
-				name = args[i+1]
-			} else {
-				stateRoot = args[i+1]
-			}
-			i++
-		case strings.HasPrefix(a, "--name="):
-			name = strings.TrimPrefix(a, "--name=")
-		case strings.HasPrefix(a, "--state-root="):
-			stateRoot = strings.TrimPrefix(a, "--state-root=")
-		default:
-			rest = append(rest, a)
+func findLab() (string, error) {
+	self, err := os.Executable()
+	if err == nil {
+		p := filepath.Join(filepath.Dir(self), labBinary)
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
 		}
 	}
-	return name, stateRoot, rest, nil
+	p, err := exec.LookPath(labBinary)
+	if errors.Is(err, exec.ErrNotFound) {
+		return "", fmt.Errorf("this command is in %s, which is not next to this twillctl nor on PATH "+
+			"(the image's twillctl ships without it; build it with make build, or go build -o bin/ ./cmd/%s)", labBinary, labBinary)
+	}
+	return p, err
 }

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/twill-net/twill/internal/cluster"
+	"github.com/twill-net/twill/lab/cluster"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 )
@@ -100,7 +100,7 @@ func (s *State) waitTwill(ctx context.Context) error {
 // deployWorkload applies the lab's test workload and waits until every pod
 // is ready, then records the pods.
 func (s *State) deployWorkload(ctx context.Context, perNode int) error {
-	m := workloadManifest(s.TwillImage, perNode*len(s.Nodes), s.Nodes[0].Name)
+	m := workloadManifest(s.LabImage, perNode*len(s.Nodes), s.Nodes[0].Name)
 	if out, err := s.Kubectl(ctx, strings.NewReader(m), "apply", "-f", "-"); err != nil {
 		return fmt.Errorf("kubectl apply (lab workload): %w\n%s", err, out)
 	}

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/twill-net/twill/backend/eni/sim"
 	"github.com/twill-net/twill/internal/sysctl"
+	"github.com/twill-net/twill/lab/eni/sim"
 )
 
 // VPCOptions turn the underlay into a simulated cloud VPC for the eni

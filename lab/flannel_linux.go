@@ -9,7 +9,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 
-	"github.com/twill-net/twill/internal/cluster"
+	"github.com/twill-net/twill/lab/cluster"
 )
 
 // FlannelNamespace and FlannelDaemonSet name what a lab up --flannel

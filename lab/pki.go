@@ -8,10 +8,10 @@ import (
 	"fmt"
 	"path/filepath"
 
-	"github.com/twill-net/twill/internal/pki"
+	"github.com/twill-net/twill/lab/pki"
 )
 
-// The Kubernetes lab's certificates come from one CA (internal/pki): it
+// The Kubernetes lab's certificates come from one CA (lab/pki): it
 // signs the apiserver's serving certificate and every client certificate.
 // Identities follow Kubernetes' conventions, so the Node authorizer,
 // NodeRestriction and the built-in RBAC bindings apply to the lab's

@@ -41,6 +41,14 @@ func TwillImage(ref, binDir string, debs []string) Spec {
 		Dirs: []string{"/tmp", "/run", "/var/lib/twill"}}
 }
 
+// LabImage is the Kubernetes lab's own image: twill-lab (static) in
+// /usr/local/bin, for the lab's echo and probe pods (`twillctl lab
+// echo-server`, `twillctl lab probe`). twill's image, as shipped, has no lab.
+func LabImage(ref, labBin string) Spec {
+	return Spec{Ref: ref, Entrypoint: []string{"/usr/local/bin/twill-lab"},
+		Files: []File{{Src: labBin, Dst: "/usr/local/bin/twill-lab"}}, Dirs: []string{"/tmp"}}
+}
+
 // FlannelImage is the Kubernetes lab's kube-flannel image: flanneld (built
 // with cgo: tools/flannel), twill's stand-in for flannel's CNI plugin
 // (tools/flannelcni) and the reference bridge and host-local plugins it

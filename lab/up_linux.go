@@ -15,10 +15,10 @@ import (
 
 	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/backend/owned"
-	"github.com/twill-net/twill/internal/cluster"
-	"github.com/twill-net/twill/internal/cnidriver"
-	"github.com/twill-net/twill/internal/ociimage"
-	"github.com/twill-net/twill/internal/topology"
+	"github.com/twill-net/twill/lab/cluster"
+	"github.com/twill-net/twill/lab/cnidriver"
+	"github.com/twill-net/twill/lab/ociimage"
+	"github.com/twill-net/twill/lab/topology"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -101,6 +101,9 @@ func newState(o Options) (*State, error) {
 		if s.PauseImage, err = ociimage.Ref(filepath.Join(o.ImageDir, "pause.tar")); err != nil {
 			return nil, err
 		}
+		if s.LabImage, err = ociimage.Ref(filepath.Join(o.ImageDir, "lab.tar")); err != nil {
+			return nil, err
+		}
 		if s.CoreDNSImage, err = ociimage.Ref(filepath.Join(o.ImageDir, "coredns.tar")); err != nil {
 			return nil, err
 		}
@@ -161,7 +164,7 @@ func (s *State) upBare(ctx context.Context) error {
 
 // upEtcd starts the cluster's etcd and stores the network configuration.
 func (s *State) upEtcd(ctx context.Context, topo *topology.Topology, conf string) error {
-	e := cluster.NewEtcd(topo, s.Dir, filepath.Join(s.BinDir, "twillctl"))
+	e := cluster.NewEtcd(topo, s.Dir, filepath.Join(s.BinDir, "twill-lab"))
 	s.EtcdURL, s.EtcdSock = e.URL, e.Sock
 	defer e.Close()
 	if err := e.Start(ctx, s.spawnArgv); err != nil {
@@ -351,7 +354,7 @@ func (s *State) addPods(ctx context.Context, o Options, i int) error {
 			}
 		}
 		ready := filepath.Join(nodeDir, pods[k].Name+".echo-ready")
-		if err := s.spawn("echo", pods[k].NS, filepath.Join(o.BinDir, "twillctl"), "lab", "echo-server",
+		if err := s.spawn("echo", pods[k].NS, filepath.Join(o.BinDir, "twill-lab"), "lab", "echo-server",
 			"--port", fmt.Sprint(EchoPort), "--ready-file", ready); err != nil {
 			return err
 		}
@@ -371,5 +374,5 @@ func (s *State) addPods(ctx context.Context, o Options, i int) error {
 
 // CNI runs a libcni request inside a node's namespace through twillctl.
 func CNI(ctx context.Context, binDir, ns string, req cnidriver.Request) (cnidriver.Response, error) {
-	return cnidriver.RunIn(ctx, filepath.Join(binDir, "twillctl"), ns, req)
+	return cnidriver.RunIn(ctx, filepath.Join(binDir, "twill-lab"), ns, req)
 }

@@ -178,16 +178,17 @@ func pluginConf(list *libcni.NetworkConfigList, p *libcni.NetworkConfig) (*libcn
 	return libcni.ConfFromBytes(b)
 }
 
-// RunIn runs req with `twillctl cni run` inside network namespace ns (by
-// name), as the lab and the tests drive the plugin. Outcomes that are
-// errors are in the Response (twillctl then exits 2); an error is returned
-// only when the request could not be carried out.
-func RunIn(ctx context.Context, twillctl, ns string, req Request) (Response, error) {
+// RunIn runs req with `twillctl cni run` (the twill-lab binary at labBin)
+// inside network namespace ns (by name), as the lab and the tests drive
+// the plugin. Outcomes that are errors are in the Response (the command
+// then exits 2); an error is returned only when the request could not be
+// carried out.
+func RunIn(ctx context.Context, labBin, ns string, req Request) (Response, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return Response{}, err
 	}
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, twillctl, "cni", "run")
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, labBin, "cni", "run")
 	cmd.Stdin = bytes.NewReader(body)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

@@ -73,7 +73,7 @@ func (o *Options) validateKube() error {
 		return fmt.Errorf("--kubernetes: missing %s (run make setup, which builds them from the Go module proxy; or point --kube-bin-dir at them)",
 			strings.Join(missing, ", "))
 	}
-	for _, img := range []string{"twill.tar", "pause.tar", "coredns.tar"} {
+	for _, img := range []string{"twill.tar", "pause.tar", "coredns.tar", "lab.tar"} {
 		if _, err := os.Stat(filepath.Join(o.ImageDir, img)); err != nil {
 			return fmt.Errorf("--kubernetes: no image %s (run make kube-images; or point --image-dir at it)", filepath.Join(o.ImageDir, img))
 		}

@@ -24,10 +24,10 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/twill-net/twill/dist"
-	"github.com/twill-net/twill/internal/cluster"
-	"github.com/twill-net/twill/internal/pki"
 	"github.com/twill-net/twill/internal/sysctl"
-	"github.com/twill-net/twill/internal/topology"
+	"github.com/twill-net/twill/lab/cluster"
+	"github.com/twill-net/twill/lab/pki"
+	"github.com/twill-net/twill/lab/topology"
 )
 
 // upKube turns the lab's namespaces into a Kubernetes cluster: the control
@@ -114,10 +114,10 @@ func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, 
 }
 
 // nodeImages are the image tarballs every node's containerd imports:
-// twill's, pause and CoreDNS, and the stand-ins for the e2e suite's images
+// twill's, pause, CoreDNS and the lab's own (its echo pods), and the stand-ins for the e2e suite's images
 // when make e2e-images wrote them.
 func nodeImages(dir string) []string {
-	imgs := []string{"twill.tar", "pause.tar", "coredns.tar"}
+	imgs := []string{"twill.tar", "pause.tar", "coredns.tar", "lab.tar"}
 	if _, err := os.Stat(filepath.Join(dir, "flannel.tar")); err == nil {
 		imgs = append(imgs, "flannel.tar")
 	}
@@ -313,7 +313,7 @@ func (s *State) startNode(ctx context.Context, i int, nodeCrt, nodeKey string) e
 // place, and returns its PID.
 func (s *State) startNodeRoot(ctx context.Context, n Node, dir string, keep ...string) (int, error) {
 	ready := filepath.Join(dir, "root.ready")
-	argv := []string{"nsenter", "--net=/var/run/netns/" + n.NS, filepath.Join(s.BinDir, "twillctl"), "lab", "node-root", "--dir", dir, "--ready-file", ready,
+	argv := []string{"nsenter", "--net=/var/run/netns/" + n.NS, filepath.Join(s.BinDir, "twill-lab"), "lab", "node-root", "--dir", dir, "--ready-file", ready,
 		"--hostname", n.Name}
 	for _, k := range keep {
 		argv = append(argv, "--keep", k)

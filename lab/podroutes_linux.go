@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/twill-net/twill/internal/topology"
+	"github.com/twill-net/twill/lab/topology"
 	"github.com/twill-net/twill/subnet/kube"
 )
 

@@ -18,7 +18,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/twill-net/twill/internal/topology"
+	"github.com/twill-net/twill/lab/topology"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
 )
 
@@ -38,10 +38,11 @@ type Etcd struct {
 }
 
 // NewEtcd describes the etcd of topo, its data and socket under dir, run
-// by twillctl (its embedded etcd). Start runs it.
-func NewEtcd(topo *topology.Topology, dir, twillctl string) *Etcd {
+// by the twill-lab binary at labBin (`twillctl etcd`, an embedded etcd).
+// Start runs it.
+func NewEtcd(topo *topology.Topology, dir, labBin string) *Etcd {
 	e := &Etcd{URL: "http://" + net.JoinHostPort(topo.BridgeAddr.String(), strconv.Itoa(EtcdPort)), Sock: filepath.Join(dir, "etcd.sock"), ns: topo.Underlay}
-	e.argv = []string{twillctl, "etcd", "--data-dir", filepath.Join(dir, "etcd"), "--listen-client-urls", e.URL + ",unix://" + e.Sock}
+	e.argv = []string{labBin, "etcd", "--data-dir", filepath.Join(dir, "etcd"), "--listen-client-urls", e.URL + ",unix://" + e.Sock}
 	return e
 }
 

@@ -171,7 +171,7 @@ func Matrix(ctx context.Context, binDir string, from []Vantage, to []Target) Res
 		go func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			args := append([]string{"--net=" + v.NetNS, filepath.Join(binDir, "twillctl"), "lab", "probe"}, targets...)
+			args := append([]string{"--net=" + v.NetNS, filepath.Join(binDir, "twill-lab"), "lab", "probe"}, targets...)
 			out, err := exec.CommandContext(ctx, "nsenter", args...).Output()
 			r := row{src: v.Name}
 			if err == nil {

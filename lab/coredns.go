@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/twill-net/twill/internal/cluster"
+	"github.com/twill-net/twill/lab/cluster"
 )
 
 // ClusterDNS is the kube-dns Service's ClusterIP, the nameserver every

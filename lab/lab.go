@@ -23,7 +23,7 @@ import (
 	"time"
 
 	"github.com/twill-net/twill/internal/atomicfile"
-	"github.com/twill-net/twill/internal/cluster"
+	"github.com/twill-net/twill/lab/cluster"
 )
 
 // Ports used inside the lab's namespaces.
@@ -156,7 +156,7 @@ func (o *Options) Validate() error {
 		return errors.New("--backend host-gw --underlay routed: host-gw routes each peer's subnet via the peer's own address, " +
 			"which must be on the same L2 segment; across a router it cannot work. Use --underlay flat, or --backend vxlan")
 	}
-	for _, b := range []string{DaemonBinary(o.Backend), "twill", "twillctl"} {
+	for _, b := range []string{DaemonBinary(o.Backend), "twill", "twillctl", "twill-lab"} {
 		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
 			return fmt.Errorf("%s not found next to twillctl in %s (run make build): %w", b, o.BinDir, err)
 		}
@@ -231,6 +231,7 @@ type State struct {
 	AdminKubeconfig string `json:"adminKubeconfig,omitempty"`
 	TwillImage      string `json:"twillImage,omitempty"`
 	PauseImage      string `json:"pauseImage,omitempty"`
+	LabImage        string `json:"labImage,omitempty"` // twill-lab, for the echo pods
 	CoreDNSImage    string `json:"corednsImage,omitempty"`
 	FlannelImage    string `json:"flannelImage,omitempty"`
 

@@ -178,7 +178,7 @@ spec:
       containers:
         - name: echo
           image: IMAGE
-          command: ["/usr/local/bin/twillctl", "lab", "echo-server", "--port", "ECHOPORT"]
+          command: ["/usr/local/bin/twill-lab", "lab", "echo-server", "--port", "ECHOPORT"]
           ports: [{containerPort: ECHOPORT}]
           readinessProbe: {tcpSocket: {port: ECHOPORT}, periodSeconds: 1}
           resources: {requests: {cpu: 5m, memory: 16Mi}}
@@ -201,7 +201,7 @@ spec:
   containers:
     - name: echo
       image: IMAGE
-      command: ["/usr/local/bin/twillctl", "lab", "echo-server", "--port", "ECHOPORT"]
+      command: ["/usr/local/bin/twill-lab", "lab", "echo-server", "--port", "ECHOPORT"]
       ports: [{containerPort: ECHOPORT, hostPort: HOSTPORT}]
       readinessProbe: {tcpSocket: {port: ECHOPORT}, periodSeconds: 1}
       resources: {requests: {cpu: 5m, memory: 16Mi}}

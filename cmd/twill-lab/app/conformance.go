@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/twill-net/twill/internal/lab"
+	"github.com/twill-net/twill/lab"
 )
 
 func labConformanceCommand(o *labOptions) *cobra.Command {

@@ -1,0 +1,47 @@
+package dist
+
+import (
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestShippedBinariesLinkNoLab: the binaries the Dockerfile builds into
+// twill's image link none of the lab (its packages, the simulated cloud,
+// the embedded etcd server) and no test code. The lab is a binary of its
+// own, twill-lab, that twillctl runs for its lab commands.
+func TestShippedBinariesLinkNoLab(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Fatalf("go is not on PATH: %v", err)
+	}
+	docker, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	build := regexp.MustCompile(`-o /out/((?: \./cmd/[a-z-]+)+)`).FindSubmatch(docker)
+	if build == nil {
+		t.Fatal("no `go build -o /out/ ./cmd/...` line in the Dockerfile")
+	}
+	cmds := strings.Fields(string(build[1]))
+	if len(cmds) < 4 {
+		t.Fatalf("the Dockerfile builds only %v", cmds)
+	}
+	list := exec.Command("go", append([]string{"list", "-deps"}, cmds...)...)
+	list.Dir = ".." // the module's root, where the Dockerfile builds
+	out, err := list.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps %v: %v\n%s", cmds, err, out)
+	}
+	forbidden := regexp.MustCompile(`^(github\.com/twill-net/twill/(lab|cmd/twill-lab|internal/(kernelfake|iptfake|backendtest|netnstest|kubetest|buildtest|golden))(/.*)?|go\.etcd\.io/etcd/server/.*|testing)$`)
+	var bad []string
+	for _, pkg := range strings.Fields(string(out)) {
+		if forbidden.MatchString(pkg) {
+			bad = append(bad, pkg)
+		}
+	}
+	if len(bad) > 0 {
+		t.Fatalf("the image's binaries %v link %d lab or test packages: %v", cmds, len(bad), bad)
+	}
+}
