@@ -22,8 +22,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/backend/owned"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -172,7 +171,7 @@ func (d Drift) Clean() bool { return len(d.Missing)+len(d.Extra)+len(d.Wrong) ==
 // table (0: main). Devices are named when h can list links.
 func RouteDrift(h RouteTable, table int, desired []nl.Route) (Drift, error) {
 	if table == 0 {
-		table = owned.MainTable
+		table = nl.MainTable
 	}
 	all, err := h.Routes(nl.FamilyAll, nl.RouteFilter{Table: table})
 	if err != nil {
@@ -181,7 +180,7 @@ func RouteDrift(h RouteTable, table int, desired []nl.Route) (Drift, error) {
 	var have []nl.Route
 	foreign := map[netip.Prefix]bool{}
 	for _, r := range all {
-		if r.Protocol == owned.RouteProtocol {
+		if r.Protocol == nl.RouteProtocol {
 			have = append(have, r)
 		} else {
 			foreign[r.Dst] = true

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
 

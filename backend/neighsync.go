@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/nl"
 )
 
 // NeighSync keeps the permanent neighbour entries of one device (or, with

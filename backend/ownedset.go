@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/nl"
 )
 
 // ownedSet is the one sync engine behind RouteSync, NeighSync and

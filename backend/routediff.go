@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"sort"
 
-	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/nl"
 )
 
 // RoutePlan is what must change for the kernel's owned routes to match the

@@ -12,8 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/backend/owned"
+	"github.com/twill-net/twill/nl"
 )
 
 // RouteSync keeps the routes twill owns in one table (those with twill's
@@ -46,7 +45,7 @@ func (s *RouteSync) engine() *ownedSet[nl.Key, nl.Route] {
 
 func tableOrMain(t int) int {
 	if t == 0 {
-		return owned.MainTable
+		return nl.MainTable
 	}
 	return t
 }
@@ -136,12 +135,12 @@ func (s *RouteSync) Observe(ev nl.RouteEvent) bool {
 		// Dumps leave such routes out, and so does the foreign count.
 		return !ev.Deleted && e.observe(ev.Route, true)
 	}
-	if ev.Route.Protocol != owned.RouteProtocol {
+	if ev.Route.Protocol != nl.RouteProtocol {
 		// twill's route stands beside someone else's, so one going needs
 		// nothing, unless it had twill's metric: then twill's add failed
 		// (EEXIST) and can now succeed.
 		s.foreign.observe(ev)
-		return ev.Deleted && ev.Route.Priority == owned.RouteMetric(ev.Route.Dst)
+		return ev.Deleted && ev.Route.Priority == nl.RouteMetric(ev.Route.Dst)
 	}
 	return e.observe(ev.Route, ev.Deleted)
 }
@@ -245,11 +244,11 @@ func (k routeKind) inPlace(nl.Route, nl.Route) bool { return true }
 func (k routeKind) normalize(r nl.Route) nl.Route   { return Owned(r, k.table) }
 
 // Owned is r as twill programs it in table: its protocol, the table, and
-// its metric (owned.RouteMetric); and as the kernel reports it: an IPv6
+// its metric (nl.RouteMetric); and as the kernel reports it: an IPv6
 // route's scope is always universe, whatever was asked (otherwise it would
 // never equal its desired self, and be replaced at every sync).
 func Owned(r nl.Route, table int) nl.Route {
-	r.Protocol, r.Table, r.Priority = owned.RouteProtocol, tableOrMain(table), owned.RouteMetric(r.Dst)
+	r.Protocol, r.Table, r.Priority = nl.RouteProtocol, tableOrMain(table), nl.RouteMetric(r.Dst)
 	if r.Dst.Addr().Is6() {
 		r.Scope = nl.ScopeUniverse
 	}
@@ -267,7 +266,7 @@ func (k routeKind) list() ([]nl.Route, error) {
 	// copied into a slice grown a quarter at a time.
 	mine, others := all[:0], []nl.Route(nil)
 	for _, r := range all {
-		if r.Protocol == owned.RouteProtocol {
+		if r.Protocol == nl.RouteProtocol {
 			mine = append(mine, r)
 		} else {
 			others = append(others, r)

@@ -5,8 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/backend/owned"
+	"github.com/twill-net/twill/nl"
 )
 
 // RuleSync keeps the policy rules twill's daemon owns (those with twill's
@@ -53,7 +52,7 @@ func (ruleKind) key(r nl.Rule) ruleKey {
 }
 func (ruleKind) same(a, b nl.Rule) bool        { return a.Same(b) && a.Protocol == b.Protocol }
 func (ruleKind) inPlace(nl.Rule, nl.Rule) bool { return false }
-func (ruleKind) normalize(r nl.Rule) nl.Rule   { r.Protocol = owned.RouteProtocol; return r }
+func (ruleKind) normalize(r nl.Rule) nl.Rule   { r.Protocol = nl.RouteProtocol; return r }
 func (k ruleKind) list() ([]nl.Rule, error) {
 	all, err := k.nl.Rules(nl.FamilyAll)
 	if err != nil {
@@ -61,7 +60,7 @@ func (k ruleKind) list() ([]nl.Rule, error) {
 	}
 	var mine []nl.Rule
 	for _, r := range all {
-		if r.Protocol == owned.RouteProtocol {
+		if r.Protocol == nl.RouteProtocol {
 			mine = append(mine, r)
 		}
 	}

@@ -11,26 +11,25 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/backend/owned"
-	"github.com/twill-net/twill/internal/kernelfake"
+	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/nl/nlfake"
 )
 
-// The engines are tested against internal/kernelfake, a model of the
+// The engines are tested against nl/nlfake, a model of the
 // kernel's state: each test sets the kernel up, syncs, and asserts what
 // the kernel holds afterwards, as `ip route` would show it.
 
 var (
-	_ RouteTable = (*kernelfake.Kernel)(nil)
-	_ NeighTable = (*kernelfake.Kernel)(nil)
-	_ RuleTable  = (*kernelfake.Kernel)(nil)
+	_ RouteTable = (*nlfake.Kernel)(nil)
+	_ NeighTable = (*nlfake.Kernel)(nil)
+	_ RuleTable  = (*nlfake.Kernel)(nil)
 )
 
 func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
 func ip(s string) netip.Addr    { return netip.MustParseAddr(s) }
 
 // routes lists a table's routes as `ip route` would, owned ones marked.
-func routes(t *testing.T, k *kernelfake.Kernel, table int) []string {
+func routes(t *testing.T, k *nlfake.Kernel, table int) []string {
 	t.Helper()
 	rs, err := k.Routes(nl.FamilyAll, nl.RouteFilter{Table: table})
 	if err != nil {
@@ -39,7 +38,7 @@ func routes(t *testing.T, k *kernelfake.Kernel, table int) []string {
 	out := make([]string, len(rs))
 	for i, r := range rs {
 		out[i] = r.String()
-		if r.Protocol == owned.RouteProtocol {
+		if r.Protocol == nl.RouteProtocol {
 			out[i] += " proto twill"
 		}
 	}
@@ -64,7 +63,7 @@ func emitRoutes(rs ...nl.Route) func(func(nl.Route)) {
 }
 
 func TestRouteSyncConvergesAndLeavesForeignRoutes(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	eth := k.AddLink("eth0", 1500, true, pfx("192.168.1.10/24"))
 	// Before twilld: a route of someone else's, a twill route from a
 	// previous run that no lease backs now, one with a stale gateway, and
@@ -73,7 +72,7 @@ func TestRouteSyncConvergesAndLeavesForeignRoutes(t *testing.T) {
 		{Dst: pfx("10.0.0.0/8"), Gw: ip("192.168.1.1"), LinkIndex: eth.Index, Protocol: 4},
 		Owned(nl.Route{Dst: pfx("10.244.9.0/24"), Gw: ip("192.168.1.9"), LinkIndex: eth.Index}, 0),
 		Owned(nl.Route{Dst: pfx("10.244.2.0/24"), Gw: ip("192.168.1.99"), LinkIndex: eth.Index}, 0),
-		{Dst: pfx("10.244.3.0/24"), Gw: ip("192.168.1.13"), LinkIndex: eth.Index, Protocol: owned.RouteProtocol},
+		{Dst: pfx("10.244.3.0/24"), Gw: ip("192.168.1.13"), LinkIndex: eth.Index, Protocol: nl.RouteProtocol},
 	} {
 		if errs := k.RouteBatch([]nl.RouteOp{{Op: nl.OpAdd, Route: r}}); errs[0] != nil {
 			t.Fatal(errs[0])
@@ -94,8 +93,8 @@ func TestRouteSyncConvergesAndLeavesForeignRoutes(t *testing.T) {
 		"10.244.2.0/24 via 192.168.1.12 dev#1 proto twill",
 		"10.244.3.0/24 via 192.168.1.13 dev#1 proto twill",
 	})
-	if rs, _ := k.Routes(nl.FamilyAll, nl.RouteFilter{Protocol: owned.RouteProtocol}); !slices.ContainsFunc(rs, func(r nl.Route) bool {
-		return r.Dst == pfx("10.244.3.0/24") && r.Priority == owned.RouteMetric(r.Dst)
+	if rs, _ := k.Routes(nl.FamilyAll, nl.RouteFilter{Protocol: nl.RouteProtocol}); !slices.ContainsFunc(rs, func(r nl.Route) bool {
+		return r.Dst == pfx("10.244.3.0/24") && r.Priority == nl.RouteMetric(r.Dst)
 	}) {
 		t.Errorf("the route without a metric was not replaced by one with twill's: %v", rs)
 	}
@@ -118,7 +117,7 @@ func TestRouteSyncConvergesAndLeavesForeignRoutes(t *testing.T) {
 }
 
 func TestRouteSyncOwnTable(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	eth := k.AddLink("eth1", 1500, true)
 	s := &RouteSync{NL: k, Table: 100}
 	if _, err := s.Sync(emitRoutes(nl.Route{Dst: pfx("10.10.1.0/24"), LinkIndex: eth.Index, Scope: nl.ScopeLink})); err != nil {
@@ -129,7 +128,7 @@ func TestRouteSyncOwnTable(t *testing.T) {
 }
 
 func TestRouteSyncRepairsWhatItIsToldOf(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	eth := k.AddLink("eth0", 1500, true)
 	r := nl.Route{Dst: pfx("10.244.1.0/24"), Gw: ip("192.168.1.11"), LinkIndex: eth.Index}
 	s := &RouteSync{NL: k}
@@ -152,7 +151,7 @@ func TestRouteSyncRepairsWhatItIsToldOf(t *testing.T) {
 	if s.Observe(nl.RouteEvent{Route: other}) || s.Observe(nl.RouteEvent{Route: other, Deleted: true}) {
 		t.Error("a route of someone else's coming or going contradicted the record")
 	}
-	other.Priority = owned.RouteMetric(other.Dst)
+	other.Priority = nl.RouteMetric(other.Dst)
 	if !s.Observe(nl.RouteEvent{Route: other, Deleted: true}) {
 		t.Error("a route of someone else's with twill's metric going did not ask for a sync")
 	}
@@ -185,7 +184,7 @@ func TestRouteSyncRepairsWhatItIsToldOf(t *testing.T) {
 }
 
 func TestRouteSyncFullSyncEveryReadsTheKernel(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	eth := k.AddLink("eth0", 1500, true)
 	now := time.Unix(1000, 0)
 	s := &RouteSync{NL: k, FullSyncEvery: time.Minute}
@@ -208,7 +207,7 @@ func TestRouteSyncFullSyncEveryReadsTheKernel(t *testing.T) {
 }
 
 func TestRouteSyncFailureIsRetriedFromTheKernel(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	eth := k.AddLink("eth0", 1500, true)
 	a := nl.Route{Dst: pfx("10.244.1.0/24"), Gw: ip("192.168.1.11"), LinkIndex: eth.Index}
 	b := nl.Route{Dst: pfx("10.244.2.0/24"), Gw: ip("192.168.1.12"), LinkIndex: eth.Index}
@@ -248,7 +247,7 @@ func TestRouteSyncFailureIsRetriedFromTheKernel(t *testing.T) {
 // destination twill wants stays as it is and keeps precedence (a lower
 // metric); twill's stands beside it, and is named as shadowed.
 func TestRouteSyncLeavesAForeignRouteFirst(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	eth := k.AddLink("eth0", 1500, true)
 	foreign := nl.Route{Dst: pfx("10.244.1.0/24"), Gw: ip("192.168.1.1"), LinkIndex: eth.Index, Protocol: 4}
 	k.RouteBatch([]nl.RouteOp{{Op: nl.OpAdd, Route: foreign}})
@@ -264,7 +263,7 @@ func TestRouteSyncLeavesAForeignRouteFirst(t *testing.T) {
 		t.Fatalf("the foreign route changed: %v", rs)
 	}
 	for _, r := range rs {
-		if r.Protocol == owned.RouteProtocol && r.Priority <= foreign.Priority {
+		if r.Protocol == nl.RouteProtocol && r.Priority <= foreign.Priority {
 			t.Fatalf("twill's route %v does not yield to the foreign one (metric %d)", r, r.Priority)
 		}
 	}
@@ -283,7 +282,7 @@ func TestRouteSyncLeavesAForeignRouteFirst(t *testing.T) {
 // TestRouteSyncUpdateIsSync: a sequence of updates leaves the kernel as a
 // full sync of the same desired set does.
 func TestRouteSyncUpdateIsSync(t *testing.T) {
-	inc, full := &kernelfake.Kernel{}, &kernelfake.Kernel{}
+	inc, full := &nlfake.Kernel{}, &nlfake.Kernel{}
 	eth := inc.AddLink("eth0", 1500, true)
 	full.AddLink("eth0", 1500, true)
 	si, sf := &RouteSync{NL: inc}, &RouteSync{NL: full}
@@ -320,7 +319,7 @@ func TestRouteSyncUpdateIsSync(t *testing.T) {
 	}
 }
 
-func neighs(t *testing.T, k *kernelfake.Kernel, link int, fdb bool) []string {
+func neighs(t *testing.T, k *nlfake.Kernel, link int, fdb bool) []string {
 	t.Helper()
 	var ns []nl.Neigh
 	var err error
@@ -349,7 +348,7 @@ func emitNeighs(ns ...nl.Neigh) func(func(nl.Neigh)) {
 }
 
 func TestNeighSyncFDBEntryMovesToItsNewRemote(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	dev := k.AddLink("twill.1", 1450, true)
 	mac := []byte{0x0a, 0, 0, 0, 0, 1}
 	s := &NeighSync{NL: k, FDB: true}
@@ -365,7 +364,7 @@ func TestNeighSyncFDBEntryMovesToItsNewRemote(t *testing.T) {
 }
 
 func TestNeighSyncLeavesLearnedEntries(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	dev := k.AddLink("twill.1", 1450, true)
 	// An entry the kernel learned (not permanent) is not twill's.
 	k.NeighBatch([]nl.NeighOp{{Op: nl.OpReplace, Neigh: nl.Neigh{LinkIndex: dev.Index, IP: ip("10.244.7.0"), HardwareAddr: []byte{2, 0, 0, 0, 0, 7}}}})
@@ -386,7 +385,7 @@ func TestNeighSyncLeavesLearnedEntries(t *testing.T) {
 }
 
 func TestNeighSyncNewDeviceReadsTheKernel(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	dev := k.AddLink("twill.1", 1450, true)
 	n1 := nl.Neigh{IP: ip("10.244.1.0"), HardwareAddr: []byte{0x0a, 0, 0, 0, 0, 1}}
 	s := &NeighSync{NL: k}
@@ -406,7 +405,7 @@ func TestNeighSyncNewDeviceReadsTheKernel(t *testing.T) {
 	want(t, "neighbours on the new device", neighs(t, k, dev2.Index, false), []string{"10.244.1.0 lladdr 0a0000000001 permanent=true"})
 }
 
-func rules(t *testing.T, k *kernelfake.Kernel) []string {
+func rules(t *testing.T, k *nlfake.Kernel) []string {
 	t.Helper()
 	rs, err := k.Rules(nl.FamilyAll)
 	if err != nil {
@@ -421,7 +420,7 @@ func rules(t *testing.T, k *kernelfake.Kernel) []string {
 }
 
 func TestRuleSyncReplacesAChangedRule(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	foreign := nl.Rule{Priority: 1536, Src: pfx("10.10.1.99/32"), Table: 200}
 	if err := k.RuleAdd(foreign); err != nil {
 		t.Fatal(err)
@@ -450,7 +449,7 @@ func TestRuleSyncReplacesAChangedRule(t *testing.T) {
 // goroutine while the reconcile goroutine syncs; with -race this checks
 // the lock rule, and the end state is still the desired one.
 func TestOwnedSetEventsDuringSync(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	eth := k.AddLink("eth0", 1500, true)
 	s := &RouteSync{NL: k}
 	var rs []nl.Route
@@ -483,7 +482,7 @@ func TestOwnedSetEventsDuringSync(t *testing.T) {
 // dropping a record that is still right, so a start with thousands of
 // routes needs no second full sync; it finds what changed before.
 func TestRouteSyncVerify(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	eth := k.AddLink("eth0", 1500, true)
 	rs := []nl.Route{{Dst: pfx("10.244.1.0/24"), Gw: ip("192.168.1.11"), LinkIndex: eth.Index}, {Dst: pfx("10.244.2.0/24"), Gw: ip("192.168.1.12"), LinkIndex: eth.Index}}
 	s := &RouteSync{NL: k}
@@ -525,7 +524,7 @@ func TestRouteSyncVerify(t *testing.T) {
 // record holding an object the kernel lost, is found with thousands of
 // routes as with two.
 func TestRouteSyncVerifyChunks(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	eth := k.AddLink("eth0", 1500, true)
 	rs := make([]nl.Route, 3*verifyChunk+7)
 	for i := range rs {
@@ -556,7 +555,7 @@ func TestRouteSyncVerifyChunks(t *testing.T) {
 }
 
 func TestNeighSyncRepairsWhatItIsToldOf(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	dev := k.AddLink("twill.1", 1450, true)
 	mac := []byte{0x0a, 0, 0, 0, 0, 1}
 	n1 := nl.Neigh{IP: ip("10.244.1.0"), HardwareAddr: mac}
@@ -620,7 +619,7 @@ func TestNeighSyncRepairsWhatItIsToldOf(t *testing.T) {
 // deletion of the old entry, seen after the record holds the new one,
 // agrees with the record.
 func TestNeighSyncFDBMoveAgreesWithItsEvents(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	dev := k.AddLink("twill.1", 1450, true)
 	mac := []byte{0x0a, 0, 0, 0, 0, 1}
 	s := &NeighSync{NL: k, FDB: true}
@@ -643,7 +642,7 @@ func TestNeighSyncFDBMoveAgreesWithItsEvents(t *testing.T) {
 
 // dupFDB is a kernel whose FDB dump sends every entry twice, as a vxlan
 // FDB dump does for many entries when others are added while it runs.
-type dupFDB struct{ *kernelfake.Kernel }
+type dupFDB struct{ *nlfake.Kernel }
 
 func (k dupFDB) FDB(link int) ([]nl.Neigh, error) {
 	ns, err := k.Kernel.FDB(link)
@@ -651,7 +650,7 @@ func (k dupFDB) FDB(link int) ([]nl.Neigh, error) {
 }
 
 func TestNeighSyncVerifyCountsAnEntrySentTwiceOnce(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	dev := k.AddLink("twill.1", 1450, true)
 	s := &NeighSync{NL: dupFDB{k}, FDB: true}
 	s.SetLink(dev.Index)
@@ -672,7 +671,7 @@ func TestNeighSyncVerifyCountsAnEntrySentTwiceOnce(t *testing.T) {
 // what the sync wrote still matches what it reads back, so nothing reads
 // as drift and nothing is replaced at the next sync.
 func TestRouteSyncIPv6ScopeIsTheKernels(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	wg := k.AddLink("twill-wg-v6", 1420, true, pfx("fd00:10:0:1::/128"))
 	s := &RouteSync{NL: k}
 	desired := emitRoutes(nl.Route{Dst: pfx("fd00:10:0:2::/64"), LinkIndex: wg.Index, Scope: nl.ScopeLink},

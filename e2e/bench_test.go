@@ -18,9 +18,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	twcluster "github.com/twill-net/twill/lab/cluster"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -444,7 +444,7 @@ func fastestOf(runs int, measure func() time.Duration) time.Duration {
 // kernelFloorOnce times `ip -batch` (and for vxlan `bridge -batch`) adding the
 // same objects in a fresh namespace: what the kernel alone costs. The
 // routes carry twill's metrics (without them the kernel's cost per route
-// grows with the routes through the device, see owned.RouteMetric, and
+// grows with the routes through the device, see nl.RouteMetric, and
 // the floor would be no floor). It is timed as twilld's start-up is, until
 // a route watch in the namespace has seen every route: the watch makes
 // the kernel build an event per route and costs the machine the reading
@@ -461,10 +461,10 @@ func kernelFloorOnce(b *testing.B, backendType string, n int) time.Duration {
 		_, _, dst := benchLease(backendType, i)
 		if backendType == "vxlan" {
 			fmt.Fprintf(&routes, "neigh add %s lladdr %s dev twill.1 nud permanent\n", dst.Addr(), benchMAC(i))
-			fmt.Fprintf(&routes, "route add %s via %s dev twill.1 onlink proto 167 metric %d\n", dst, dst.Addr(), owned.RouteMetric(dst))
+			fmt.Fprintf(&routes, "route add %s via %s dev twill.1 onlink proto 167 metric %d\n", dst, dst.Addr(), nl.RouteMetric(dst))
 			fmt.Fprintf(&fdb, "fdb add %s dev twill.1 dst %s self permanent\n", benchMAC(i), benchPeerIP(i))
 		} else {
-			fmt.Fprintf(&routes, "route add %s via %s dev eth0 proto 167 metric %d\n", dst, benchPeerIP(i), owned.RouteMetric(dst))
+			fmt.Fprintf(&routes, "route add %s via %s dev eth0 proto 167 metric %d\n", dst, benchPeerIP(i), nl.RouteMetric(dst))
 		}
 	}
 	dir := b.TempDir()

@@ -10,9 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/lab/topology"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -91,7 +90,7 @@ func TestEtcdHostGW(t *testing.T) {
 					return
 				default:
 				}
-				rs, err := h.Routes(nl.FamilyV4, nl.RouteFilter{Protocol: owned.RouteProtocol})
+				rs, err := h.Routes(nl.FamilyV4, nl.RouteFilter{Protocol: nl.RouteProtocol})
 				if err == nil {
 					minSeen.Store(min(minSeen.Load(), int64(len(rs))))
 					n++
@@ -222,7 +221,7 @@ func TestCleanup(t *testing.T) {
 	waitFor(t, 5*time.Second, "route to the peer", func() bool { return strings.Contains(c.routes(0), peer.String()) })
 	ns := c.topo.Nodes[0].NS
 	rules, err := topology.Exec(ns, "iptables-save")
-	if err != nil || !contains(rules, owned.ChainMasquerade, owned.ChainForward, "MASQUERADE") {
+	if err != nil || !contains(rules, nl.ChainMasquerade, nl.ChainForward, "MASQUERADE") {
 		t.Fatalf("twill's chains are not in place before cleanup (%v):\n%s", err, rules)
 	}
 	c.daemons[0].Stop(t)

@@ -18,8 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/testsupport/netnstest"
+	"github.com/twill-net/twill/nl"
 )
 
 // BenchmarkKubeNetworkPolicy measures twilld --network-policy as an

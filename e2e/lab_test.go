@@ -312,7 +312,9 @@ func TestLabExampleBackend(t *testing.T) {
 }
 
 // TestBackendInAnotherModule: the example backend, built from a module of
-// its own with the replace writing-a-backend.md shows.
+// its own with the replace writing-a-backend.md shows, and its unit test
+// run there: a third party's backend tested on the public fake kernel
+// (nl/nlfake) and test helpers (backend/backendtest).
 func TestBackendInAnotherModule(t *testing.T) {
 	root := kubetest.Root(t)
 	mod := t.TempDir()
@@ -326,18 +328,22 @@ func TestBackendInAnotherModule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	test, err := os.ReadFile(filepath.Join(root, "Documentation", "examples", "directgw", "directgw_test.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	main, err := os.ReadFile(filepath.Join(root, "Documentation", "examples", "twilld-directgw", "main.go"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	main = []byte(strings.Replace(string(main), "github.com/twill-net/twill/Documentation/examples/directgw", "example.com/mybackend/directgw", 1))
 	gomod := "module example.com/mybackend\n\ngo 1.26\n\nrequire github.com/twill-net/twill v0.0.0\n\nreplace github.com/twill-net/twill => " + root + "\n"
-	for path, data := range map[string][]byte{"go.mod": []byte(gomod), "directgw/directgw.go": src, "cmd/twilld/main.go": main} {
+	for path, data := range map[string][]byte{"go.mod": []byte(gomod), "directgw/directgw.go": src, "directgw/directgw_test.go": test, "cmd/twilld/main.go": main} {
 		if err := os.WriteFile(filepath.Join(mod, path), data, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, args := range [][]string{{"mod", "tidy"}, {"build", "-o", filepath.Join(mod, "twilld"), "./cmd/twilld"}} {
+	for _, args := range [][]string{{"mod", "tidy"}, {"build", "-o", filepath.Join(mod, "twilld"), "./cmd/twilld"}, {"test", "-count=1", "-v", "./directgw/"}} {
 		cmd := exec.Command("go", args...)
 		cmd.Dir = mod
 		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod")

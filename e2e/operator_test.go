@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/lab/cnidriver"
+	"github.com/twill-net/twill/nl"
 )
 
 // TestEtcdUnreachableSaysSo: twilld and twillctl pointed at an etcd that is
@@ -151,7 +151,7 @@ func TestCNIDelWithMissingChainedPlugin(t *testing.T) {
 	if !strings.Contains(add.Error, `failed to find plugin "portmap"`) || code != 2 {
 		t.Fatalf("ADD with portmap missing: %q, exit %d; want the missing plugin named and exit 2", add.Error, code)
 	}
-	veth := owned.PodLinkName("pm1", "eth0")
+	veth := nl.PodLinkName("pm1", "eth0")
 	del, code := req("del")
 	if !strings.Contains(del.Error, `plugin "portmap" is not installed`) || code != 2 {
 		t.Errorf("DEL with portmap missing: %q, exit %d; want it reported and exit 2", del.Error, code)

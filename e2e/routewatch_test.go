@@ -14,9 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/internal/testsupport/netnstest"
+	"github.com/twill-net/twill/nl"
 )
 
 // routeWatch follows twill's routes (proto 167, main table) in one
@@ -94,7 +93,7 @@ func watchRoutes(tb testing.TB, ns string) *routeWatch {
 }
 
 func (w *routeWatch) observe(ev nl.RouteEvent) {
-	if ev.NonUnicast || ev.Route.Protocol != owned.RouteProtocol || ev.Route.Key().Table != owned.MainTable {
+	if ev.NonUnicast || ev.Route.Protocol != nl.RouteProtocol || ev.Route.Key().Table != nl.MainTable {
 		return
 	}
 	w.mu.Lock()
@@ -143,7 +142,7 @@ func (w *routeWatch) broken() error {
 
 // kernel reads twill's routes in the main table.
 func (w *routeWatch) kernel() (map[netip.Prefix]netip.Addr, error) {
-	rs, err := w.h.Routes(nl.FamilyAll, nl.RouteFilter{Protocol: owned.RouteProtocol})
+	rs, err := w.h.Routes(nl.FamilyAll, nl.RouteFilter{Protocol: nl.RouteProtocol})
 	if err != nil {
 		return nil, err
 	}
@@ -238,7 +237,7 @@ func TestRouteWatchRenewsALostSubscription(t *testing.T) {
 	const n = 40000 // far over what the 8 MiB socket buffer holds
 	var batch strings.Builder
 	for i := range n {
-		fmt.Fprintf(&batch, "route add 10.%d.%d.0/24 dev d0 proto %d\n", 64+i/256, i%256, owned.RouteProtocol)
+		fmt.Fprintf(&batch, "route add 10.%d.%d.0/24 dev d0 proto %d\n", 64+i/256, i%256, nl.RouteProtocol)
 	}
 	file := filepath.Join(t.TempDir(), "routes")
 	if err := os.WriteFile(file, []byte(batch.String()), 0o600); err != nil {
@@ -258,7 +257,7 @@ func TestRouteWatchRenewsALostSubscription(t *testing.T) {
 		t.Fatalf("after %d losses the watch reads the kernel at every wait: %v", w.losses(), err)
 	}
 	dst := netip.MustParsePrefix("10.250.0.0/24")
-	netnstest.IP(t, name, "route", "add", dst.String(), "dev", "d0", "proto", strconv.Itoa(owned.RouteProtocol))
+	netnstest.IP(t, name, "route", "add", dst.String(), "dev", "d0", "proto", strconv.Itoa(nl.RouteProtocol))
 	w.waitRoute(dst, false)
 	if err := w.broken(); err != nil {
 		t.Fatalf("the renewed subscription broke: %v", err)

@@ -16,11 +16,11 @@ import (
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
-	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/backend/wireguard"
 	"github.com/twill-net/twill/backend/wireguard/uapi"
 	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	twcluster "github.com/twill-net/twill/lab/cluster"
+	"github.com/twill-net/twill/nl"
 )
 
 // wireguardBenchSizes are the wireguard backend's points of the scale
@@ -94,7 +94,7 @@ func wireGuardFloorOnce(b *testing.B, bin string, n int) time.Duration {
 		cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: k, ReplaceAllowedIPs: true,
 			Endpoint:   net.UDPAddrFromAddrPort(netip.AddrPortFrom(benchPeerIP(i), uint16(port))),
 			AllowedIPs: []net.IPNet{{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(24, 32)}}})
-		fmt.Fprintf(&routes, "route add %s dev twill-wg proto 167 metric %d\n", dst, owned.RouteMetric(dst))
+		fmt.Fprintf(&routes, "route add %s dev twill-wg proto 167 metric %d\n", dst, nl.RouteMetric(dst))
 	}
 	path := filepath.Join(dir, "ip.batch")
 	if err := os.WriteFile(path, []byte(routes.String()), 0o644); err != nil {

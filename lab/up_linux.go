@@ -13,12 +13,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/lab/cluster"
 	"github.com/twill-net/twill/lab/cnidriver"
 	"github.com/twill-net/twill/lab/ociimage"
 	"github.com/twill-net/twill/lab/topology"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -264,7 +263,7 @@ func (s *State) waitReady(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		filter, want, family := nl.RouteFilter{Protocol: owned.RouteProtocol}, len(s.Nodes)-1, nl.FamilyV4
+		filter, want, family := nl.RouteFilter{Protocol: nl.RouteProtocol}, len(s.Nodes)-1, nl.FamilyV4
 		switch s.IPFamily {
 		case "ipv6":
 			family = nl.FamilyV6
@@ -274,7 +273,7 @@ func (s *State) waitReady(ctx context.Context) error {
 		if s.Backend == "eni" {
 			// The ENI table: the VPC subnet, the gateway, and (prefix
 			// mode) a route per peer prefix.
-			filter.Table, want = owned.ENIRouteTable, 2
+			filter.Table, want = nl.ENIRouteTable, 2
 			if s.ENIMode == "prefix" {
 				want += len(s.Nodes) - 1
 			}

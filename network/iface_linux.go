@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/nl"
 )
 
 // IfaceOptions are the --iface* and --public-ip* flags.

@@ -3,7 +3,7 @@ package network
 import (
 	"net/netip"
 
-	"github.com/twill-net/twill/backend/owned"
+	"github.com/twill-net/twill/nl"
 )
 
 // Rule is one of twill's netfilter rules, in terms both modes render: the
@@ -68,8 +68,8 @@ type Jump struct {
 
 // Jumps are the entry points into twill's chains.
 var Jumps = []Jump{
-	{Table: "nat", From: "POSTROUTING", To: owned.ChainMasquerade},
-	{Table: "filter", From: "FORWARD", To: owned.ChainForward},
+	{Table: "nat", From: "POSTROUTING", To: nl.ChainMasquerade},
+	{Table: "filter", From: "FORWARD", To: nl.ChainForward},
 }
 
 // MasqRules are the NAT rules for traffic leaving the cluster Network:
@@ -83,7 +83,7 @@ func MasqRules(cluster, local netip.Prefix) []Rule {
 	}
 	in, out := Match{Prefix: cluster}, Match{Prefix: cluster, Not: true}
 	nat := func(src, dst Match, v Verdict, comment string) Rule {
-		return Rule{Table: "nat", Chain: owned.ChainMasquerade, Src: src, Dst: dst, Verdict: v, Comment: comment}
+		return Rule{Table: "nat", Chain: nl.ChainMasquerade, Src: src, Dst: dst, Verdict: v, Comment: comment}
 	}
 	return []Rule{
 		nat(in, in, Return, "twill: pod to pod"),
@@ -97,7 +97,7 @@ func MasqRules(cluster, local netip.Prefix) []Rule {
 // for hosts whose FORWARD policy is DROP.
 func ForwardRules(cluster netip.Prefix) []Rule {
 	fwd := func(src, dst Match, comment string) Rule {
-		return Rule{Table: "filter", Chain: owned.ChainForward, Src: src, Dst: dst, Verdict: Accept, Comment: comment}
+		return Rule{Table: "filter", Chain: nl.ChainForward, Src: src, Dst: dst, Verdict: Accept, Comment: comment}
 	}
 	return []Rule{
 		fwd(Match{Prefix: cluster}, Match{}, "twill: from pods"),

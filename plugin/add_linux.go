@@ -9,8 +9,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/sysctl"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 	"github.com/twill-net/twill/takeover"
 )

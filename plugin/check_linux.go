@@ -14,8 +14,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/backend/owned"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -135,7 +134,7 @@ func (w Wiring) verifyPod(pod *nl.Handle, podLink nl.Link, hostMAC []byte, netns
 
 func (w Wiring) verifyHost(host *nl.Handle, hostLink nl.Link) error {
 	want := w.Host(hostLink.Index)
-	routes, err := host.Routes(nl.FamilyAll, nl.RouteFilter{LinkIndex: hostLink.Index, Protocol: owned.PodRouteProtocol})
+	routes, err := host.Routes(nl.FamilyAll, nl.RouteFilter{LinkIndex: hostLink.Index, Protocol: nl.PodRouteProtocol})
 	if err != nil {
 		return err
 	}

@@ -8,8 +8,8 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/internal/strictjson"
+	"github.com/twill-net/twill/nl"
 )
 
 // Defaults.
@@ -114,16 +114,16 @@ func CheckIfName(name string) error {
 
 // HostVethName is the host end's name for an attachment: "tw" and 13 hex
 // digits of a hash of the container ID and interface name.
-func HostVethName(containerID, ifName string) string { return owned.PodLinkName(containerID, ifName) }
+func HostVethName(containerID, ifName string) string { return nl.PodLinkName(containerID, ifName) }
 
 // LinkAlias tags the host end with its attachment.
 func LinkAlias(network, containerID, ifName string) string {
-	return owned.PodLinkAliasPrefix + network + "/" + containerID + "/" + ifName
+	return nl.PodLinkAliasPrefix + network + "/" + containerID + "/" + ifName
 }
 
 // ParseLinkAlias is LinkAlias's inverse for one network.
 func ParseLinkAlias(network, alias string) (types.GCAttachment, bool) {
-	rest, ok := strings.CutPrefix(alias, owned.PodLinkAliasPrefix+network+"/")
+	rest, ok := strings.CutPrefix(alias, nl.PodLinkAliasPrefix+network+"/")
 	if !ok {
 		return types.GCAttachment{}, false
 	}

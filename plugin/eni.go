@@ -16,9 +16,8 @@ import (
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 
 	eni "github.com/twill-net/twill/backend/eni/cni"
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/internal/allocations"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -56,8 +55,8 @@ func eniFromEnv(env subnet.Env) (eniMode, bool, error) {
 func (m eniMode) podRules(ip netip.Addr) []nl.Rule {
 	p := hostPrefix(ip)
 	return []nl.Rule{
-		{Priority: m.ToPod, Dst: p, Table: owned.MainTable, Protocol: owned.PodRouteProtocol},
-		{Priority: m.FromPod, Src: p, Table: m.Table, Protocol: owned.PodRouteProtocol},
+		{Priority: m.ToPod, Dst: p, Table: nl.MainTable, Protocol: nl.PodRouteProtocol},
+		{Priority: m.FromPod, Src: p, Table: m.Table, Protocol: nl.PodRouteProtocol},
 	}
 }
 
@@ -74,7 +73,7 @@ func deletePodRules(h *nl.Handle, ips []netip.Addr) error {
 	}
 	var errs []error
 	for _, r := range rules {
-		if r.Protocol != owned.PodRouteProtocol {
+		if r.Protocol != nl.PodRouteProtocol {
 			continue
 		}
 		for _, ip := range ips {

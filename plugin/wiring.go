@@ -9,8 +9,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/backend/owned"
+	"github.com/twill-net/twill/nl"
 )
 
 // Gateways the pod routes through: link-local, answered by the host veth.
@@ -100,7 +99,7 @@ type HostSide struct {
 func (w Wiring) Host(hostIndex int) HostSide {
 	s := HostSide{Rules: w.Rules, ProxyARP: "net/ipv4/conf/" + w.HostVeth + "/proxy_arp"}
 	for _, ip := range w.IPs {
-		s.Routes = append(s.Routes, nl.Route{Dst: hostPrefix(ip), LinkIndex: hostIndex, Scope: nl.ScopeLink, Protocol: owned.PodRouteProtocol})
+		s.Routes = append(s.Routes, nl.Route{Dst: hostPrefix(ip), LinkIndex: hostIndex, Scope: nl.ScopeLink, Protocol: nl.PodRouteProtocol})
 	}
 	return s
 }

@@ -35,8 +35,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/backend/owned"
+	"github.com/twill-net/twill/nl"
 )
 
 // Defaults: where flannel keeps what it made.
@@ -282,13 +281,13 @@ func IsFlannelBridge(k AddrReader, l nl.Link, ours func(netip.Prefix) bool) (boo
 
 // shadowing lists flannel's routes to a subnet that twill routes too.
 func (t *Takeover) shadowing() ([]nl.Route, error) {
-	routes, err := t.o.Kernel.Routes(nl.FamilyAll, nl.RouteFilter{Table: owned.MainTable})
+	routes, err := t.o.Kernel.Routes(nl.FamilyAll, nl.RouteFilter{Table: nl.MainTable})
 	if err != nil {
 		return nil, fmt.Errorf("listing routes: %w", err)
 	}
 	twill := map[netip.Prefix]bool{}
 	for _, r := range routes {
-		if r.Protocol == owned.RouteProtocol {
+		if r.Protocol == nl.RouteProtocol {
 			twill[r.Dst] = true
 		}
 	}

@@ -9,12 +9,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/backend/owned"
-	"github.com/twill-net/twill/internal/kernelfake"
+	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/nl/nlfake"
 )
 
-var _ Kernel = (*kernelfake.Kernel)(nil)
+var _ Kernel = (*nlfake.Kernel)(nil)
 
 // fakeNetfilter models flannel's rules: chains that exist, and whether
 // the built-in chains jump to them.
@@ -33,7 +32,7 @@ func (f *fakeNetfilter) Remove() error          { f.chains, f.hooked = false, fa
 // it, a route to a peer, flannel's rules and subnet.env; twill has routed
 // the peer since.
 type node struct {
-	k        *kernelfake.Kernel
+	k        *nlfake.Kernel
 	nf       *fakeNetfilter
 	env      string
 	proxyARP []string
@@ -43,7 +42,7 @@ type node struct {
 
 func newNode(t *testing.T) *node {
 	t.Helper()
-	n := &node{k: &kernelfake.Kernel{}, nf: &fakeNetfilter{chains: true, hooked: true}, env: filepath.Join(t.TempDir(), "subnet.env")}
+	n := &node{k: &nlfake.Kernel{}, nf: &fakeNetfilter{chains: true, hooked: true}, env: filepath.Join(t.TempDir(), "subnet.env")}
 	if err := os.WriteFile(n.env, []byte("FLANNEL_SUBNET=10.50.1.1/24\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +53,7 @@ func newNode(t *testing.T) *node {
 	peer := netip.MustParsePrefix("10.50.2.0/24")
 	for _, r := range []nl.Route{
 		{Dst: peer, Gw: netip.MustParseAddr("192.168.1.2"), LinkIndex: eth.Index, Protocol: protoBoot},
-		{Dst: peer, Gw: netip.MustParseAddr("192.168.1.2"), LinkIndex: eth.Index, Protocol: owned.RouteProtocol, Priority: owned.RouteMetric(peer)},
+		{Dst: peer, Gw: netip.MustParseAddr("192.168.1.2"), LinkIndex: eth.Index, Protocol: nl.RouteProtocol, Priority: nl.RouteMetric(peer)},
 		// flannel's route to a subnet twill does not route, and an
 		// operator's route outside the cluster: neither is twill's to judge.
 		{Dst: netip.MustParsePrefix("10.50.3.0/24"), Gw: netip.MustParseAddr("192.168.1.3"), LinkIndex: eth.Index, Protocol: protoBoot},
@@ -159,7 +158,7 @@ func TestRulesLookedForOnce(t *testing.T) {
 }
 
 func TestNoFlannelNoChange(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	// Bridges that are not flannel's: another name, and cni0 with no
 	// address of the cluster's (someone else's, with no port).
 	other := k.AddBridge("cni1", netip.MustParsePrefix("10.50.9.1/24"))
@@ -203,7 +202,7 @@ func TestPlanFor(t *testing.T) {
 // a cni0 that holds none of the cluster's addresses is not flannel's and
 // stays.
 func TestRetireLeavesAForeignBridge(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	cni0 := k.AddBridge("cni0", netip.MustParsePrefix("192.168.77.1/24"))
 	env := filepath.Join(t.TempDir(), "subnet.env")
 	if err := os.WriteFile(env, []byte("FLANNEL_SUBNET=10.50.1.1/24\n"), 0o644); err != nil {

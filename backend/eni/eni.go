@@ -39,9 +39,8 @@ import (
 
 	"github.com/twill-net/twill/backend"
 	enicni "github.com/twill-net/twill/backend/eni/cni"
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/internal/sysctl"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -60,9 +59,9 @@ const (
 type Config struct {
 	Interface           string // the ENI's name on the node, e.g. "eth1"
 	Mode                string // "prefix" (default) or "secondary-ip"
-	RouteTable          int    // default owned.ENIRouteTable
-	RulePriorityToPod   int    // default owned.RulePriorityToPod
-	RulePriorityFromPod int    // default owned.RulePriorityFromPod
+	RouteTable          int    // default nl.ENIRouteTable
+	RulePriorityToPod   int    // default nl.RulePriorityToPod
+	RulePriorityFromPod int    // default nl.RulePriorityFromPod
 	Provider            string // default "static"
 	ProviderConfig      json.RawMessage
 	// Warm pool (secondary-ip mode): keep at least PoolLowWater free
@@ -109,16 +108,16 @@ func ParseConfig(raw json.RawMessage) (Settings, error) {
 		return bad("Mode", s.Mode, `must be "prefix" or "secondary-ip"`)
 	}
 	if s.Table == 0 {
-		s.Table = owned.ENIRouteTable
+		s.Table = nl.ENIRouteTable
 	}
-	if s.Table < 1 || s.Table > 0xfffffff0 || s.Table == owned.MainTable || s.Table == 253 || s.Table == 255 {
+	if s.Table < 1 || s.Table > 0xfffffff0 || s.Table == nl.MainTable || s.Table == 253 || s.Table == 255 {
 		return bad("RouteTable", c.RouteTable, "must be a table number other than main (254), default (253) and local (255)")
 	}
 	if s.RuleToPod == 0 {
-		s.RuleToPod = owned.RulePriorityToPod
+		s.RuleToPod = nl.RulePriorityToPod
 	}
 	if s.RuleFromPod == 0 {
-		s.RuleFromPod = owned.RulePriorityFromPod
+		s.RuleFromPod = nl.RulePriorityFromPod
 	}
 	if s.RuleToPod < 1 || s.RuleToPod >= 32766 {
 		return bad("RulePriorityToPod", c.RulePriorityToPod, "must be between 1 and 32765 (before the main table's rule)")
@@ -170,7 +169,7 @@ func ParseData(raw json.RawMessage) (Data, error) {
 }
 
 // Kernel is what the eni backend reads and changes: the ENI's link and
-// address, routes, policy rules. *nl.Handle has it all; internal/kernelfake
+// address, routes, policy rules. *nl.Handle has it all; nl/nlfake
 // models it.
 type Kernel interface {
 	backend.RouteTable
@@ -416,7 +415,7 @@ func (n *Network) reportBad(bad map[string]string) {
 }
 
 func (n *Network) nodeRule() nl.Rule {
-	return nl.Rule{Priority: n.set.RuleFromPod, Src: netip.PrefixFrom(n.eni.PrimaryIP.Addr(), 32), Table: n.set.Table, Protocol: owned.RouteProtocol}
+	return nl.Rule{Priority: n.set.RuleFromPod, Src: netip.PrefixFrom(n.eni.PrimaryIP.Addr(), 32), Table: n.set.Table, Protocol: nl.RouteProtocol}
 }
 
 // delegate makes the lease prefix the ENI's in the cloud (prefix mode),

@@ -8,8 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/backend/owned"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -18,7 +17,7 @@ func TestParseConfigDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Mode != ModePrefix || s.Table != owned.ENIRouteTable || s.RuleToPod != owned.RulePriorityToPod || s.RuleFromPod != owned.RulePriorityFromPod ||
+	if s.Mode != ModePrefix || s.Table != nl.ENIRouteTable || s.RuleToPod != nl.RulePriorityToPod || s.RuleFromPod != nl.RulePriorityFromPod ||
 		s.Provider != "static" || s.LowWater != 2 || s.HighWater != 5 || s.Cooldown != 30*time.Second {
 		t.Errorf("defaults: %+v", s)
 	}
@@ -81,7 +80,7 @@ func FuzzParseConfig(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if s.Interface == "" || s.RuleFromPod <= s.RuleToPod || s.HighWater < s.LowWater || s.LowWater < 1 || s.Table == owned.MainTable {
+		if s.Interface == "" || s.RuleFromPod <= s.RuleToPod || s.HighWater < s.LowWater || s.LowWater < 1 || s.Table == nl.MainTable {
 			t.Fatalf("accepted an unusable config %s: %+v", conf, s)
 		}
 	})

@@ -16,17 +16,17 @@ import (
 	"time"
 
 	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/backendtest"
 	enicni "github.com/twill-net/twill/backend/eni/cni"
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/internal/kernelfake"
-	"github.com/twill-net/twill/internal/testsupport/backendtest"
+	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/nl/nlfake"
 	"github.com/twill-net/twill/subnet"
 )
 
-// The eni backend against internal/kernelfake and an in-memory cloud,
+// The eni backend against nl/nlfake and an in-memory cloud,
 // without root.
 
-var _ Kernel = (*kernelfake.Kernel)(nil)
+var _ Kernel = (*nlfake.Kernel)(nil)
 
 // cloud is an in-memory provider: one ENI, a limit of secondary IPs, and
 // the prefixes delegated to it. It models the cloud's state.
@@ -90,7 +90,7 @@ func (c *cloud) UnassignPrefix(_ context.Context, _ string, p netip.Prefix) erro
 }
 
 type eniNode struct {
-	k       *kernelfake.Kernel
+	k       *nlfake.Kernel
 	eth1    nl.Link
 	cloud   *cloud
 	sysctls map[string]string
@@ -101,7 +101,7 @@ type eniNode struct {
 
 func newENINode(t *testing.T, mode string) *eniNode {
 	t.Helper()
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	eth0 := k.AddLink("eth0", 1500, true, netip.MustParsePrefix("10.10.0.5/24"))
 	eth1 := k.AddLink("eth1", 9001, false)
 	c := &cloud{eni: ENI{ID: "eni-1", MAC: fmt.Sprintf("%x:%x:%x:%x:%x:%x", eth1.HardwareAddr[0], eth1.HardwareAddr[1], eth1.HardwareAddr[2],

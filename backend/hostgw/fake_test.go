@@ -9,21 +9,21 @@ import (
 	"testing"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/internal/kernelfake"
-	"github.com/twill-net/twill/internal/testsupport/backendtest"
+	"github.com/twill-net/twill/backend/backendtest"
+	"github.com/twill-net/twill/nl/nlfake"
 	"github.com/twill-net/twill/subnet"
 )
 
-// host-gw's Reconcile against internal/kernelfake, without root.
+// host-gw's Reconcile against nl/nlfake, without root.
 
-func mainTable(t *testing.T, k *kernelfake.Kernel) []string {
+func mainTable(t *testing.T, k *nlfake.Kernel) []string {
 	t.Helper()
 	return backendtest.Routes(t, k, 0)
 }
 
-func fakeNode(t *testing.T) (*kernelfake.Kernel, *Network, *strings.Builder) {
+func fakeNode(t *testing.T) (*nlfake.Kernel, *Network, *strings.Builder) {
 	t.Helper()
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	eth := k.AddLink("eth0", 1500, true, netip.MustParsePrefix("192.168.1.1/24"))
 	opts := backendtest.Options(t, `{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"}}`, k, backend.ExternalInterface{Link: eth,
 		Addr: netip.MustParseAddr("192.168.1.1"), PublicIP: netip.MustParseAddr("192.168.1.1"), OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}})

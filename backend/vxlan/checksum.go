@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/nl"
 )
 
 // Transmit checksum offload on the VTEP (Backend.TXChecksumOffload).
@@ -99,7 +99,7 @@ func kernelRelease() string {
 	return unix.ByteSliceToString(u.Release[:])
 }
 
-// checksummer reads and sets the offload (*nl.Handle, internal/kernelfake).
+// checksummer reads and sets the offload (*nl.Handle, nl/nlfake).
 type checksummer interface {
 	TXChecksum(name string) (bool, error)
 	SetTXChecksum(name string, on bool) error

@@ -7,12 +7,12 @@ import (
 	"slices"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/nl"
 )
 
 // Kernel is what the vxlan backend reads and changes: its VTEP device, and
 // the routes, neighbours and FDB entries through it. *nl.Handle has it all;
-// internal/kernelfake models it.
+// nl/nlfake models it.
 type Kernel interface {
 	backend.RouteTable
 	backend.NeighTable

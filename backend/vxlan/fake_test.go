@@ -15,21 +15,21 @@ import (
 	"testing"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/internal/kernelfake"
-	"github.com/twill-net/twill/internal/testsupport/backendtest"
+	"github.com/twill-net/twill/backend/backendtest"
+	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/nl/nlfake"
 	"github.com/twill-net/twill/subnet"
 )
 
-// These tests run vxlan's Reconcile against internal/kernelfake, a model
+// These tests run vxlan's Reconcile against nl/nlfake, a model
 // of one namespace's kernel state, without root. They assert what the
 // kernel holds afterwards, as ip and bridge would show it.
 
-var _ Kernel = (*kernelfake.Kernel)(nil)
+var _ Kernel = (*nlfake.Kernel)(nil)
 
 // fnode is one node: a fake kernel with eth0, and the backend on it.
 type fnode struct {
-	k     *kernelfake.Kernel
+	k     *nlfake.Kernel
 	eth   nl.Link
 	state string
 	conf  string
@@ -40,7 +40,7 @@ type fnode struct {
 
 func newFNode(t testing.TB, backendJSON string) *fnode {
 	t.Helper()
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	eth := k.AddLink("eth0", 1500, true, netip.MustParsePrefix("192.168.1.1/24"))
 	f := &fnode{k: k, eth: eth, state: t.TempDir(), conf: backendJSON}
 	f.start(t)
@@ -71,7 +71,7 @@ func (s kernelState) equal(o kernelState) bool {
 	return s.String() == o.String()
 }
 
-func dump(t testing.TB, k *kernelfake.Kernel) kernelState {
+func dump(t testing.TB, k *nlfake.Kernel) kernelState {
 	t.Helper()
 	var s kernelState
 	links, _ := k.Links()

@@ -6,7 +6,7 @@ import (
 	"net"
 	"strconv"
 
-	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/nl"
 )
 
 // FlannelDeviceName is the VTEP device flanneld makes for a VNI. flanneld

@@ -8,18 +8,18 @@ import (
 	"testing"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/internal/kernelfake"
-	"github.com/twill-net/twill/internal/testsupport/backendtest"
+	"github.com/twill-net/twill/backend/backendtest"
+	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/nl/nlfake"
 	"github.com/twill-net/twill/subnet"
 )
 
 // flannelNode is a fake kernel as flanneld leaves it when it stops: eth0,
 // and flannel.1 (VNI 1, port 8472) with its VTEP address and a route to a
 // peer through it.
-func flannelNode(t *testing.T, name string, vni int) (*kernelfake.Kernel, nl.Link, net.HardwareAddr) {
+func flannelNode(t *testing.T, name string, vni int) (*nlfake.Kernel, nl.Link, net.HardwareAddr) {
 	t.Helper()
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	eth := k.AddLink("eth0", 1500, true, netip.MustParsePrefix("192.168.1.1/24"))
 	mac := net.HardwareAddr{0x6e, 0x11, 0x22, 0x33, 0x44, 0x55}
 	fl, err := k.VXLANAdd(nl.VXLAN{Name: name, VNI: vni, Port: DefaultPort, SrcAddr: netip.MustParseAddr("192.168.1.1"),
@@ -36,7 +36,7 @@ func flannelNode(t *testing.T, name string, vni int) (*kernelfake.Kernel, nl.Lin
 	return k, eth, mac
 }
 
-func startOn(t *testing.T, k *kernelfake.Kernel, eth nl.Link, state string) (subnet.LeaseAttrs, *Network) {
+func startOn(t *testing.T, k *nlfake.Kernel, eth nl.Link, state string) (subnet.LeaseAttrs, *Network) {
 	t.Helper()
 	opts := backendtest.Options(t, `{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}`, k, backend.ExternalInterface{Link: eth,
 		Addr: netip.MustParseAddr("192.168.1.1"), PublicIP: netip.MustParseAddr("192.168.1.1")})

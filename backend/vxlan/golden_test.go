@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/testsupport/golden"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
 

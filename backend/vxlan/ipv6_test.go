@@ -9,9 +9,9 @@ import (
 	"testing"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/internal/kernelfake"
-	"github.com/twill-net/twill/internal/testsupport/backendtest"
+	"github.com/twill-net/twill/backend/backendtest"
+	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/nl/nlfake"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -24,7 +24,7 @@ const dualConf = `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd
 // or two prefixes), with the given local lease.
 func newV6Node(t *testing.T, conf, backendJSON string, local subnet.Lease, underlay ...netip.Prefix) *fnode {
 	t.Helper()
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	eth := k.AddLink("eth0", 1500, true, underlay...)
 	ext := backend.ExternalInterface{Link: eth}
 	for _, p := range underlay {

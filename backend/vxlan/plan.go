@@ -5,7 +5,7 @@ import (
 	"slices"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
 

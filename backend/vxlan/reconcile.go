@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
 

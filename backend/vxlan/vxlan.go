@@ -50,8 +50,7 @@ import (
 	"strconv"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/backend/owned"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -148,7 +147,7 @@ func underlay(cfg *subnet.Config, ext backend.ExternalInterface) (netip.Addr, in
 }
 
 // DeviceName is the VTEP device for a VNI.
-func DeviceName(vni int) string { return owned.VXLANDevicePrefix + strconv.Itoa(vni) }
+func DeviceName(vni int) string { return nl.VXLANDevicePrefix + strconv.Itoa(vni) }
 
 // Prepare creates (or repairs) the VTEP device and publishes its MAC. On
 // a node switched from flannel it replaces flannel's device (flannel.go).

@@ -20,9 +20,9 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/backend/wireguard/uapi"
 	"github.com/twill-net/twill/backend/wireguard/userspace"
+	"github.com/twill-net/twill/nl"
 )
 
 // Device is the seam to one WireGuard device's configuration, kernel or

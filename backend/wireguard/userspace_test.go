@@ -17,14 +17,14 @@ import (
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/wireguard/uapi"
 	"github.com/twill-net/twill/backend/wireguard/userspace"
-	"github.com/twill-net/twill/internal/kernelfake"
+	"github.com/twill-net/twill/nl/nlfake"
 	"github.com/twill-net/twill/subnet"
 )
 
 // userspaceNode is a node whose kernel has no wireguard module and whose
 // twill-wg already runs (as after a twilld restart): a real wireguard-go
 // device on an in-memory TUN, served on the state directory's socket.
-func userspaceNode(t *testing.T) (*Backend, *kernelfake.Kernel, *uapi.Client, *prometheus.Registry) {
+func userspaceNode(t *testing.T) (*Backend, *nlfake.Kernel, *uapi.Client, *prometheus.Registry) {
 	t.Helper()
 	state := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -42,7 +42,7 @@ func userspaceNode(t *testing.T) (*Backend, *kernelfake.Kernel, *uapi.Client, *p
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	k := &kernelfake.Kernel{NoWireGuard: true}
+	k := &nlfake.Kernel{NoWireGuard: true}
 	k.AddTUN(DeviceName, 1420)
 	reg := prometheus.NewRegistry()
 	o := options(t, k, conf(t, `{"Type":"wireguard","Mode":"auto"}`), state)
@@ -133,7 +133,7 @@ func TestUserspaceDevice(t *testing.T) {
 
 // A kernel without the module and no twill-wg to start: the error says both.
 func TestUserspaceDeviceCannotStart(t *testing.T) {
-	k := &kernelfake.Kernel{NoWireGuard: true}
+	k := &nlfake.Kernel{NoWireGuard: true}
 	be, err := New(options(t, k, conf(t, `{"Type":"wireguard"}`), t.TempDir()))
 	if err != nil {
 		t.Fatal(err)

@@ -45,7 +45,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/backend/owned"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -60,8 +60,8 @@ const (
 	DefaultListenPortV6 = 51821
 	// Device names: the IPv4 (or only) tunnel's, and the IPv6 tunnel's in
 	// separate mode.
-	DeviceName   = owned.WireGuardDevicePrefix
-	DeviceNameV6 = owned.WireGuardDevicePrefix + "-v6"
+	DeviceName   = nl.WireGuardDevicePrefix
+	DeviceNameV6 = nl.WireGuardDevicePrefix + "-v6"
 	// Overheads of the encapsulation: outer IP + UDP + WireGuard's header
 	// and authentication tag.
 	overheadV4 = 60

@@ -17,8 +17,8 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/internal/kernelfake"
+	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/nl/nlfake"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -44,14 +44,14 @@ func TestConfigErrorsNameFieldAndValue(t *testing.T) {
 		{`{"Type":"wireguard","KeyRotationInterval":"1s"}`, `Backend.KeyRotationInterval "1s"`},
 		{`{"Type":"wireguard","VNI":1}`, `VNI`},
 	} {
-		_, err := New(options(t, &kernelfake.Kernel{}, conf(t, tc.backend), t.TempDir()))
+		_, err := New(options(t, &nlfake.Kernel{}, conf(t, tc.backend), t.TempDir()))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want it to name %q", tc.backend, err, tc.want)
 		}
 	}
 }
 
-func options(t testing.TB, k *kernelfake.Kernel, cfg *subnet.Config, state string) backend.Options {
+func options(t testing.TB, k *nlfake.Kernel, cfg *subnet.Config, state string) backend.Options {
 	t.Helper()
 	ext, _ := k.LinkByName("eth0")
 	if ext.Index == 0 {
@@ -67,7 +67,7 @@ func options(t testing.TB, k *kernelfake.Kernel, cfg *subnet.Config, state strin
 // node is one node's backend over a fake kernel and fake devices.
 type node struct {
 	nudged []netip.Addr
-	k      *kernelfake.Kernel
+	k      *nlfake.Kernel
 	devs   *fakeDevices
 	b      *Backend
 	nw     *Network
@@ -76,7 +76,7 @@ type node struct {
 
 func newNode(t testing.TB, backendJSON, state string, lease subnet.Lease) *node {
 	t.Helper()
-	n := &node{k: &kernelfake.Kernel{}, devs: &fakeDevices{}}
+	n := &node{k: &nlfake.Kernel{}, devs: &fakeDevices{}}
 	be, err := New(options(t, n.k, conf(t, backendJSON), state))
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +136,7 @@ func key(t testing.TB) wgtypes.Key {
 	return k.PublicKey()
 }
 
-func routeDsts(t testing.TB, k *kernelfake.Kernel, dev string) []string {
+func routeDsts(t testing.TB, k *nlfake.Kernel, dev string) []string {
 	t.Helper()
 	link, err := k.LinkByName(dev)
 	if err != nil {

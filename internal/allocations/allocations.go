@@ -23,7 +23,7 @@ import (
 
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 
-	"github.com/twill-net/twill/backend/owned"
+	"github.com/twill-net/twill/nl"
 )
 
 // Grace is how old an allocation without its veth must be to be reclaimed.
@@ -70,7 +70,7 @@ func Records(dir string) ([]Record, error) {
 }
 
 // Reclaim removes the allocations in dir whose host veth (by its name,
-// owned.PodLinkName) does not exist and that are older than grace, and
+// nl.PodLinkName) does not exist and that are older than grace, and
 // returns them. The caller holds the store's lock.
 func Reclaim(dir string, grace time.Duration, now time.Time, linkExists func(name string) (bool, error)) ([]Record, error) {
 	recs, err := Records(dir)
@@ -83,7 +83,7 @@ func Reclaim(dir string, grace time.Duration, now time.Time, linkExists func(nam
 		if now.Sub(r.ModTime) < grace || r.ContainerID == "" {
 			continue
 		}
-		ok, err := linkExists(owned.PodLinkName(r.ContainerID, r.IfName))
+		ok, err := linkExists(nl.PodLinkName(r.ContainerID, r.IfName))
 		if err != nil {
 			errs = append(errs, err)
 			continue

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/backend/owned"
+	"github.com/twill-net/twill/nl"
 )
 
 func TestReclaim(t *testing.T) {
@@ -29,7 +29,7 @@ func TestReclaim(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "last_reserved_ip.0"), []byte("10.244.1.5"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	links := map[string]bool{owned.PodLinkName("alive", "eth0"): true}
+	links := map[string]bool{nl.PodLinkName("alive", "eth0"): true}
 	gone, err := Reclaim(dir, Grace, now, func(name string) (bool, error) { return links[name], nil })
 	if err != nil {
 		t.Fatal(err)

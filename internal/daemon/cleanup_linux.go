@@ -8,9 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/backend/owned"
 	"github.com/twill-net/twill/network/netfilter"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/policy"
 	"github.com/twill-net/twill/subnet"
 )
@@ -51,7 +50,7 @@ func Cleanup(log *slog.Logger, h *nl.Handle, o CleanupOptions) error {
 			}
 		}
 	}
-	routes, err := h.Routes(nl.FamilyAll, nl.RouteFilter{AllTables: true, Protocol: owned.RouteProtocol})
+	routes, err := h.Routes(nl.FamilyAll, nl.RouteFilter{AllTables: true, Protocol: nl.RouteProtocol})
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -72,7 +71,7 @@ func Cleanup(log *slog.Logger, h *nl.Handle, o CleanupOptions) error {
 	for _, l := range links {
 		// Deleting a userspace WireGuard device's TUN link stops its
 		// twill-wg too.
-		if strings.HasPrefix(l.Name, owned.VXLANDevicePrefix) || strings.HasPrefix(l.Name, owned.WireGuardDevicePrefix) {
+		if strings.HasPrefix(l.Name, nl.VXLANDevicePrefix) || strings.HasPrefix(l.Name, nl.WireGuardDevicePrefix) {
 			if err := h.LinkDel(l.Index); err != nil {
 				errs = append(errs, err)
 				continue
@@ -119,7 +118,7 @@ func cleanupRules(h *nl.Handle) (deleted int, restored []string, err error) {
 	}
 	var errs []error
 	for _, r := range rules {
-		if r.Protocol != owned.RouteProtocol {
+		if r.Protocol != nl.RouteProtocol {
 			continue
 		}
 		if err := h.RuleDel(r); err != nil {

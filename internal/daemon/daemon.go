@@ -27,11 +27,11 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/backoff"
 	"github.com/twill-net/twill/internal/desiredfile"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/network/netfilter"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
 

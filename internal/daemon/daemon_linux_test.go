@@ -15,10 +15,10 @@ import (
 	"time"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/daemon"
 	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/network"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
 

@@ -8,8 +8,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/network"
+	"github.com/twill-net/twill/nl"
 )
 
 // extWatch follows the external interface. The kernel flushes the routes

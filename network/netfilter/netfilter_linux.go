@@ -9,9 +9,9 @@ import (
 
 	"github.com/google/nftables"
 
-	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/network"
 	nft "github.com/twill-net/twill/network/nftables"
+	"github.com/twill-net/twill/nl"
 )
 
 // NodeHost is the Host of the node twilld runs on (its network namespace).

@@ -7,16 +7,18 @@ import (
 	"testing"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/internal/kernelfake"
-	"github.com/twill-net/twill/internal/testsupport/backendtest"
+	"github.com/twill-net/twill/backend/backendtest"
+	"github.com/twill-net/twill/nl/nlfake"
 	"github.com/twill-net/twill/subnet"
 )
 
 // TestReconcile runs the backend on a model of the kernel's state
-// (internal/kernelfake), without root, and checks the routes it holds
-// afterwards: a backend's unit test as writing-a-backend.md describes it.
+// (nl/nlfake, public like backend/backendtest, so a backend in another
+// module is tested the same way), without root, and checks the routes it
+// holds afterwards: a backend's unit test as writing-a-backend.md
+// describes it.
 func TestReconcile(t *testing.T) {
-	k := &kernelfake.Kernel{}
+	k := &nlfake.Kernel{}
 	eth := k.AddLink("eth0", 1500, true, netip.MustParsePrefix("192.168.1.1/24"))
 	opts := backendtest.Options(t, `{"Network":"10.244.0.0/16","Backend":{"Type":"directgw","Table":50}}`, k,
 		backend.ExternalInterface{Link: eth, PublicIP: netip.MustParseAddr("192.168.1.1"), OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}})

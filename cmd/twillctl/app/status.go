@@ -19,10 +19,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/etcdflags"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/network/netfilter"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/policy"
 	"github.com/twill-net/twill/subnet"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"

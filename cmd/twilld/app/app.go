@@ -27,7 +27,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/allocations"
 	"github.com/twill-net/twill/internal/daemon"
 	"github.com/twill-net/twill/internal/etcdflags"
@@ -35,6 +34,7 @@ import (
 	"github.com/twill-net/twill/internal/version"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/network/netfilter"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/policy"
 	"github.com/twill-net/twill/subnet"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"

@@ -26,8 +26,8 @@ import (
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/eni"
-	"github.com/twill-net/twill/backend/nl"
 	"github.com/twill-net/twill/internal/atomicfile"
+	"github.com/twill-net/twill/nl"
 )
 
 func init() { eni.RegisterProvider("sim", New) }

@@ -12,18 +12,18 @@ import (
 	"testing"
 
 	"github.com/twill-net/twill/backend/eni"
-	"github.com/twill-net/twill/backend/nl"
-	"github.com/twill-net/twill/internal/kernelfake"
+	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/nl/nlfake"
 )
 
 // The simulated cloud over a modelled fabric namespace, without root: what
 // it assigns is in its state file and routed in the fabric.
 
-var _ Fabric = (*kernelfake.Kernel)(nil)
+var _ Fabric = (*nlfake.Kernel)(nil)
 
-func newCloud(t *testing.T, maxIPs int) (*Provider, *kernelfake.Kernel, string) {
+func newCloud(t *testing.T, maxIPs int) (*Provider, *nlfake.Kernel, string) {
 	t.Helper()
-	fabric := &kernelfake.Kernel{}
+	fabric := &nlfake.Kernel{}
 	fabric.AddLink("p1", 1500, true)
 	fabric.AddLink("p2", 1500, true)
 	path := filepath.Join(t.TempDir(), "vpc.json")
@@ -49,7 +49,7 @@ func newCloud(t *testing.T, maxIPs int) (*Provider, *kernelfake.Kernel, string) 
 	return sp, fabric, path
 }
 
-func fabricRoutes(t *testing.T, k *kernelfake.Kernel) []string {
+func fabricRoutes(t *testing.T, k *nlfake.Kernel) []string {
 	t.Helper()
 	rs, _ := k.Routes(nl.FamilyAll, nl.RouteFilter{Protocol: RouteProtocol})
 	var out []string

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/nl"
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/subnet"

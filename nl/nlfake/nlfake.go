@@ -1,11 +1,11 @@
-// Package kernelfake models the kernel state twill programs (links and
+// Package nlfake models the kernel state twill programs (links and
 // their addresses, routes, neighbour and FDB entries, policy rules) as
 // maps, behind the same methods as *nl.Handle, with the kernel's answers
 // (EEXIST, ESRCH, ENOENT, ENODEV, ENETDOWN). Tests hand it to the sync
 // engines and backends instead of a netlink handle and assert on the state
 // it holds afterwards, without root. It models state, not calls: a test
 // never checks which methods were called, only what the kernel holds.
-package kernelfake
+package nlfake
 
 import (
 	"bytes"
@@ -17,8 +17,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/twill-net/twill/backend/nl"
+	"github.com/twill-net/twill/nl"
 )
+
+// Kernel implements the kernel seam's contract.
+var _ nl.Kernel = (*Kernel)(nil)
 
 // Kernel is one network namespace's state. The zero value is empty and
 // ready; it is safe for concurrent use.

@@ -1,8 +1,9 @@
-// Package owned names every kernel object identity twill claims as its own:
+// What twill owns: every kernel object identity twill claims as its own:
 // the rtnetlink protocol stamped on its routes, its route tables, its policy
 // rule priorities and its iptables chains. Keeping them in one file makes it
 // possible to audit what twill may touch, and what cleanup removes.
-package owned
+
+package nl
 
 import (
 	"crypto/sha256"
