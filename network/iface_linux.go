@@ -30,9 +30,22 @@ type IfaceOptions struct {
 	IPv4, IPv6 bool
 }
 
+// IfaceKernel is what choosing the external interface reads of the kernel
+// (*nl.Handle; nlfake.Kernel models it).
+type IfaceKernel interface {
+	Links() ([]nl.Link, error)
+	LinkByName(name string) (nl.Link, error)
+	LinkByIndex(index int) (nl.Link, error)
+	Addrs(link int, family nl.Family) ([]nl.Addr, error)
+	Routes(family nl.Family, f nl.RouteFilter) ([]nl.Route, error)
+	RouteGet(dst netip.Addr) (nl.Route, error)
+}
+
+var _ IfaceKernel = (*nl.Handle)(nil)
+
 // ChooseExternal picks the external interface: the first of Ifaces, then of
 // IfaceRegex, then the route to CanReach, then the default route's link.
-func ChooseExternal(h *nl.Handle, o IfaceOptions) (backend.ExternalInterface, error) {
+func ChooseExternal(h IfaceKernel, o IfaceOptions) (backend.ExternalInterface, error) {
 	c, err := readCandidates(h, o)
 	if err != nil {
 		return backend.ExternalInterface{}, err
@@ -77,7 +90,7 @@ type candidates struct {
 	o     IfaceOptions
 }
 
-func readCandidates(h *nl.Handle, o IfaceOptions) (*candidates, error) {
+func readCandidates(h IfaceKernel, o IfaceOptions) (*candidates, error) {
 	links, err := h.Links()
 	if err != nil {
 		return nil, err
@@ -150,7 +163,7 @@ func (c *candidates) byRegex(exprs []string) (nl.Link, bool, string, error) {
 }
 
 // byRoute is --iface-can-reach: the link the kernel would use.
-func byRoute(h *nl.Handle, dst netip.Addr) (nl.Link, bool, string, error) {
+func byRoute(h IfaceKernel, dst netip.Addr) (nl.Link, bool, string, error) {
 	r, err := h.RouteGet(dst)
 	if err != nil {
 		return nl.Link{}, false, "", fmt.Errorf("--iface-can-reach %s: %w", dst, err)
@@ -162,7 +175,7 @@ func byRoute(h *nl.Handle, dst netip.Addr) (nl.Link, bool, string, error) {
 // byDefaultRoute is the default route's link: the IPv4 one first when
 // the pods use IPv4, then the other family's (an IPv6-only cluster's
 // vxlan overlay may run over an IPv4 underlay, and the other way round).
-func byDefaultRoute(h *nl.Handle, ipv4 bool) (nl.Link, bool, string, error) {
+func byDefaultRoute(h IfaceKernel, ipv4 bool) (nl.Link, bool, string, error) {
 	how := "the default route"
 	order := []nl.Family{nl.FamilyV4, nl.FamilyV6}
 	if !ipv4 {
@@ -187,7 +200,7 @@ func byDefaultRoute(h *nl.Handle, ipv4 bool) (nl.Link, bool, string, error) {
 // and up, or was deleted and re-created (a VLAN or bond rebuilt, a network
 // service restarted), its index, addresses and on-link prefixes may have
 // changed. o is what ChooseExternal was given.
-func Refresh(h *nl.Handle, name string, o IfaceOptions) (backend.ExternalInterface, error) {
+func Refresh(h IfaceKernel, name string, o IfaceOptions) (backend.ExternalInterface, error) {
 	link, err := h.LinkByName(name)
 	if err != nil {
 		return backend.ExternalInterface{}, fmt.Errorf("external interface: %w", err)

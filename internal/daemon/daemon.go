@@ -31,7 +31,6 @@ import (
 	"github.com/twill-net/twill/internal/desiredfile"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/network/netfilter"
-	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
 
@@ -91,7 +90,7 @@ type Options struct {
 	Logger   *slog.Logger
 	Registry *backend.Registry
 	Subnets  SubnetManager
-	Netlink  *nl.Handle
+	Netlink  Kernel
 	Iface    network.IfaceOptions
 
 	SubnetFile string
@@ -130,6 +129,9 @@ type Options struct {
 	Policy func(ctx context.Context, local []netip.Prefix, synced func()) error
 	// Collectors are more metrics for /metrics (the policy's).
 	Collectors []prometheus.Collector
+	// Node sets up forwarding and the netfilter rules (node.go); nil is
+	// this network namespace's, in the Netfilter mode.
+	Node NodeNetwork
 }
 
 // Daemon is one twilld.
@@ -318,16 +320,8 @@ func (d *Daemon) prepare(ctx context.Context, cfg *subnet.Config) (backend.Exter
 // setUpNode enables forwarding, installs the netfilter rules in the mode
 // chosen and writes subnet.env (pods are wired only once masquerading is
 // in place), returning what keeps the last two in place.
-func (d *Daemon) setUpNode(cfg *subnet.Config, lease subnet.Lease, nw backend.Network) (*network.Keeper, *desiredfile.Keeper, error) {
-	if err := network.EnableForwarding(cfg.EnableIPv4, cfg.EnableIPv6); err != nil {
-		return nil, nil, err
-	}
-	choice, err := netfilter.Choose(d.o.Netfilter, cfg.EnableNFTables, cfg.EnableIPv4, cfg.EnableIPv6, netfilter.NodeHost())
-	if err != nil {
-		return nil, nil, fmt.Errorf("choosing the netfilter mode: %w", err)
-	}
-	d.log.Info("netfilter mode", "mode", choice.Mode, "why", choice.Why)
-	env := subnet.Env{MTU: nw.MTU(), IPMasq: d.o.IPMasq, Backend: cfg.BackendType, Netfilter: string(choice.Mode)}
+func (d *Daemon) setUpNode(cfg *subnet.Config, lease subnet.Lease, nw backend.Network) (Runner, *desiredfile.Keeper, error) {
+	env := subnet.Env{MTU: nw.MTU(), IPMasq: d.o.IPMasq, Backend: cfg.BackendType}
 	if ep, ok := nw.(backend.EnvProvider); ok {
 		env.Extra = ep.Env()
 	}
@@ -340,28 +334,22 @@ func (d *Daemon) setUpNode(cfg *subnet.Config, lease subnet.Lease, nw backend.Ne
 		o.Networks = append(o.Networks, network.NetworkPair{Cluster: cfg.IPv6Network, Local: lease.IPv6Subnet})
 		env.IPv6Network, env.IPv6Subnet = cfg.IPv6Network, lease.IPv6Subnet
 	}
-	rules := netfilter.NewRules(choice.Mode, o)
-	if err := rules.Sync(); err != nil {
-		return nil, nil, fmt.Errorf("installing the %s rules: %w", choice.Mode, err)
+	node := d.o.Node
+	if node == nil {
+		node = systemNode{mode: d.o.Netfilter}
 	}
-	// Only once this mode's rules are in place: a mode that cannot be
-	// installed leaves the node's old rules where they were. Both sets
-	// at once mean the same (a packet takes the first NAT).
-	if err := netfilter.RemoveOthers(choice.Mode, d.log); err != nil {
+	mode, keeper, err := node.SetUp(cfg, o)
+	if err != nil {
 		return nil, nil, err
 	}
-	if choice.Mode == netfilter.NFTables {
-		if drops, err := netfilter.ForwardDrop(); err == nil && len(drops) > 0 {
-			d.log.Warn("forward chains of other tables drop by default; twill's accepts in its own nftables table cannot override them, so forwarded pod traffic may be dropped (use --netfilter=iptables, or accept the cluster Network in those chains)", "chains", drops)
-		}
-	}
+	env.Netfilter = string(mode)
 	// subnet.env is desired state like a route: deleted or altered, it is
 	// written again at once.
 	envFile := &desiredfile.Keeper{Path: d.o.SubnetFile, Logger: d.log, Repaired: func() { d.metrics.driftRepairs.Inc() }}
 	if err := envFile.Set(env.Marshal()); err != nil {
 		return nil, nil, err
 	}
-	return netfilter.NewKeeper(choice.Mode, rules, o), envFile, nil
+	return keeper, envFile, nil
 }
 
 // afterReady is what runs once the first reconcile is done: it waits for

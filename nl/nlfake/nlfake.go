@@ -33,6 +33,7 @@ type Kernel struct {
 	neighs    map[int]map[netip.Addr]nl.Neigh // guarded by mu; by link, IP
 	fdb       map[int]map[[6]byte]nl.Neigh    // guarded by mu; by link, MAC
 	rules     []nl.Rule                       // guarded by mu
+	watchers  map[*watcher]struct{}           // guarded by mu; watch.go
 	// NoWireGuard makes it a kernel without the wireguard module.
 	NoWireGuard bool
 	// Fail, when set, is consulted before every change: a non-nil error is
@@ -71,6 +72,7 @@ func (k *Kernel) AddLink(name string, mtu int, up bool, addrs ...netip.Prefix) n
 	l := nl.Link{Index: k.nextIndex, Name: name, MTU: mtu, Up: up, Type: "veth", HardwareAddr: []byte{0x52, 0x54, 0, 0, 0, byte(k.nextIndex)}}
 	k.nextIndex++
 	k.links[l.Index] = &link{l: l, addrs: slices.Clone(addrs)}
+	k.emitLinkLocked(nl.LinkEvent{Link: l})
 	return l
 }
 
@@ -111,6 +113,7 @@ func (k *Kernel) SetUp(index int, up bool) {
 	k.initLocked()
 	if l, ok := k.links[index]; ok {
 		l.l.Up = up
+		k.emitLinkLocked(nl.LinkEvent{Link: l.l})
 		if !up {
 			for key, r := range k.routes {
 				if r.LinkIndex == index {
@@ -214,6 +217,9 @@ func (k *Kernel) LinkDel(index int) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.initLocked()
+	if l, ok := k.links[index]; ok {
+		k.emitLinkLocked(nl.LinkEvent{Deleted: true, Link: l.l})
+	}
 	delete(k.links, index)
 	for _, l := range k.links {
 		if l.l.MasterIndex == index { // a bridge's ports stay, detached
@@ -243,6 +249,7 @@ func (k *Kernel) LinkSetUp(index int) error {
 		return err
 	}
 	l.l.Up = true
+	k.emitLinkLocked(nl.LinkEvent{Link: l.l})
 	return nil
 }
 
@@ -382,6 +389,7 @@ func (k *Kernel) AddrAdd(index int, p netip.Prefix) error {
 		return fmt.Errorf("adding address %s: %w", p, unix.EEXIST)
 	}
 	l.addrs = append(l.addrs, p)
+	k.emitAddrLocked(nl.AddrEvent{LinkIndex: index, Prefix: p})
 	return nil
 }
 

@@ -1,0 +1,143 @@
+package nlfake
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/twill-net/twill/nl"
+)
+
+// Link and address events, as the kernel announces them to a subscribed
+// socket: each change to a link (added, up or down, deleted) or to an
+// address (added) reaches every watch subscribed at the time. Like the
+// kernel's socket buffer, a watch's queue is bounded: a watch that falls
+// behind by more than watchQueue events fails with ENOBUFS, and its
+// caller subscribes again and reads the state.
+
+const watchQueue = 256
+
+type watcher struct {
+	links chan nl.LinkEvent
+	addrs chan nl.AddrEvent
+	lost  chan struct{}
+}
+
+var _ interface {
+	WatchLinks(ctx context.Context, subscribed func(), fn func(nl.LinkEvent)) error
+	WatchAddrs(ctx context.Context, subscribed func(), fn func(nl.AddrEvent)) error
+	RouteGet(dst netip.Addr) (nl.Route, error)
+} = (*Kernel)(nil)
+
+// WatchLinks calls subscribed, then fn for each link event, until ctx ends.
+func (k *Kernel) WatchLinks(ctx context.Context, subscribed func(), fn func(nl.LinkEvent)) error {
+	w := &watcher{links: make(chan nl.LinkEvent, watchQueue), lost: make(chan struct{})}
+	return k.watch(ctx, w, subscribed, fn, nil)
+}
+
+// WatchAddrs calls subscribed, then fn for each address event, until ctx
+// ends.
+func (k *Kernel) WatchAddrs(ctx context.Context, subscribed func(), fn func(nl.AddrEvent)) error {
+	w := &watcher{addrs: make(chan nl.AddrEvent, watchQueue), lost: make(chan struct{})}
+	return k.watch(ctx, w, subscribed, nil, fn)
+}
+
+// watch subscribes w (one of its queues is nil: never ready) and delivers
+// its events until ctx ends or the queue overflows.
+func (k *Kernel) watch(ctx context.Context, w *watcher, subscribed func(), onLink func(nl.LinkEvent), onAddr func(nl.AddrEvent)) error {
+	k.mu.Lock()
+	k.initLocked()
+	if k.watchers == nil {
+		k.watchers = map[*watcher]struct{}{}
+	}
+	k.watchers[w] = struct{}{}
+	k.mu.Unlock()
+	defer func() {
+		k.mu.Lock()
+		delete(k.watchers, w)
+		k.mu.Unlock()
+	}()
+	subscribed()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-w.lost:
+			return fmt.Errorf("watching: %w", unix.ENOBUFS)
+		case ev := <-w.links:
+			onLink(ev)
+		case ev := <-w.addrs:
+			onAddr(ev)
+		}
+	}
+}
+
+// emitLinkLocked queues a link event for every link watch.
+func (k *Kernel) emitLinkLocked(ev nl.LinkEvent) {
+	for w := range k.watchers {
+		if w.links == nil {
+			continue
+		}
+		select {
+		case w.links <- ev:
+		default:
+			closeOnce(w)
+		}
+	}
+}
+
+// emitAddrLocked queues an address event for every address watch.
+func (k *Kernel) emitAddrLocked(ev nl.AddrEvent) {
+	for w := range k.watchers {
+		if w.addrs == nil {
+			continue
+		}
+		select {
+		case w.addrs <- ev:
+		default:
+			closeOnce(w)
+		}
+	}
+}
+
+func closeOnce(w *watcher) {
+	select {
+	case <-w.lost:
+	default:
+		close(w.lost)
+	}
+}
+
+// RouteGet is the route the kernel would take to dst: the longest prefix
+// of the main table containing it, among twill's routes and the prefixes
+// of the addresses on links that are up.
+func (k *Kernel) RouteGet(dst netip.Addr) (nl.Route, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.initLocked()
+	best, found := nl.Route{}, false
+	consider := func(r nl.Route) {
+		if r.Dst.Contains(dst) && (!found || r.Dst.Bits() > best.Dst.Bits()) {
+			best, found = r, true
+		}
+	}
+	for _, r := range k.routes {
+		if r.Table == 0 || r.Table == 254 {
+			consider(r)
+		}
+	}
+	for _, l := range k.links {
+		if !l.l.Up {
+			continue
+		}
+		for _, p := range l.addrs {
+			consider(nl.Route{Dst: p.Masked(), LinkIndex: l.l.Index, Scope: nl.ScopeLink})
+		}
+	}
+	if !found {
+		return nl.Route{}, fmt.Errorf("route to %s: %w", dst, unix.ENETUNREACH)
+	}
+	return best, nil
+}
