@@ -270,6 +270,19 @@ func CheckPublicIP(ip netip.Addr) error {
 	return fmt.Errorf("%s is %s, not a node's address", ip, what)
 }
 
+// CheckProgrammable reports why this node must not program a peer lease,
+// or nil: CheckPeer's reasons, or a backend other than the cluster's. It is
+// the one rule twilld (daemon), twillctl status and Peers apply.
+func CheckProgrammable(cfg *Config, local, peer Lease) error {
+	if err := CheckPeer(cfg, local, peer); err != nil {
+		return err
+	}
+	if peer.Attrs.BackendType != cfg.BackendType {
+		return fmt.Errorf("backend type %q, but this cluster runs %q", peer.Attrs.BackendType, cfg.BackendType)
+	}
+	return nil
+}
+
 // CheckPeer reports why a peer lease must not be programmed, or nil. It
 // refuses subnets outside the Network or of the wrong length, subnets that
 // overlap the local node's, leases without an address to route to, public
@@ -356,12 +369,8 @@ func Peers(cfg *Config, local Lease, snap Snapshot, buf []Lease) (peers []Lease,
 		if l.Subnet == local.Subnet && l.IPv6Subnet == local.IPv6Subnet {
 			continue
 		}
-		if err := CheckPeer(cfg, local, l); err != nil {
+		if err := CheckProgrammable(cfg, local, l); err != nil {
 			refuse(l.String(), err.Error())
-			continue
-		}
-		if l.Attrs.BackendType != cfg.BackendType {
-			refuse(l.String(), fmt.Sprintf("backend type %q, but this cluster runs %q", l.Attrs.BackendType, cfg.BackendType))
 			continue
 		}
 		peers = append(peers, l)

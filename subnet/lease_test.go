@@ -112,6 +112,30 @@ func TestCheckPeer(t *testing.T) {
 	}
 }
 
+func TestCheckProgrammable(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := Lease{Subnet: netip.MustParsePrefix("10.244.1.0/24")}
+	peer := func(sub, typ string) Lease {
+		return Lease{Subnet: netip.MustParsePrefix(sub), Attrs: LeaseAttrs{PublicIP: netip.MustParseAddr("192.168.1.2"), BackendType: typ}}
+	}
+	for _, tt := range []struct {
+		peer Lease
+		want string
+	}{
+		{peer("10.244.2.0/24", "host-gw"), ""},
+		{peer("10.244.2.0/24", "vxlan"), `backend type "vxlan", but this cluster runs "host-gw"`},
+		{peer("10.99.2.0/24", "host-gw"), "not a /24 inside Network"},
+	} {
+		err := CheckProgrammable(cfg, local, tt.peer)
+		if (tt.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tt.want)) {
+			t.Errorf("%s (%s): %v, want %q", tt.peer, tt.peer.Attrs.BackendType, err, tt.want)
+		}
+	}
+}
+
 func TestCheckPeerPublicIPRanges(t *testing.T) {
 	cfg, err := ParseConfig([]byte(`{"Network":"10.244.0.0/16","PublicIPRanges":["192.168.0.0/16","fd00:99::/64"]}`))
 	if err != nil {

@@ -99,16 +99,11 @@ func classify(cfg *subnet.Config, local subnet.Lease, e subnet.Entry) (peer bool
 	case l.Subnet == local.Subnet && l.IPv6Subnet == local.IPv6Subnet:
 		return false, refusal{}, true
 	}
-	if err := subnet.CheckPeer(cfg, local, l); err != nil {
+	if err := subnet.CheckProgrammable(cfg, local, l); err != nil {
 		return false, refusal{name: l.String(), why: err.Error()}, false
-	}
-	if l.Attrs.BackendType != cfg.BackendType {
-		return false, refusal{name: l.String(), why: "backend type " + quote(l.Attrs.BackendType) + ", but this cluster runs " + quote(cfg.BackendType)}, false
 	}
 	return true, refusal{}, false
 }
-
-func quote(s string) string { return `"` + s + `"` }
 
 // all is every peer, for a full reconcile; what it returns becomes what
 // was handed to the backend.

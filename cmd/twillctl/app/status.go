@@ -328,10 +328,8 @@ func etcdLeases(ctx context.Context, w io.Writer, cli *clientv3.Client, keyPrefi
 		switch {
 		case cfg == nil:
 			state = "? (no net-conf.json in etcd)"
-		case subnet.CheckPeer(cfg, subnet.Lease{}, l) != nil:
-			state = "REFUSED: " + subnet.CheckPeer(cfg, subnet.Lease{}, l).Error()
-		case attrs.BackendType != cfg.BackendType:
-			state = fmt.Sprintf("REFUSED: backend type %q, but this cluster runs %q", attrs.BackendType, cfg.BackendType)
+		case subnet.CheckProgrammable(cfg, subnet.Lease{}, l) != nil:
+			state = "REFUSED: " + subnet.CheckProgrammable(cfg, subnet.Lease{}, l).Error()
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", subnetsString(v4, v6), pubIP(attrs), attrs.BackendType, expires, state)
 	}
