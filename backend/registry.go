@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"sort"
 	"strings"
-	"sync"
 
 	"github.com/twill-net/twill/subnet"
 )
@@ -19,51 +17,29 @@ type Factory func(opts Options) (Backend, error)
 // Registry maps backend type names to factories. The zero value is empty and
 // ready to use; it is safe for concurrent use.
 type Registry struct {
-	mu        sync.Mutex
-	factories map[string]Factory // guarded by mu
+	factories Named[Factory]
 }
 
 // Register adds a factory under name. It panics on an empty name, a nil
 // factory or a name already taken: these are programming errors found at
 // start-up, not conditions to handle.
 func (r *Registry) Register(name string, f Factory) {
-	if strings.TrimSpace(name) == "" {
-		panic("backend: Register with an empty name")
-	}
 	if f == nil {
 		panic(fmt.Sprintf("backend: Register %q with a nil factory", name))
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, dup := r.factories[name]; dup {
-		panic(fmt.Sprintf("backend: Register called twice for %q", name))
-	}
-	if r.factories == nil {
-		r.factories = map[string]Factory{}
-	}
-	r.factories[name] = f
+
+	r.factories.Add(name, f)
 }
 
 // Names lists the registered backend names, sorted.
-func (r *Registry) Names() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	names := make([]string, 0, len(r.factories))
-	for n := range r.factories {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
+func (r *Registry) Names() []string { return r.factories.Names() }
 
 // ErrUnknown is returned (wrapped) by New for a name nobody registered.
 var ErrUnknown = errors.New("unknown backend type")
 
 // New builds the backend registered under name.
 func (r *Registry) New(name string, opts Options) (Backend, error) {
-	r.mu.Lock()
-	f, ok := r.factories[name]
-	r.mu.Unlock()
+	f, ok := r.factories.Get(name)
 	if !ok {
 		return nil, fmt.Errorf("net-conf.json: Backend.Type %q: %w (registered: %s)", name, ErrUnknown, strings.Join(r.Names(), ", "))
 	}

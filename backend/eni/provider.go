@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"sort"
-	"sync"
+
+	"github.com/twill-net/twill/backend"
 )
 
 // ENI is an elastic network interface as the cloud describes it.
@@ -61,39 +61,20 @@ var (
 // ProviderFactory builds a provider from the ProviderConfig JSON object.
 type ProviderFactory func(config json.RawMessage) (Provider, error)
 
-var (
-	providersMu sync.Mutex
-	providers   = map[string]ProviderFactory{}
-)
+var providers = backend.Named[ProviderFactory]{Kind: "eni provider"}
 
 // RegisterProvider makes a provider available under name, for
 // net-conf.json's Backend.Provider. Call it from init(); a duplicate name
 // panics, as two providers cannot share one.
 func RegisterProvider(name string, f ProviderFactory) {
-	providersMu.Lock()
-	defer providersMu.Unlock()
-	if _, dup := providers[name]; dup {
-		panic(fmt.Sprintf("eni: provider %q registered twice", name))
-	}
-	providers[name] = f
+	providers.Add(name, f)
 }
 
 // Providers lists the registered provider names.
-func Providers() []string {
-	providersMu.Lock()
-	defer providersMu.Unlock()
-	names := make([]string, 0, len(providers))
-	for n := range providers {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
+func Providers() []string { return providers.Names() }
 
 func newProvider(name string, config json.RawMessage) (Provider, error) {
-	providersMu.Lock()
-	f, ok := providers[name]
-	providersMu.Unlock()
+	f, ok := providers.Get(name)
 	if !ok {
 		return nil, fmt.Errorf("eni: Backend.Provider %q: unknown; this twilld has %v", name, Providers())
 	}
