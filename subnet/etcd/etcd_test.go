@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -16,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/twill-net/twill/lab/etcdserver"
