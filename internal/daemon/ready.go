@@ -1,0 +1,141 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/internal/desiredfile"
+	"github.com/twill-net/twill/network"
+	"github.com/twill-net/twill/network/netfilter"
+	"github.com/twill-net/twill/subnet"
+)
+
+// setUpNode enables forwarding, installs the netfilter rules in the mode
+// chosen and writes subnet.env (pods are wired only once masquerading is
+// in place), returning what keeps the last two in place.
+func (d *Daemon) setUpNode(cfg *subnet.Config, lease subnet.Lease, nw backend.Network) (Runner, *desiredfile.Keeper, error) {
+	env := subnet.Env{MTU: nw.MTU(), IPMasq: d.o.IPMasq, Backend: cfg.BackendType}
+	if ep, ok := nw.(backend.EnvProvider); ok {
+		env.Extra = ep.Env()
+	}
+	o := netfilter.Options{Logger: d.log, IPMasq: d.o.IPMasq, Resync: d.o.IPTablesResync, Repaired: func() { d.metrics.driftRepairs.Inc() }}
+	if cfg.EnableIPv4 {
+		o.Networks = append(o.Networks, network.NetworkPair{Cluster: cfg.Network, Local: lease.Subnet})
+		env.Network, env.Subnet = cfg.Network, lease.Subnet
+	}
+	if cfg.EnableIPv6 && lease.IPv6Subnet.IsValid() {
+		o.Networks = append(o.Networks, network.NetworkPair{Cluster: cfg.IPv6Network, Local: lease.IPv6Subnet})
+		env.IPv6Network, env.IPv6Subnet = cfg.IPv6Network, lease.IPv6Subnet
+	}
+	node := d.o.Node
+	if node == nil {
+		node = systemNode{mode: d.o.Netfilter}
+	}
+	mode, keeper, err := node.SetUp(cfg, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	env.Netfilter = string(mode)
+	// subnet.env is desired state like a route: deleted or altered, it is
+	// written again at once.
+	envFile := &desiredfile.Keeper{Path: d.o.SubnetFile, Logger: d.log, Repaired: func() { d.metrics.driftRepairs.Inc() }}
+	if err := envFile.Set(env.Marshal()); err != nil {
+		return nil, nil, err
+	}
+	return keeper, envFile, nil
+}
+
+// afterReady is what runs once the first reconcile is done: it waits for
+// the node's setup, then starts the kernel watch, the external interface
+// watch, the reclaiming of leaked addresses and the CNI conflist (a node
+// takes pods only once it routes).
+func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, cfg *subnet.Config, nw backend.Network, setUp <-chan error, policySynced <-chan struct{}) func() error {
+	steps := []func() error{func() error {
+		select {
+		case err := <-setUp:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}}
+	watching := make(chan struct{})
+	if w, ok := nw.(backend.KernelWatcher); ok {
+		// Watching starts after the first reconcile, so that the watcher
+		// does not decode thousands of events about our own initial
+		// programming. Once subscribed it checks the kernel against the
+		// record and pokes if they differ: nothing that changed before the
+		// subscription goes unnoticed.
+		once := sync.OnceFunc(func() { close(watching) })
+		steps = append(steps, func() error { g.Go(func() error { return w.WatchKernel(ctx, d.requestFull, once) }); return nil })
+	} else {
+		close(watching)
+	}
+	if d.o.Allocations.Dir != "" && d.o.Allocations.Every > 0 {
+		steps = append(steps, func() error { g.Go(func() error { return d.reclaimLoop(ctx) }); return nil })
+	}
+	// A pod must never start on a node whose policy is not yet enforced.
+	steps = append(steps, func() error {
+		select {
+		case <-policySynced:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	if d.o.CNIConflistPath != "" {
+		conflist := &desiredfile.Keeper{Path: d.o.CNIConflistPath, Logger: d.log, Repaired: func() { d.metrics.driftRepairs.Inc() }}
+		steps = append(steps, func() error {
+			if err := conflist.Set(d.o.CNIConflist); err != nil {
+				return fmt.Errorf("installing the CNI conflist: %w", err)
+			}
+			d.log.Info("installed the CNI conflist", "path", d.o.CNIConflistPath)
+			g.Go(func() error { return conflist.Run(ctx) })
+			return nil
+		})
+	}
+	steps = append(steps, func() error { g.Go(func() error { return d.watchExternal(ctx) }); return nil })
+	// What flannel left goes once twill's routes and rules are in place.
+	steps = append(steps, func() error { g.Go(func() error { return d.takeOver(cfg).Run(ctx) }); return nil })
+	steps = append(steps, func() error { return d.awaitKernelWatch(ctx, watching) })
+	return func() error {
+		for _, f := range steps {
+			if err := f(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// publishData publishes the backend's new data in the node's lease, when it
+// has some; a failure is retried with the next reconcile.
+func (d *Daemon) publishData(ctx context.Context, nw backend.Network) error {
+	if d.pendingData == nil {
+		p, ok := nw.(backend.DataPublisher)
+		if !ok {
+			return nil
+		}
+		data, v6Data, changed := p.BackendData()
+		if !changed {
+			return nil
+		}
+		d.pendingData = &[2]json.RawMessage{data, v6Data}
+	}
+	u, ok := d.o.Subnets.(DataUpdater)
+	if !ok {
+		d.pendingData = nil
+		return errors.New("the backend changed its lease data, but this subnet manager cannot publish it; restart twilld")
+	}
+	if err := u.UpdateBackendData(ctx, d.pendingData[0], d.pendingData[1]); err != nil {
+		return fmt.Errorf("publishing the backend's new data: %w", err)
+	}
+	d.log.Info("published new backend data in this node's lease", "data", string(d.pendingData[0]), "v6_data", string(d.pendingData[1]))
+	d.pendingData = nil
+	return nil
+}
