@@ -4,7 +4,7 @@
 // and so that the kernel's "dump interrupted" answer is retried in one place.
 //
 // The types here are plain values built on net/netip; conversion to the
-// vishvananda/netlink types happens only in nl_linux.go.
+// vishvananda/netlink types happens only in the _linux.go files.
 package nl
 
 import (
