@@ -8,9 +8,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/twill-net/twill/lab/cluster"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/twill-net/twill/lab/cluster"
 )
 
 // TwillNamespace and TwillDaemonSet name what dist/kube-twill.yml creates.
