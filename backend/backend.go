@@ -14,10 +14,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"slices"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -87,33 +83,9 @@ var ErrFullReconcile = errors.New("this change needs a full reconcile")
 // again, after a resubscription, does nothing): the daemon reports the
 // node ready only then (or after a bound), so that the checks, which read
 // every object, are start-up's work and not the first lease events'.
-// AllChecked joins several watches' first checks.
+// kernelsync.AllChecked joins several watches' first checks.
 type KernelWatcher interface {
 	WatchKernel(ctx context.Context, poke, watching func()) error
-}
-
-// AllChecked returns one callback for each of n watches, to call after
-// every check it makes once (re)subscribed; done is called once, when each
-// of the n has been called at least once.
-func AllChecked(n int, done func()) []func() {
-	if n == 0 {
-		done()
-		return nil
-	}
-	var left atomic.Int32
-	left.Store(int32(n))
-	out := make([]func(), n)
-	for i := range out {
-		var once sync.Once
-		out[i] = func() {
-			once.Do(func() {
-				if left.Add(-1) == 0 {
-					done()
-				}
-			})
-		}
-	}
-	return out
 }
 
 // ExternalChanger is implemented by a Network that programs objects
@@ -166,63 +138,6 @@ type Drift struct {
 
 // Clean reports whether nothing differs.
 func (d Drift) Clean() bool { return len(d.Missing)+len(d.Extra)+len(d.Wrong) == 0 }
-
-// RouteDrift compares desired routes with the kernel's owned routes in
-// table (0: main). Devices are named when h can list links.
-func RouteDrift(h RouteTable, table int, desired []nl.Route) (Drift, error) {
-	if table == 0 {
-		table = nl.MainTable
-	}
-	all, err := h.Routes(nl.FamilyAll, nl.RouteFilter{Table: table})
-	if err != nil {
-		return Drift{}, err
-	}
-	var have []nl.Route
-	foreign := map[netip.Prefix]bool{}
-	for _, r := range all {
-		if r.Protocol == nl.RouteProtocol {
-			have = append(have, r)
-		} else {
-			foreign[r.Dst] = true
-		}
-	}
-	want := make(map[nl.Key]nl.Route, len(desired))
-	d := Drift{Objects: len(desired)}
-	for _, r := range desired {
-		r = Owned(r, table)
-		want[r.Key()] = r
-		if foreign[r.Dst] {
-			d.Shadowed = append(d.Shadowed, r.Dst.String()+": a route twill does not own holds it too, and takes precedence")
-		}
-	}
-	slices.Sort(d.Shadowed)
-	p := DiffRoutes(want, RouteMap(have))
-	names := map[int]string{}
-	if lh, ok := h.(interface{ Links() ([]nl.Link, error) }); ok {
-		if links, err := lh.Links(); err == nil {
-			for _, l := range links {
-				names[l.Index] = l.Name
-			}
-		}
-	}
-	show := func(r nl.Route) string {
-		s := r.String()
-		if n, ok := names[r.LinkIndex]; ok {
-			s = strings.Replace(s, fmt.Sprintf("dev#%d", r.LinkIndex), "dev "+n, 1)
-		}
-		return "route " + s
-	}
-	for _, r := range p.Add {
-		d.Missing = append(d.Missing, show(r))
-	}
-	for _, r := range p.Replace {
-		d.Wrong = append(d.Wrong, show(r))
-	}
-	for _, r := range p.Delete {
-		d.Extra = append(d.Extra, show(r))
-	}
-	return d, nil
-}
 
 // ExternalInterface is the node's underlay interface: where peers are
 // reached and what the node publishes as its address.
@@ -319,53 +234,5 @@ func (m *Metrics) AddDriftRepairs(n int) {
 func (m *Metrics) SetPeersUnroutable(n int) {
 	if m != nil && m.PeersUnroutable != nil {
 		m.PeersUnroutable.Set(float64(n))
-	}
-}
-
-// watchRecord is a sync's Watch: it follows the kernel's events through
-// subscribe and pokes when observe says one contradicts the record; every
-// (re)subscription verifies the record against the kernel, pokes if they
-// differ, then calls checked. A nil subscribe (the kernel cannot be
-// watched) calls checked at once and waits for ctx.
-func watchRecord[E any](ctx context.Context, log *slog.Logger, what string, subscribe func(context.Context, func(), func(E)) error, verify func() bool, observe func(E) bool, poke, checked func()) error {
-	if subscribe == nil {
-		checked()
-		<-ctx.Done()
-		return nil
-	}
-	return WatchLoop(ctx, log, what, func() {
-		if verify() {
-			log.Debug("twill's " + what + " entries changed before the watch began; syncing them")
-			poke()
-		}
-		checked()
-	}, func(ctx context.Context, subscribed func()) error {
-		return subscribe(ctx, subscribed, func(ev E) {
-			if observe(ev) {
-				poke()
-			}
-		})
-	})
-}
-
-// WatchLoop keeps a kernel subscription alive until ctx is done. watch
-// subscribes, calls its second argument once subscribed, and blocks; resync
-// is that argument, so every (re)subscription triggers a re-read, since
-// events before it were not seen. A lost subscription is retried after a
-// second.
-func WatchLoop(ctx context.Context, log *slog.Logger, what string, resync func(), watch func(ctx context.Context, subscribed func()) error) error {
-	for {
-		err := watch(ctx, resync)
-		if ctx.Err() != nil {
-			return nil
-		}
-		log.Warn(what+" watch lost; resubscribing", "err", err)
-		t := time.NewTimer(time.Second)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
 	}
 }

@@ -12,8 +12,9 @@ import (
 	"testing"
 	"time"
 
-	etcdsm "github.com/twill-net/twill/subnet/etcd"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	etcdsm "github.com/twill-net/twill/subnet/etcd"
 )
 
 // healthPort is where the fault tests' daemons serve /metrics and /readyz.

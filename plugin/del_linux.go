@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/containernetworking/cni/pkg/skel"
+
 	eni "github.com/twill-net/twill/backend/eni/cni"
 	"github.com/twill-net/twill/internal/allocations"
 	"github.com/twill-net/twill/nl"

@@ -13,6 +13,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
+
 	"github.com/twill-net/twill/internal/allocations"
 	"github.com/twill-net/twill/subnet"
 	"github.com/twill-net/twill/takeover"

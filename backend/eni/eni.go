@@ -39,6 +39,7 @@ import (
 
 	"github.com/twill-net/twill/backend"
 	enicni "github.com/twill-net/twill/backend/eni/cni"
+	"github.com/twill-net/twill/backend/kernelsync"
 	"github.com/twill-net/twill/internal/sysctl"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
@@ -283,9 +284,9 @@ func (b *Backend) Attach(ctx context.Context, lease subnet.Lease) (backend.Netwo
 	}
 	n := &Network{
 		b: b, set: b.set, link: b.link, eni: b.eni, log: b.log, metrics: b.opts.Metrics, lease: lease,
-		routes:  &backend.RouteSync{NL: b.k, Table: b.set.Table, FullSyncEvery: b.opts.FullSyncEvery, Log: b.log},
-		rules:   &backend.RuleSync{NL: b.k, FullSyncEvery: b.opts.FullSyncEvery},
-		refused: &backend.RefusedPeers{Log: b.log, Message: "refusing peers whose ENI data cannot be routed"},
+		routes:  &kernelsync.RouteSync{NL: b.k, Table: b.set.Table, FullSyncEvery: b.opts.FullSyncEvery, Log: b.log},
+		rules:   &kernelsync.RuleSync{NL: b.k, FullSyncEvery: b.opts.FullSyncEvery},
+		refused: &kernelsync.RefusedPeers{Log: b.log, Message: "refusing peers whose ENI data cannot be routed"},
 	}
 	if b.set.Mode == ModeSecondaryIP {
 		n.pool = &Pool{Dir: filepath.Join(b.opts.StateDir, "eni-pool"), Provider: b.prov, ENI: b.eni, Log: b.log,
@@ -305,14 +306,14 @@ type Network struct {
 	eni     ENI
 	log     *slog.Logger
 	metrics *backend.Metrics
-	routes  *backend.RouteSync
-	rules   *backend.RuleSync
+	routes  *kernelsync.RouteSync
+	rules   *kernelsync.RuleSync
 	pool    *Pool
 	lease   subnet.Lease
 	// delegated is set once the lease prefix is the ENI's in the cloud
 	// (prefix mode); only Reconcile's goroutine touches it.
 	delegated bool
-	refused   *backend.RefusedPeers
+	refused   *kernelsync.RefusedPeers
 }
 
 var (
@@ -468,7 +469,7 @@ func (n *Network) nodeSetup() error {
 func (n *Network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift, error) {
 	var routes []nl.Route
 	bad := n.DesiredRoutes(peers, func(r nl.Route) { routes = append(routes, r) })
-	d, err := backend.RouteDrift(n.b.k, n.set.Table, routes)
+	d, err := kernelsync.RouteDrift(n.b.k, n.set.Table, routes)
 	if err != nil {
 		return d, err
 	}

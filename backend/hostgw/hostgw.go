@@ -23,6 +23,7 @@ import (
 	"strings"
 
 	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/kernelsync"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
@@ -72,9 +73,9 @@ func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Network
 		ext:         b.opts.ExtIface,
 		log:         b.log,
 		metrics:     b.opts.Metrics,
-		routes:      &backend.RouteSync{NL: b.opts.Netlink, FullSyncEvery: b.opts.FullSyncEvery, Log: b.log},
+		routes:      &kernelsync.RouteSync{NL: b.opts.Netlink, FullSyncEvery: b.opts.FullSyncEvery, Log: b.log},
 		unreachable: map[string]string{},
-		refused:     &backend.RefusedPeers{Log: b.log, Message: "refusing peers whose public IP is not on-link: host-gw needs all nodes on one L2 segment; use vxlan (or DirectRouting) across routers"},
+		refused:     &kernelsync.RefusedPeers{Log: b.log, Message: "refusing peers whose public IP is not on-link: host-gw needs all nodes on one L2 segment; use vxlan (or DirectRouting) across routers"},
 	}, nil
 }
 
@@ -83,8 +84,8 @@ type Network struct {
 	ext     backend.ExternalInterface
 	log     *slog.Logger
 	metrics *backend.Metrics
-	routes  *backend.RouteSync
-	refused *backend.RefusedPeers
+	routes  *kernelsync.RouteSync
+	refused *kernelsync.RefusedPeers
 	// unreachable holds the peers refused for not being on-link, by lease
 	// key (Reconcile's goroutine only).
 	unreachable map[string]string
@@ -108,7 +109,7 @@ func (n *Network) ExternalChanged(ext backend.ExternalInterface) {
 func (n *Network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift, error) {
 	var routes []nl.Route
 	unreachable := DesiredRoutes(n.ext, peers, func(r nl.Route) { routes = append(routes, r) })
-	d, err := backend.RouteDrift(n.routes.NL, 0, routes)
+	d, err := kernelsync.RouteDrift(n.routes.NL, 0, routes)
 	for _, u := range unreachable {
 		d.Refused = append(d.Refused, u+": not on-link on "+n.ext.Link.Name+" (host-gw needs every node on one L2 segment)")
 	}

@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/kernelsync"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
@@ -49,7 +50,7 @@ func (n *Network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift,
 		FDB:   func(e nl.Neigh) { fdb[net.HardwareAddr(e.HardwareAddr).String()] = e },
 	})
 	d.Refused = append(d.Refused, refused...)
-	rd, err := backend.RouteDrift(h, 0, routes)
+	rd, err := kernelsync.RouteDrift(h, 0, routes)
 	if err != nil {
 		return backend.Drift{}, err
 	}

@@ -4,16 +4,16 @@ import (
 	"net/netip"
 	"slices"
 
-	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/kernelsync"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
 
 // changes are the three sets' planned changes.
 type changes struct {
-	routes    *backend.RouteChange
-	neigh     *backend.NeighChange
-	fdb       *backend.NeighChange
+	routes    *kernelsync.RouteChange
+	neigh     *kernelsync.NeighChange
+	fdb       *kernelsync.NeighChange
 	refused   []string
 	refusedOK bool // refused is the whole current list
 }

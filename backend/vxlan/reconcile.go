@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/kernelsync"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
@@ -20,23 +21,23 @@ type Network struct {
 	b       *Backend
 	local   subnet.Lease
 	vtepIPs []netip.Prefix
-	routes  *backend.RouteSync
-	neighs  *backend.NeighSync
-	fdb     *backend.NeighSync
+	routes  *kernelsync.RouteSync
+	neighs  *kernelsync.NeighSync
+	fdb     *kernelsync.NeighSync
 	metrics *backend.Metrics
 
 	// The rest is used only by Reconcile (and BackendData, ExternalChanged,
 	// called from the same goroutine), which the daemon never runs
 	// concurrently.
-	devIdx     int                   // the device index the records are for
-	devSeen    atomic.Int64          // devIdx, for the link watch to read
-	parsed     map[string]parsed     // BackendData by raw JSON: parsed once
-	gen        uint64                // this reconcile's stamp
-	recs       map[nl.Key]*peerRec   // by peer subnet; nil forces a full reconcile
-	refused    *backend.RefusedPeers // peers with unusable backend data
-	macRefused *backend.RefusedPeers // peers whose VTEP MAC is shared
-	pending    json.RawMessage       // BackendData to publish (a new VTEP MAC)
-	pending6   json.RawMessage       // BackendV6Data to publish with it
+	devIdx     int                      // the device index the records are for
+	devSeen    atomic.Int64             // devIdx, for the link watch to read
+	parsed     map[string]parsed        // BackendData by raw JSON: parsed once
+	gen        uint64                   // this reconcile's stamp
+	recs       map[nl.Key]*peerRec      // by peer subnet; nil forces a full reconcile
+	refused    *kernelsync.RefusedPeers // peers with unusable backend data
+	macRefused *kernelsync.RefusedPeers // peers whose VTEP MAC is shared
+	pending    json.RawMessage          // BackendData to publish (a new VTEP MAC)
+	pending6   json.RawMessage          // BackendV6Data to publish with it
 	hasPending bool
 	macSeen    map[[6]byte]struct{} // screen's scratch space
 	macs       map[[6]byte]int      // how many programmed peers have each VTEP MAC
@@ -240,8 +241,8 @@ func (n *Network) macClash(upserted []subnet.Lease) bool {
 // routes; stale neighbours and FDB entries last, after their routes.
 func (n *Network) apply(ch changes, peers int) error {
 	var errs []error
-	var st backend.SyncStats
-	for _, step := range []func() (backend.SyncStats, error){
+	var st kernelsync.SyncStats
+	for _, step := range []func() (kernelsync.SyncStats, error){
 		ch.fdb.Upserts, ch.neigh.Upserts, ch.routes.Upserts, ch.routes.Deletes, ch.neigh.Deletes, ch.fdb.Deletes,
 	} {
 		s, err := step()

@@ -50,6 +50,7 @@ import (
 	"strconv"
 
 	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/kernelsync"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
@@ -194,13 +195,13 @@ func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Network
 		b:          b,
 		local:      lease,
 		vtepIPs:    vtepIPs(lease),
-		routes:     &backend.RouteSync{NL: b.k, FullSyncEvery: b.opts.FullSyncEvery, Log: b.log},
-		neighs:     &backend.NeighSync{NL: b.k, FullSyncEvery: b.opts.FullSyncEvery},
-		fdb:        &backend.NeighSync{NL: b.k, FDB: true, FullSyncEvery: b.opts.FullSyncEvery},
+		routes:     &kernelsync.RouteSync{NL: b.k, FullSyncEvery: b.opts.FullSyncEvery, Log: b.log},
+		neighs:     &kernelsync.NeighSync{NL: b.k, FullSyncEvery: b.opts.FullSyncEvery},
+		fdb:        &kernelsync.NeighSync{NL: b.k, FDB: true, FullSyncEvery: b.opts.FullSyncEvery},
 		metrics:    b.opts.Metrics,
 		parsed:     map[string]parsed{},
-		refused:    &backend.RefusedPeers{Log: b.log, Message: "refusing peers with unusable vxlan backend data (wrong VNI or VTEP MAC)"},
-		macRefused: &backend.RefusedPeers{Log: b.log, Message: "refusing peers whose VTEP MAC is not theirs alone"},
+		refused:    &kernelsync.RefusedPeers{Log: b.log, Message: "refusing peers with unusable vxlan backend data (wrong VNI or VTEP MAC)"},
+		macRefused: &kernelsync.RefusedPeers{Log: b.log, Message: "refusing peers whose VTEP MAC is not theirs alone"},
 	}, nil
 }
 

@@ -5,7 +5,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/kernelsync"
 	"github.com/twill-net/twill/nl"
 )
 
@@ -26,7 +26,7 @@ func (n *Network) WatchKernel(ctx context.Context, poke, watching func()) error 
 	if canLinks {
 		watches++
 	}
-	checked := backend.AllChecked(watches, watching)
+	checked := kernelsync.AllChecked(watches, watching)
 	g.Go(func() error { return n.routes.Watch(ctx, n.b.log, poke, checked[0]) })
 	g.Go(func() error { return n.neighs.Watch(ctx, n.b.log, poke, checked[1]) })
 	g.Go(func() error { return n.fdb.Watch(ctx, n.b.log, poke, checked[2]) })
@@ -35,7 +35,7 @@ func (n *Network) WatchKernel(ctx context.Context, poke, watching func()) error 
 	}
 	name := n.b.dev.Name
 	g.Go(func() error {
-		return backend.WatchLoop(ctx, n.b.log, "link", func() {
+		return kernelsync.WatchLoop(ctx, n.b.log, "link", func() {
 			if !n.deviceAsLeft() {
 				n.b.log.Debug("the VTEP device changed before the link watch began; reconciling", "device", name)
 				n.routes.Invalidate()

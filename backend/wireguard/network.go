@@ -15,6 +15,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/kernelsync"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
@@ -28,8 +29,8 @@ type Network struct {
 	b       *Backend
 	local   subnet.Lease
 	sh      shared
-	routes  *backend.RouteSync
-	refused *backend.RefusedPeers
+	routes  *kernelsync.RouteSync
+	refused *kernelsync.RefusedPeers
 	poll    time.Duration // how often the devices are read back
 	nudge   func(netip.Addr)
 	// opMu serializes the changes made to the devices: Reconcile's and
@@ -64,8 +65,8 @@ func newNetwork(b *Backend, lease subnet.Lease, key wgtypes.Key) *Network {
 		b: b, local: lease, sh: sh, key: key, last: map[string]*record{}, greeting: map[string]map[wgtypes.Key]greeting{},
 		poll:    pollEvery,
 		nudge:   sendNudge,
-		routes:  &backend.RouteSync{NL: b.devices.k, FullSyncEvery: b.opts.FullSyncEvery, Log: b.log},
-		refused: &backend.RefusedPeers{Log: b.log, Message: "refusing peers with unusable wireguard backend data (no or a shared public key, no public IP of the tunnel's family)"},
+		routes:  &kernelsync.RouteSync{NL: b.devices.k, FullSyncEvery: b.opts.FullSyncEvery, Log: b.log},
+		refused: &kernelsync.RefusedPeers{Log: b.log, Message: "refusing peers with unusable wireguard backend data (no or a shared public key, no public IP of the tunnel's family)"},
 	}
 }
 
@@ -351,7 +352,7 @@ func (n *Network) Drift(ctx context.Context, peers []subnet.Lease) (backend.Drif
 		}
 		peerDrift(&d, t, have, key, want, n.sh)
 	}
-	rd, err := backend.RouteDrift(n.b.devices.k, 0, rs)
+	rd, err := kernelsync.RouteDrift(n.b.devices.k, 0, rs)
 	d.Missing, d.Extra, d.Wrong = append(d.Missing, rd.Missing...), append(d.Extra, rd.Extra...), append(d.Wrong, rd.Wrong...)
 	d.Objects += rd.Objects
 	d.Shadowed = rd.Shadowed

@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/kernelsync"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/nl"
 )
@@ -45,7 +46,7 @@ func (d *Daemon) watchExternal(ctx context.Context) error {
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		return backend.WatchLoop(ctx, d.log, "link", subscribed, func(ctx context.Context, subscribed func()) error {
+		return kernelsync.WatchLoop(ctx, d.log, "link", subscribed, func(ctx context.Context, subscribed func()) error {
 			return h.WatchLinks(ctx, subscribed, func(ev nl.LinkEvent) {
 				if ev.Link.Name == d.ext.name || int64(ev.Link.Index) == d.ext.index.Load() {
 					if !ev.Deleted && ev.Link.Name == d.ext.name {
@@ -57,7 +58,7 @@ func (d *Daemon) watchExternal(ctx context.Context) error {
 		})
 	})
 	g.Go(func() error {
-		return backend.WatchLoop(ctx, d.log, "address", subscribed, func(ctx context.Context, subscribed func()) error {
+		return kernelsync.WatchLoop(ctx, d.log, "address", subscribed, func(ctx context.Context, subscribed func()) error {
 			return h.WatchAddrs(ctx, subscribed, func(ev nl.AddrEvent) {
 				// A new or changed address matters only if it changes what
 				// the backend was given (an IPv6 link-local address

@@ -16,6 +16,7 @@ import (
 	"fmt"
 
 	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/kernelsync"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
@@ -56,12 +57,12 @@ func (b *Backend) Prepare(context.Context) (subnet.LeaseAttrs, error) {
 
 // Attach returns the Network; RouteSync does the level-triggered work.
 func (b *Backend) Attach(context.Context, subnet.Lease) (backend.Network, error) {
-	return &network{b: b, routes: &backend.RouteSync{NL: b.opts.Netlink, Table: b.cfg.Table, FullSyncEvery: b.opts.FullSyncEvery, Log: b.opts.Logger}}, nil
+	return &network{b: b, routes: &kernelsync.RouteSync{NL: b.opts.Netlink, Table: b.cfg.Table, FullSyncEvery: b.opts.FullSyncEvery, Log: b.opts.Logger}}, nil
 }
 
 type network struct {
 	b      *Backend
-	routes *backend.RouteSync
+	routes *kernelsync.RouteSync
 }
 
 func (n *network) MTU() int { return n.b.opts.ExtIface.Link.MTU }
@@ -89,5 +90,5 @@ func (n *network) Reconcile(_ context.Context, peers []subnet.Lease) error {
 func (n *network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift, error) {
 	var routes []nl.Route
 	n.desired(peers, func(r nl.Route) { routes = append(routes, r) })
-	return backend.RouteDrift(n.routes.NL, n.b.cfg.Table, routes)
+	return kernelsync.RouteDrift(n.routes.NL, n.b.cfg.Table, routes)
 }

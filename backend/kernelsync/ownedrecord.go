@@ -1,4 +1,4 @@
-package backend
+package kernelsync
 
 // The record: what an ownedSet believes the kernel holds, kept in step with
 // its own changes (record) and with the kernel's events (observe,

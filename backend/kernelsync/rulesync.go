@@ -1,4 +1,4 @@
-package backend
+package kernelsync
 
 import (
 	"net/netip"
@@ -13,7 +13,7 @@ import (
 // (see ownedSet). The kernel cannot replace a rule; a changed rule is a
 // deleted one and a new one.
 type RuleSync struct {
-	NL            RuleTable
+	NL            nl.RuleTable
 	FullSyncEvery time.Duration
 
 	once sync.Once
@@ -45,7 +45,7 @@ func (s *RuleSync) Sync(desired func(emit func(nl.Rule))) (SyncStats, error) {
 // Invalidate forces the next Sync to read the kernel.
 func (s *RuleSync) Invalidate() { s.engine().Invalidate() }
 
-type ruleKind struct{ nl RuleTable }
+type ruleKind struct{ nl nl.RuleTable }
 
 func (ruleKind) key(r nl.Rule) ruleKey {
 	return ruleKey{priority: r.Priority, table: r.Table, src: r.Src, dst: r.Dst}

@@ -1,4 +1,4 @@
-package backend
+package kernelsync
 
 import (
 	"context"
@@ -21,7 +21,7 @@ import (
 // wrong, a desired set updated in place, batched changes, adds before
 // deletes.
 type RouteSync struct {
-	NL            RouteTable
+	NL            nl.RouteTable
 	Table         int // 0 means main
 	FullSyncEvery time.Duration
 	// Log, when set, gets one warning per change of the destinations
@@ -180,7 +180,7 @@ func (s *RouteSync) Shadowed() []string {
 // the route half of a KernelWatcher.
 func (s *RouteSync) Watch(ctx context.Context, log *slog.Logger, poke, checked func()) error {
 	var subscribe func(context.Context, func(), func(nl.RouteEvent)) error
-	if w, ok := s.NL.(RouteWatcher); ok {
+	if w, ok := s.NL.(nl.RouteWatcher); ok {
 		subscribe = w.WatchRoutes
 	}
 	return watchRecord(ctx, log.With("table", tableOrMain(s.Table)), "route", subscribe, s.Verify, s.Observe, poke, checked)
@@ -188,7 +188,7 @@ func (s *RouteSync) Watch(ctx context.Context, log *slog.Logger, poke, checked f
 
 // routeKind is the engine's view of routes.
 type routeKind struct {
-	nl      RouteTable
+	nl      nl.RouteTable
 	table   int
 	foreign *foreignRoutes
 }

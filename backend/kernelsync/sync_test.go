@@ -1,4 +1,4 @@
-package backend
+package kernelsync
 
 import (
 	"errors"
@@ -20,9 +20,9 @@ import (
 // the kernel holds afterwards, as `ip route` would show it.
 
 var (
-	_ RouteTable = (*nlfake.Kernel)(nil)
-	_ NeighTable = (*nlfake.Kernel)(nil)
-	_ RuleTable  = (*nlfake.Kernel)(nil)
+	_ nl.RouteTable = (*nlfake.Kernel)(nil)
+	_ nl.NeighTable = (*nlfake.Kernel)(nil)
+	_ nl.RuleTable  = (*nlfake.Kernel)(nil)
 )
 
 func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }

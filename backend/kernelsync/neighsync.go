@@ -1,4 +1,4 @@
-package backend
+package kernelsync
 
 import (
 	"bytes"
@@ -16,7 +16,7 @@ import (
 // the neighbour face of the one sync engine (see ownedSet). Entries that
 // are not permanent belong to the kernel and are left alone.
 type NeighSync struct {
-	NL            NeighTable
+	NL            nl.NeighTable
 	FDB           bool
 	FullSyncEvery time.Duration
 
@@ -123,7 +123,7 @@ func (s *NeighSync) Verify() bool { return s.engine().verify() }
 // RouteSync.Watch). It is the neighbour (or FDB) part of a KernelWatcher.
 func (s *NeighSync) Watch(ctx context.Context, log *slog.Logger, poke, checked func()) error {
 	var subscribe func(context.Context, func(), func(nl.NeighEvent)) error
-	if w, ok := s.NL.(NeighWatcher); ok {
+	if w, ok := s.NL.(nl.NeighWatcher); ok {
 		subscribe = w.WatchNeighs
 	}
 	what := "neighbour"
