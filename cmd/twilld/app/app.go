@@ -20,14 +20,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"k8s.io/klog/v2"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/internal/allocations"
 	"github.com/twill-net/twill/internal/daemon"
 	"github.com/twill-net/twill/internal/etcdflags"
 	"github.com/twill-net/twill/internal/gcpace"
@@ -35,7 +32,6 @@ import (
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/network/netfilter"
 	"github.com/twill-net/twill/nl"
-	"github.com/twill-net/twill/policy"
 	"github.com/twill-net/twill/subnet"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
 	kubesm "github.com/twill-net/twill/subnet/kube"
@@ -331,52 +327,6 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 	return nil
 }
 
-// subnetManager is the Kubernetes subnet manager (with its NetworkPolicy
-// enforcement when --network-policy) or etcd's, and what closes it.
-func subnetManager(ctx context.Context, log *slog.Logger, o options) (daemon.SubnetManager, *enforcement, func(), error) {
-	if o.networkPolicy && !o.kubeSubnetMgr {
-		return nil, nil, nil, errors.New("--network-policy needs --kube-subnet-mgr: NetworkPolicy objects come from the Kubernetes API")
-	}
-	if !o.kubeSubnetMgr {
-		cli, err := o.etcd.Client()
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		return etcdsm.New(etcdsm.Options{Client: cli, Logger: log, Prefix: o.etcd.Prefix, TTL: o.leaseTTL, RenewMargin: o.renewMargin}),
-			nil, func() { cli.Close() }, nil
-	}
-	km, err := kubeManager(ctx, log, o)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	var enforce *enforcement
-	if o.networkPolicy {
-		if enforce, err = newEnforcement(log, o, km.NodeName()); err != nil {
-			return nil, nil, nil, err
-		}
-	}
-	return km, enforce, func() {}, nil
-}
-
-func kubeManager(ctx context.Context, log *slog.Logger, o options) (*kubesm.Manager, error) {
-	// client-go logs through klog; send it to twilld's structured log.
-	klog.SetSlogLogger(log.With("component", "client-go"))
-	ann, err := kubesm.NewAnnotations(o.kubeAnnotationPrefix)
-	if err != nil {
-		return nil, err
-	}
-	cli, err := kubesm.NewClient(kubesm.ClientOptions{Kubeconfig: o.kubeconfigFile, APIURL: o.kubeAPIURL, UserAgent: "twilld/" + version.Version})
-	if err != nil {
-		return nil, err
-	}
-	node, err := kubesm.NodeName(ctx, cli, os.Getenv)
-	if err != nil {
-		return nil, err
-	}
-	return kubesm.New(kubesm.Options{Client: cli, NodeName: node, Annotations: ann, NetConfPath: o.netConfigPath,
-		Logger: log, Resync: o.kubeResync}), nil
-}
-
 // keyRotations turns SIGUSR1 into requests to replace the backend's key
 // pair (the wireguard backend's), until ctx is done.
 func keyRotations(ctx context.Context) <-chan struct{} {
@@ -406,67 +356,4 @@ func healthAddr(o options) string {
 		return ""
 	}
 	return net.JoinHostPort(o.healthzIP, strconv.Itoa(o.healthzPort))
-}
-
-// enforcement is --network-policy: the informers, the enforcer and its
-// table.
-type enforcement struct {
-	e     *policy.Enforcer
-	table *policy.Table
-	apply prometheus.Histogram
-	fixed prometheus.Counter
-}
-
-func newEnforcement(log *slog.Logger, o options, node string) (*enforcement, error) {
-	table := &policy.Table{}
-	if err := table.Supported(); err != nil {
-		return nil, fmt.Errorf("--network-policy writes table inet %s and needs the kernel's nf_tables (in every --netfilter mode): %w", policy.TableName, err)
-	}
-	cfg, err := kubesm.RESTConfig(kubesm.ClientOptions{Kubeconfig: o.kubeconfigFile, APIURL: o.kubeAPIURL, UserAgent: "twilld/" + version.Version})
-	if err != nil {
-		return nil, err
-	}
-	inf, err := policy.NewInformers(cfg)
-	if err != nil {
-		return nil, err
-	}
-	en := &enforcement{table: table,
-		apply: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "twill_netpol_apply_seconds",
-			Help: "Time from a pod, namespace or policy change seen by twilld to its rules in the kernel.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
-		fixed: prometheus.NewCounter(prometheus.CounterOpts{Name: "twill_netpol_drift_repairs_total", Help: "Repairs of the policy table after it changed behind twilld's back."}),
-	}
-	en.e = &policy.Enforcer{Logger: log.With("component", "network-policy"), Source: inf, Kernel: table, Node: node, LogDenied: o.networkPolicyLog,
-		Watch: func(ctx context.Context, subscribed, changed func()) error {
-			return nl.WatchNftablesTable(ctx, policy.TableName, subscribed, changed)
-		}, Applied: func(d time.Duration) { en.apply.Observe(d.Seconds()) }, Repaired: en.fixed.Inc}
-	return en, nil
-}
-
-func (en *enforcement) run() func(ctx context.Context, local []netip.Prefix, synced func()) error {
-	if en == nil {
-		return nil
-	}
-	return func(ctx context.Context, local []netip.Prefix, synced func()) error {
-		en.e.Synced = synced
-		return en.e.Run(ctx, local)
-	}
-}
-
-// allocations has the enforcer read the CNI plugin's allocations in dir.
-func (en *enforcement) allocations(dir string) {
-	en.e.Allocations = func() ([]policy.Allocation, error) {
-		rs, err := allocations.Records(dir)
-		out := make([]policy.Allocation, len(rs))
-		for i, r := range rs {
-			out[i] = policy.Allocation{IP: r.IP, At: r.ModTime}
-		}
-		return out, err
-	}
-}
-
-func (en *enforcement) collectors() []prometheus.Collector {
-	if en == nil {
-		return nil
-	}
-	return []prometheus.Collector{en.apply, en.fixed, &policy.Collector{Counters: en.table.Counters, Enforcer: en.e}}
 }

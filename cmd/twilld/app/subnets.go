@@ -1,0 +1,61 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+
+	"k8s.io/klog/v2"
+
+	"github.com/twill-net/twill/internal/daemon"
+	"github.com/twill-net/twill/internal/version"
+	etcdsm "github.com/twill-net/twill/subnet/etcd"
+	kubesm "github.com/twill-net/twill/subnet/kube"
+)
+
+// subnetManager is the Kubernetes subnet manager (with its NetworkPolicy
+// enforcement when --network-policy) or etcd's, and what closes it.
+func subnetManager(ctx context.Context, log *slog.Logger, o options) (daemon.SubnetManager, *enforcement, func(), error) {
+	if o.networkPolicy && !o.kubeSubnetMgr {
+		return nil, nil, nil, errors.New("--network-policy needs --kube-subnet-mgr: NetworkPolicy objects come from the Kubernetes API")
+	}
+	if !o.kubeSubnetMgr {
+		cli, err := o.etcd.Client()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return etcdsm.New(etcdsm.Options{Client: cli, Logger: log, Prefix: o.etcd.Prefix, TTL: o.leaseTTL, RenewMargin: o.renewMargin}),
+			nil, func() { cli.Close() }, nil
+	}
+	km, err := kubeManager(ctx, log, o)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var enforce *enforcement
+	if o.networkPolicy {
+		if enforce, err = newEnforcement(log, o, km.NodeName()); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	return km, enforce, func() {}, nil
+}
+
+func kubeManager(ctx context.Context, log *slog.Logger, o options) (*kubesm.Manager, error) {
+	// client-go logs through klog; send it to twilld's structured log.
+	klog.SetSlogLogger(log.With("component", "client-go"))
+	ann, err := kubesm.NewAnnotations(o.kubeAnnotationPrefix)
+	if err != nil {
+		return nil, err
+	}
+	cli, err := kubesm.NewClient(kubesm.ClientOptions{Kubeconfig: o.kubeconfigFile, APIURL: o.kubeAPIURL, UserAgent: "twilld/" + version.Version})
+	if err != nil {
+		return nil, err
+	}
+	node, err := kubesm.NodeName(ctx, cli, os.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	return kubesm.New(kubesm.Options{Client: cli, NodeName: node, Annotations: ann, NetConfPath: o.netConfigPath,
+		Logger: log, Resync: o.kubeResync}), nil
+}
