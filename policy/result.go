@@ -1,0 +1,192 @@
+package policy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// The compiler's output: the chains and sets of table inet twill-policy,
+// with the jumps that send each pod's traffic to its chains.
+
+// denyComment names the final drop of a pod's chain: the metrics count it
+// against the policies that select the pod in that direction.
+func denyComment(dir, podKey string) string {
+	if dir == "in" {
+		return "deny ingress " + podKey
+	}
+	return "deny egress " + podKey
+}
+
+// ChainName is a local pod's chain for one direction ("in" or "eg"); a
+// name too long for the kernel (256 bytes) is shortened with a hash.
+func ChainName(dir, podKey string) string {
+	n := dir + ":" + podKey
+	if len(n) <= 200 {
+		return n
+	}
+	h := sha256.Sum256([]byte(podKey))
+	return n[:180] + "~" + hex.EncodeToString(h[:8])
+}
+
+// unmanaged are the allocated addresses past UnmanagedGrace that no pod
+// holds, when no pod placed on the node lacks its address (the address
+// might be its).
+func (c *compiler) unmanaged() []netip.Addr {
+	if c.waiting {
+		return nil
+	}
+	held := map[netip.Addr]bool{}
+	for _, p := range c.pods {
+		for _, ip := range p.ips {
+			held[ip] = true
+		}
+	}
+	var out []netip.Addr
+	for _, a := range c.allocations {
+		if ip := a.IP.Unmap(); !held[ip] && c.now.Sub(a.At) >= UnmanagedGrace {
+			out = append(out, ip)
+		}
+	}
+	return out
+}
+
+func (c *compiler) result() Result {
+	v4, v6 := c.families()
+	known := c.knownSets(v4, v6)
+	base := Chain{Name: ChainForward, Rules: []Rule{{Established: true, Verdict: Accept}}}
+	for _, cidr := range c.cidrs {
+		set := known[cidr.Addr().Is6()].Name
+		base.Rules = append(base.Rules,
+			Rule{V6: cidr.Addr().Is6(), Src: Addr{Prefix: cidr.Masked(), NotSet: set}, Counter: true, Verdict: Drop, Comment: "unknown source"},
+			Rule{V6: cidr.Addr().Is6(), Dst: Addr{Prefix: cidr.Masked(), NotSet: set}, Counter: true, Verdict: Drop, Comment: "unknown destination"})
+	}
+	rs := Ruleset{}
+	var chains []Chain
+	jumpMaps := addJumpMaps(&base, v4, v6)
+	for _, dir := range []string{"eg", "in"} {
+		for _, p := range c.local {
+			allow := c.ingress[p.key]
+			if dir == "eg" {
+				allow = c.egress[p.key]
+			}
+			s := c.selected[p.key]
+			if s == nil || dir == "in" && len(s.Ingress) == 0 || dir == "eg" && len(s.Egress) == 0 {
+				continue
+			}
+			name := ChainName(dir, p.key)
+			// The chain opens with the policies that select the pod, for
+			// twillctl status; each counts the pod's new connections.
+			by := s.Ingress
+			if dir == "eg" {
+				by = s.Egress
+			}
+			n := len(by) + 2
+			for _, a := range allow {
+				n += len(a)
+			}
+			rules := make([]Rule, 0, n)
+			for _, pol := range by {
+				rules = append(rules, Rule{Counter: true, Verdict: Continue, Comment: SelectedBy + pol})
+			}
+			for _, a := range allow {
+				rules = append(rules, a...)
+			}
+			if c.logDenied {
+				rules = append(rules, Rule{Verdict: Continue, Log: "twill-policy " + denyComment(dir, p.key) + ": "})
+			}
+			ch := Chain{Name: name, Rules: append(rules, Rule{Counter: true, Verdict: Drop, Comment: denyComment(dir, p.key)})}
+			chains = append(chains, ch)
+			for _, ip := range p.ips {
+				if m := jumpMaps[JumpMap(dir, ip.Is6())]; m != nil {
+					m.Elems, m.Jumps = append(m.Elems, ip), append(m.Jumps, name)
+				}
+			}
+		}
+	}
+	for _, m := range jumpMaps {
+		sortJumps(m)
+		c.sets[m.Name] = *m
+	}
+	slices.SortFunc(chains, func(a, b Chain) int { return strings.Compare(a.Name, b.Name) })
+	rs.Chains = append([]Chain{base}, chains...)
+	for _, name := range slices.Sorted(maps.Keys(c.sets)) {
+		rs.Sets = append(rs.Sets, c.sets[name])
+	}
+	sel := map[string]Selection{}
+	for k, s := range c.selected {
+		sel[k] = *s
+	}
+	return Result{Ruleset: rs, Selected: sel, Problems: c.problems}
+}
+
+// sortJumps sorts a verdict map's elements by address, each keeping its
+// chain. An address is in at most one local pod.
+func sortJumps(m *Set) {
+	idx := make([]int, len(m.Elems))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int { return m.Elems[a].Compare(m.Elems[b]) })
+	elems, jumps := make([]netip.Addr, 0, len(idx)), make([]string, 0, len(idx))
+	for n, i := range idx {
+		if n > 0 && m.Elems[i] == elems[len(elems)-1] {
+			continue
+		}
+		elems, jumps = append(elems, m.Elems[i]), append(jumps, m.Jumps[i])
+	}
+	m.Elems, m.Jumps = elems, jumps
+}
+
+// addJumpMaps adds to base the lookups of the verdict maps, one per
+// direction and family in use, that send a pod's packets to its chain in
+// one lookup however many pods the node has, and returns the maps, empty.
+// Egress first: a packet between two local pods passes its source's
+// egress chain, then its destination's ingress chain.
+func addJumpMaps(base *Chain, v4, v6 bool) map[string]*Set {
+	jumpMaps := map[string]*Set{}
+	for _, dir := range []string{"eg", "in"} {
+		for _, fam := range []struct{ on, v6 bool }{{v4, false}, {v6, true}} {
+			if !fam.on {
+				continue
+			}
+			name := JumpMap(dir, fam.v6)
+			jumpMaps[name] = &Set{Name: name, V6: fam.v6, VMap: true}
+			r := Rule{V6: fam.v6, Verdict: Continue}
+			if dir == "eg" {
+				r.Src = Addr{VMap: name}
+			} else {
+				r.Dst = Addr{VMap: name}
+			}
+			base.Rules = append(base.Rules, r)
+		}
+	}
+	return jumpMaps
+}
+
+// knownSets adds known4 and known6 (the families in use): the local
+// pods' addresses and the unmanaged ones come of age. Both are returned,
+// by family.
+func (c *compiler) knownSets(v4, v6 bool) map[bool]*Set {
+	known := map[bool]*Set{false: {Name: "known4"}, true: {Name: "known6", V6: true}}
+	for _, p := range c.local {
+		for _, ip := range p.ips {
+			known[ip.Is6()].Elems = append(known[ip.Is6()].Elems, ip)
+		}
+	}
+	for _, ip := range c.unmanaged() {
+		known[ip.Is6()].Elems = append(known[ip.Is6()].Elems, ip)
+	}
+	for _, s := range []*Set{known[false], known[true]} {
+		if s.V6 && !v6 || !s.V6 && !v4 {
+			continue
+		}
+		slices.SortFunc(s.Elems, netip.Addr.Compare)
+		s.Elems = slices.Compact(s.Elems)
+		c.sets[s.Name] = *s
+	}
+	return known
+}
