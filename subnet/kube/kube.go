@@ -8,11 +8,9 @@ package kube
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -21,7 +19,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 
@@ -181,154 +178,6 @@ func (m *Manager) nodes() []*corev1.Node {
 	return nodes
 }
 
-// AcquireLease waits until the informer has listed the nodes and the local
-// node has a podCIDR, then publishes attrs as the node's annotations. The
-// lease is the podCIDR; cfg's subnet lengths are set from it, since in
-// Kubernetes kube-controller-manager, not net-conf.json, decides them.
-func (m *Manager) AcquireLease(ctx context.Context, cfg *subnet.Config, attrs subnet.LeaseAttrs, _ subnet.Lease) (subnet.Lease, error) {
-	m.start(ctx)
-	report := time.NewTicker(m.o.WaitReport)
-	defer report.Stop()
-	began := time.Now()
-	var node *corev1.Node
-	for {
-		if m.informer.HasSynced() {
-			if n, ok := m.self(); ok {
-				v4, v6, err := PodCIDRs(n)
-				if err != nil {
-					return subnet.Lease{}, err
-				}
-				if v4.IsValid() || v6.IsValid() {
-					node = n
-					break
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return subnet.Lease{}, ctx.Err()
-		case <-m.changed:
-		case <-report.C:
-			what := "to get a podCIDR (kube-controller-manager assigns it with --allocate-node-cidrs)"
-			if !m.informer.HasSynced() {
-				what = "for the first list of Nodes from the apiserver"
-			} else if _, ok := m.self(); !ok {
-				what = "for its Node object to exist (check NODE_NAME)"
-			}
-			args := []any{"waited", time.Since(began).Round(time.Second)}
-			if e, _ := m.lastListErr.Load().(string); e != "" && !m.informer.HasSynced() {
-				args = append(args, "last_error", e)
-			}
-			m.log.Info("waiting "+what, args...)
-		}
-	}
-	v4, v6, _ := PodCIDRs(node)
-	lease := subnet.Lease{Subnet: v4, IPv6Subnet: v6}
-	if err := fitConfig(cfg, node.Name, v4, v6); err != nil {
-		return subnet.Lease{}, err
-	}
-	if ow := node.Annotations[m.ann.Key(AnnPublicIPOverwrite)]; ow != "" {
-		ip, err := parseIP(ow, false)
-		if err != nil {
-			return subnet.Lease{}, fmt.Errorf("node %q: annotation %s %q: %w", node.Name, m.ann.Key(AnnPublicIPOverwrite), ow, err)
-		}
-		m.log.Info("publishing the operator's public IP", "annotation", m.ann.Key(AnnPublicIPOverwrite), "public_ip", ip, "detected", attrs.PublicIP)
-		attrs.PublicIP = ip
-	}
-	if ow := node.Annotations[m.ann.Key(AnnPublicIPv6Overwrite)]; ow != "" {
-		ip, err := parseIP(ow, true)
-		if err != nil {
-			return subnet.Lease{}, fmt.Errorf("node %q: annotation %s %q: %w", node.Name, m.ann.Key(AnnPublicIPv6Overwrite), ow, err)
-		}
-		attrs.PublicIPv6 = ip
-	}
-	// An address of a family the pods do not use is published only when
-	// the node has no other (a vxlan overlay over it): kubelet lists the
-	// pods' families in status.addresses, which peers check it against.
-	if !cfg.EnableIPv6 {
-		attrs.BackendV6Data = nil
-		if attrs.PublicIP.IsValid() {
-			attrs.PublicIPv6 = netip.Addr{}
-		}
-	}
-	if !cfg.EnableIPv4 && attrs.PublicIPv6.IsValid() {
-		attrs.PublicIP = netip.Addr{}
-	}
-	lease.Attrs = attrs
-	want := m.ann.Publish(attrs)
-	if err := m.patchAnnotations(ctx, want); err != nil {
-		return subnet.Lease{}, err
-	}
-	m.mu.Lock()
-	m.published, m.lease, m.staleRV = want, lease, node.ResourceVersion
-	m.mu.Unlock()
-	return lease, nil
-}
-
-// fitConfig checks the node's podCIDRs against Network and takes the
-// subnet lengths from them.
-func fitConfig(cfg *subnet.Config, node string, v4, v6 netip.Prefix) error {
-	if cfg.EnableIPv4 {
-		if !v4.IsValid() {
-			return fmt.Errorf("node %q: spec.podCIDRs has no IPv4 CIDR, but net-conf.json enables IPv4 (Network %s)", node, cfg.Network)
-		}
-		if !cfg.Network.Contains(v4.Addr()) || v4.Bits() < cfg.Network.Bits() {
-			return fmt.Errorf("node %q: spec.podCIDR %s: not inside net-conf.json Network %s (it must match kube-controller-manager --cluster-cidr)", node, v4, cfg.Network)
-		}
-		cfg.SubnetLen = v4.Bits()
-		cfg.SubnetMin, cfg.SubnetMax = netip.Addr{}, netip.Addr{}
-	}
-	if cfg.EnableIPv6 {
-		if !v6.IsValid() {
-			return fmt.Errorf("node %q: spec.podCIDRs has no IPv6 CIDR, but net-conf.json enables IPv6 (IPv6Network %s)", node, cfg.IPv6Network)
-		}
-		if !cfg.IPv6Network.Contains(v6.Addr()) || v6.Bits() < cfg.IPv6Network.Bits() {
-			return fmt.Errorf("node %q: IPv6 podCIDR %s: not inside net-conf.json IPv6Network %s", node, v6, cfg.IPv6Network)
-		}
-		cfg.IPv6SubnetLen = v6.Bits()
-		cfg.IPv6SubnetMin, cfg.IPv6SubnetMax = netip.Addr{}, netip.Addr{}
-	}
-	return nil
-}
-
-func (m *Manager) patchAnnotations(ctx context.Context, want map[string]string) error {
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": want}})
-	if err != nil {
-		return err
-	}
-	// Through the status subresource: the ClusterRole grants nodes/status
-	// patch, not nodes patch, so twilld cannot touch a node's spec.
-	if _, err := m.o.Client.PatchNodeStatus(ctx, m.o.NodeName, types.MergePatchType, patch); err != nil {
-		return fmt.Errorf("publishing annotations on node %q: %w", m.o.NodeName, err)
-	}
-	return nil
-}
-
-// Ready records that the node is ready: Run then keeps the node's
-// NetworkUnavailable condition False.
-func (m *Manager) Ready(context.Context) error {
-	m.ready.Store(true)
-	m.poke()
-	return nil
-}
-
-func (m *Manager) setCondition(ctx context.Context) error {
-	now := metav1.Now()
-	cond := []corev1.NodeCondition{{
-		Type: corev1.NodeNetworkUnavailable, Status: corev1.ConditionFalse, Reason: ConditionReason,
-		Message: "twill is running on this node", LastTransitionTime: now, LastHeartbeatTime: now,
-	}}
-	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": cond}})
-	if err != nil {
-		return err
-	}
-	// Strategic merge: conditions merge by type, so kubelet's stay.
-	if _, err := m.o.Client.PatchNodeStatus(ctx, m.o.NodeName, types.StrategicMergePatchType, patch); err != nil {
-		return fmt.Errorf("setting NetworkUnavailable=False on node %q: %w", m.o.NodeName, err)
-	}
-	return nil
-}
-
 // ErrNodeGone is returned by Run when the local Node is deleted or its
 // podCIDR changes: the lease is gone, and the daemon must start over.
 var ErrNodeGone = errors.New("the local node's lease is gone")
@@ -378,86 +227,6 @@ func (m *Manager) Run(ctx context.Context, publish func(subnet.Change)) error {
 		}
 		bo.Reset()
 	}
-}
-
-func (m *Manager) checkSelf() error {
-	n, ok := m.self()
-	m.mu.Lock()
-	lease := m.lease
-	m.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("node %q was deleted: %w", m.o.NodeName, ErrNodeGone)
-	}
-	v4, v6, err := PodCIDRs(n)
-	if err != nil || v4 != lease.Subnet || v6 != lease.IPv6Subnet {
-		return fmt.Errorf("node %q: podCIDR changed from %s to %s: %w", m.o.NodeName,
-			subnet.SubnetKey(lease.Subnet, lease.IPv6Subnet), subnet.SubnetKey(v4, v6), ErrNodeGone)
-	}
-	return nil
-}
-
-// OwnLeaseConflicts is how many times this node's twill annotations were
-// found changed by someone else (and published again).
-func (m *Manager) OwnLeaseConflicts() uint64 { return m.conflicts.Load() }
-
-// repairSelf re-publishes the annotations if someone changed them, and
-// sets NetworkUnavailable=False once ready if it is not.
-func (m *Manager) repairSelf(ctx context.Context) error {
-	n, _ := m.self()
-	m.mu.Lock()
-	want, stale := m.published, n.ResourceVersion == m.staleRV
-	m.mu.Unlock()
-	if stale {
-		return nil // the cache has not seen our own patch yet; its event will come
-	}
-	for k, v := range want {
-		if n.Annotations[k] != v {
-			m.conflicts.Add(1)
-			m.log.Warn("the node's twill annotations were changed; publishing them again", "annotation", k, "found", clip(n.Annotations[k]))
-			if err := m.patchAnnotations(ctx, want); err != nil {
-				return err
-			}
-			m.mu.Lock()
-			m.staleRV = n.ResourceVersion
-			m.mu.Unlock()
-			return nil
-		}
-	}
-	if !m.ready.Load() {
-		return nil
-	}
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeNetworkUnavailable && c.Status == corev1.ConditionFalse {
-			return nil
-		}
-	}
-	if err := m.setCondition(ctx); err != nil {
-		return err
-	}
-	m.log.Info("set NetworkUnavailable=False", "reason", ConditionReason)
-	return nil
-}
-
-// UpdateBackendData publishes new backend data in the node's annotations
-// (a backend that had to change it, such as vxlan taking a new VTEP MAC);
-// Run keeps it there from then on.
-func (m *Manager) UpdateBackendData(ctx context.Context, data, v6Data json.RawMessage) error {
-	m.mu.Lock()
-	attrs := m.lease.Attrs
-	attrs.BackendData, attrs.BackendV6Data = data, v6Data
-	want := m.ann.Publish(attrs)
-	m.mu.Unlock()
-	rv := ""
-	if n, ok := m.self(); ok {
-		rv = n.ResourceVersion
-	}
-	if err := m.patchAnnotations(ctx, want); err != nil {
-		return err
-	}
-	m.mu.Lock()
-	m.published, m.lease.Attrs, m.staleRV = want, attrs, rv
-	m.mu.Unlock()
-	return nil
 }
 
 // NodeName is the local Node's name.
