@@ -118,10 +118,6 @@ func (n *Network) planDelta(dev int, upserted, removed []subnet.Lease) (changes,
 	return n.prepare(&d)
 }
 
-// recKey names a peer's record: its IPv4 subnet, or its IPv6 one in an
-// IPv6-only cluster.
-func recKey(p subnet.Lease) nl.Key { return (nl.Route{Dst: primary(p)}).Key() }
-
 // delta gathers the sets' changes for some peers.
 type delta struct {
 	routeUp          []nl.Route
@@ -204,15 +200,4 @@ func (n *Network) prepare(d *delta) (changes, error) {
 		return ch, err
 	}
 	return ch, nil
-}
-
-// countMAC adds sign to the count of peers programmed with rec's VTEP MAC.
-func (n *Network) countMAC(rec *peerRec, sign int) {
-	if !rec.objects.Overlay {
-		return
-	}
-	m := [6]byte(rec.objects.FDB.HardwareAddr)
-	if n.macs[m] += sign; n.macs[m] <= 0 {
-		delete(n.macs, m)
-	}
 }

@@ -38,6 +38,15 @@
 // happen within moments (watch.go). With DirectRouting, a peer family
 // whose public IP of that family is on-link gets a host-gw route instead
 // and no overlay entries.
+//
+// A lease walks the files in this order: reconcile.go (Reconcile, Update)
+// hands the peers to screen.go (peers refused for their VTEP MAC), then
+// record.go (each peer's parsed data and the record of what was programmed
+// for it), desired.go (the route, neighbour and FDB entries it calls for),
+// plan.go (what to add, replace and delete against the record), and back to
+// reconcile.go, which applies the plan in order. mac.go is this node's own
+// VTEP MAC; device.go and checksum.go its device; drift.go and watch.go
+// compare with and follow the kernel.
 package vxlan
 
 import (
