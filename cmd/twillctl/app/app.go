@@ -7,7 +7,6 @@ package app
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -31,21 +30,11 @@ func Main(reg *backend.Registry) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := newRootCommand(reg).ExecuteContext(ctx); err != nil {
-		var code exitCode
-		if errors.As(err, &code) {
-			return int(code) // the command run (lab exec) said why itself
-		}
 		fmt.Fprintln(os.Stderr, "twillctl:", err)
 		return 1
 	}
 	return 0
 }
-
-// exitCode is the exit status of a command twillctl ran for the user; it
-// becomes twillctl's own, with nothing added.
-type exitCode int
-
-func (c exitCode) Error() string { return fmt.Sprintf("exit status %d", int(c)) }
 
 func newRootCommand(reg *backend.Registry) *cobra.Command {
 	cmd := &cobra.Command{
