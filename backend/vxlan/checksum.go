@@ -111,8 +111,11 @@ var _ checksummer = (*nl.Handle)(nil)
 // and reports whether it had to.
 func ensureTXChecksum(k Kernel, name string, on bool) (bool, error) {
 	c, ok := k.(checksummer)
-	if !ok {
-		return false, fmt.Errorf("Backend.TXChecksumOffload: this kernel handle (%T) cannot read or set offloads", k)
+	switch {
+	case !ok && on:
+		return false, nil // a new device has it on: nothing to keep
+	case !ok:
+		return false, fmt.Errorf("Backend.TXChecksumOffload: this kernel handle (%T) cannot turn the offload off", k)
 	}
 	have, err := c.TXChecksum(name)
 	if err != nil {
