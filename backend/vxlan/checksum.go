@@ -36,9 +36,9 @@ const (
 	checksumOff  = "off"
 )
 
-// fixedIn is the first kernel release whose NAT leaves offloaded vxlan
-// checksums intact.
-var fixedIn = [2]int{5, 7}
+// fixedMajor.fixedMinor is the first kernel release whose NAT leaves
+// offloaded vxlan checksums intact.
+const fixedMajor, fixedMinor = 5, 7
 
 // checkChecksumSetting validates Backend.TXChecksumOffload.
 func checkChecksumSetting(s string) error {
@@ -62,7 +62,7 @@ func txChecksumWanted(setting, release string) (on bool, why string) {
 	switch {
 	case !ok:
 		return true, fmt.Sprintf("kernel release %q not understood; assuming it has the fix of 5.7", release)
-	case v[0] < fixedIn[0] || (v[0] == fixedIn[0] && v[1] < fixedIn[1]):
+	case v[0] < fixedMajor || (v[0] == fixedMajor && v[1] < fixedMinor):
 		return false, fmt.Sprintf("kernel %d.%d is older than 5.7, whose NAT corrupts offloaded vxlan checksums (flannel #1279)", v[0], v[1])
 	}
 	return true, fmt.Sprintf("kernel %d.%d has the checksum fix of 5.7", v[0], v[1])

@@ -340,6 +340,7 @@ func (k *Kernel) LinkSetMTU(index, mtu int) error {
 		return err
 	}
 	l.l.MTU = mtu
+	k.emitLinkLocked(nl.LinkEvent{Link: l.l})
 	return nil
 }
 
@@ -350,6 +351,7 @@ func (k *Kernel) SetMTU(index, mtu int) {
 	k.initLocked()
 	if l, ok := k.links[index]; ok {
 		l.l.MTU = mtu
+		k.emitLinkLocked(nl.LinkEvent{Link: l.l})
 	}
 }
 
