@@ -1,37 +1,61 @@
 package kernelsync
 
 import (
-	"net/netip"
-	"reflect"
+	"errors"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/nl/nlfake"
 )
 
-func TestDiffRoutes(t *testing.T) {
-	r := func(dst, gw string) nl.Route {
-		return nl.Route{Dst: netip.MustParsePrefix(dst), Gw: netip.MustParseAddr(gw), LinkIndex: 2, Protocol: 167}
+// TestRouteDrift: a drift report names what a sync would add, replace and
+// delete, with device names, and changes nothing; after a sync of the same
+// routes it is clean.
+func TestRouteDrift(t *testing.T) {
+	k := &nlfake.Kernel{}
+	eth := k.AddLink("eth0", 1500, true)
+	r := func(dst, gw string) nl.Route { return nl.Route{Dst: pfx(dst), Gw: ip(gw), LinkIndex: eth.Index} }
+	desired := []nl.Route{r("10.0.3.0/24", "192.168.0.3"), r("10.0.1.0/24", "192.168.0.1"), r("10.0.2.0/24", "192.168.0.2")}
+	var ops []nl.RouteOp
+	for _, have := range []nl.Route{r("10.0.2.0/24", "192.168.0.2"), r("10.0.3.0/24", "192.168.0.99"), r("10.0.9.0/24", "192.168.0.9")} {
+		ops = append(ops, nl.RouteOp{Op: nl.OpAdd, Route: Owned(have, 0)})
 	}
-	desired := RouteMap([]nl.Route{r("10.0.1.0/24", "192.168.0.1"), r("10.0.2.0/24", "192.168.0.2"), r("10.0.3.0/24", "192.168.0.3")})
-	actual := RouteMap([]nl.Route{r("10.0.2.0/24", "192.168.0.2"), r("10.0.3.0/24", "192.168.0.99"), r("10.0.9.0/24", "192.168.0.9")})
-	p := DiffRoutes(desired, actual)
-	dsts := func(rs []nl.Route) (s []string) {
-		for _, r := range rs {
-			s = append(s, r.Dst.String())
+	if errs := k.RouteBatch(ops); errors.Join(errs...) != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	before := routes(t, k, 0)
+	d, err := RouteDrift(k, 0, desired)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsts := func(lines []string) (out []string) {
+		for _, l := range lines {
+			out = append(out, strings.Fields(l)[1])
 		}
-		return s
+		return out
 	}
-	if got := dsts(p.Add); !reflect.DeepEqual(got, []string{"10.0.1.0/24"}) {
-		t.Errorf("Add %v", got)
+	if got := dsts(d.Missing); !slices.Equal(got, []string{"10.0.1.0/24"}) {
+		t.Errorf("Missing %q", d.Missing)
 	}
-	if got := dsts(p.Replace); !reflect.DeepEqual(got, []string{"10.0.3.0/24"}) || p.Replace[0].Gw.String() != "192.168.0.3" {
-		t.Errorf("Replace %v", p.Replace)
+	if got := dsts(d.Wrong); !slices.Equal(got, []string{"10.0.3.0/24"}) || !strings.Contains(d.Wrong[0], "via 192.168.0.3 dev eth0") {
+		t.Errorf("Wrong %q: want 10.0.3.0/24 as it should be, via 192.168.0.3 dev eth0", d.Wrong)
 	}
-	if got := dsts(p.Delete); !reflect.DeepEqual(got, []string{"10.0.9.0/24"}) {
-		t.Errorf("Delete %v", got)
+	if got := dsts(d.Extra); !slices.Equal(got, []string{"10.0.9.0/24"}) {
+		t.Errorf("Extra %q", d.Extra)
 	}
-	if !DiffRoutes(desired, desired).Empty() {
-		t.Error("diff of a set with itself is not empty")
+	if d.Objects != 3 || d.Clean() {
+		t.Errorf("drift %+v: want 3 objects, not clean", d)
+	}
+	if after := routes(t, k, 0); !slices.Equal(before, after) {
+		t.Errorf("RouteDrift changed the kernel:\nbefore %q\nafter  %q", before, after)
+	}
+	if _, err := (&RouteSync{NL: k}).Sync(emitRoutes(desired...)); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := RouteDrift(k, 0, desired); err != nil || !d.Clean() {
+		t.Errorf("after a sync: drift %+v (%v), want clean", d, err)
 	}
 }
 

@@ -1,6 +1,8 @@
 package kernelsync
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -40,35 +42,30 @@ func AllChecked(n int, done func()) []func() {
 }
 
 // RouteDrift compares desired routes with the kernel's owned routes in
-// table (0: main). Devices are named when h can list links.
+// table (0: main), through the same engine (and so the same comparison)
+// as RouteSync, which it leaves alone: the set is a fresh one, read from
+// the kernel, and nothing is applied. Devices are named when h can list
+// links.
 func RouteDrift(h nl.RouteTable, table int, desired []nl.Route) (backend.Drift, error) {
-	if table == 0 {
-		table = nl.MainTable
-	}
-	all, err := h.Routes(nl.FamilyAll, nl.RouteFilter{Table: table})
+	foreign := &foreignRoutes{dsts: map[netip.Prefix]int{}}
+	set := &ownedSet[nl.Key, nl.Route]{kind: routeKind{nl: h, table: tableOrMain(table), foreign: foreign}}
+	c, err := set.plan(func(emit func(nl.Route)) {
+		for _, r := range desired {
+			emit(r)
+		}
+	})
 	if err != nil {
 		return backend.Drift{}, err
 	}
-	var have []nl.Route
-	foreign := map[netip.Prefix]bool{}
-	for _, r := range all {
-		if r.Protocol == nl.RouteProtocol {
-			have = append(have, r)
-		} else {
-			foreign[r.Dst] = true
-		}
-	}
-	want := make(map[nl.Key]nl.Route, len(desired))
 	d := backend.Drift{Objects: len(desired)}
-	for _, r := range desired {
-		r = Owned(r, table)
-		want[r.Key()] = r
-		if foreign[r.Dst] {
-			d.Shadowed = append(d.Shadowed, r.Dst.String()+": a route twill does not own holds it too, and takes precedence")
-		}
+	dsts := make(map[netip.Prefix]bool, len(set.desired))
+	for _, e := range set.desired {
+		dsts[e.v.Dst] = true
+	}
+	for _, dst := range foreign.among(func(p netip.Prefix) bool { return dsts[p] }) {
+		d.Shadowed = append(d.Shadowed, dst.String()+": a route twill does not own holds it too, and takes precedence")
 	}
 	slices.Sort(d.Shadowed)
-	p := DiffRoutes(want, RouteMap(have))
 	names := map[int]string{}
 	if lh, ok := h.(interface{ Links() ([]nl.Link, error) }); ok {
 		if links, err := lh.Links(); err == nil {
@@ -77,23 +74,31 @@ func RouteDrift(h nl.RouteTable, table int, desired []nl.Route) (backend.Drift, 
 			}
 		}
 	}
-	show := func(r nl.Route) string {
-		s := r.String()
-		if n, ok := names[r.LinkIndex]; ok {
-			s = strings.Replace(s, fmt.Sprintf("dev#%d", r.LinkIndex), "dev "+n, 1)
+	show := func(rs []nl.Route) []string {
+		slices.SortFunc(rs, func(a, b nl.Route) int { return compareKeys(a.Key(), b.Key()) })
+		var out []string
+		for _, r := range rs {
+			s := r.String()
+			if n, ok := names[r.LinkIndex]; ok {
+				s = strings.Replace(s, fmt.Sprintf("dev#%d", r.LinkIndex), "dev "+n, 1)
+			}
+			out = append(out, "route "+s)
 		}
-		return "route " + s
+		return out
 	}
-	for _, r := range p.Add {
-		d.Missing = append(d.Missing, show(r))
-	}
-	for _, r := range p.Replace {
-		d.Wrong = append(d.Wrong, show(r))
-	}
-	for _, r := range p.Delete {
-		d.Extra = append(d.Extra, show(r))
-	}
+	d.Missing, d.Wrong, d.Extra = show(c.add), show(c.replace), show(c.delete)
 	return d, nil
+}
+
+// compareKeys orders route keys by table, address and prefix length.
+func compareKeys(a, b nl.Key) int {
+	if a.Table != b.Table {
+		return cmp.Compare(a.Table, b.Table)
+	}
+	if c := bytes.Compare(a.Addr[:], b.Addr[:]); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Bits, b.Bits)
 }
 
 // watchRecord is a sync's Watch: it follows the kernel's events through
