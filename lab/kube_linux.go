@@ -122,7 +122,7 @@ func nodeImages(dir string) []string {
 // startControlPlane runs kube-apiserver, kube-controller-manager and
 // kube-scheduler in the underlay namespace, each with its own identity.
 func (s *State) startControlPlane(ctx context.Context, p *pki.CA, topo *topology.Topology) error {
-	saKey, saPub, err := serviceAccountKey(p)
+	saKey, saPub, err := p.ServiceAccountKey()
 	if err != nil {
 		return err
 	}

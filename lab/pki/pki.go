@@ -111,3 +111,26 @@ func (p *CA) Issue(c Cert) (crt, key string, err error) {
 func WritePEM(path, typ string, der []byte) error {
 	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600)
 }
+
+// ServiceAccountKey writes, beside the CA, the key pair that signs
+// ServiceAccount tokens (sa.key, sa.pub), for kube-apiserver's
+// --service-account-signing-key-file and --service-account-key-file.
+func (p *CA) ServiceAccountKey() (priv, pub string, err error) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return "", "", err
+	}
+	kb, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		return "", "", err
+	}
+	pb, err := x509.MarshalPKIXPublicKey(&k.PublicKey)
+	if err != nil {
+		return "", "", err
+	}
+	priv, pub = filepath.Join(p.dir, "sa.key"), filepath.Join(p.dir, "sa.pub")
+	if err := WritePEM(priv, "EC PRIVATE KEY", kb); err != nil {
+		return "", "", err
+	}
+	return priv, pub, WritePEM(pub, "PUBLIC KEY", pb)
+}
