@@ -9,15 +9,8 @@ package kubetest
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/rsa"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"net/netip"
 	"os"
@@ -25,6 +18,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -35,6 +29,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
+
+	"github.com/twill-net/twill/lab/pki"
 )
 
 // Root is the repository root (the directory holding tools/kube).
@@ -57,12 +53,19 @@ func Root(t testing.TB) string {
 // Binaries returns the paths of kube-apiserver and kubectl, building them
 // (tools/kube/build.sh, a few minutes once) when the cache lacks them.
 // make setup builds them ahead of the tests.
+// The script runs once per test process (tests running in parallel
+// wait for the first).
 func Binaries(t testing.TB) (apiserver, kubectl string) {
 	t.Helper()
 	root := Root(t)
-	out, err := exec.Command("bash", filepath.Join(root, "tools", "kube", "build.sh")).CombinedOutput()
-	if err != nil {
-		t.Fatalf("building kube-apiserver and kubectl (tools/kube/build.sh): %v\n%s", err, out)
+	built.mu.Lock()
+	defer built.mu.Unlock()
+	if !built.done {
+		out, err := exec.Command("bash", filepath.Join(root, "tools", "kube", "build.sh")).CombinedOutput()
+		if err != nil {
+			t.Fatalf("building kube-apiserver and kubectl (tools/kube/build.sh): %v\n%s", err, out)
+		}
+		built.done = true
 	}
 	ver, err := Version(root)
 	if err != nil {
@@ -70,6 +73,11 @@ func Binaries(t testing.TB) (apiserver, kubectl string) {
 	}
 	dir := filepath.Join(root, "build", "kube", ver)
 	return filepath.Join(dir, "kube-apiserver"), filepath.Join(dir, "kubectl")
+}
+
+var built struct {
+	mu   sync.Mutex
+	done bool
 }
 
 // Version is the Kubernetes version tools/kube pins.
@@ -128,20 +136,26 @@ func Start(t testing.TB, o Options) *APIServer {
 	}
 	s := &APIServer{URL: "https://" + net.JoinHostPort(o.Addr.String(), strconv.Itoa(o.Port)), dir: dir, kubectl: kubectl, ns: o.NS,
 		adminToken: randomToken(t), done: make(chan struct{})}
-	caPEM, certPEM, keyPEM := serving(t, o.Addr)
-	s.CAFile = filepath.Join(dir, "ca.crt")
-	saKey := filepath.Join(dir, "sa.key")
+	// The serving certificate and the ServiceAccount keys come from the
+	// lab's PKI (lab/pki), as the Kubernetes lab's do; clients authenticate
+	// with bearer tokens.
+	ca, err := pki.New(filepath.Join(dir, "pki"), "twill-test-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsCrt, tlsKey, err := ca.Issue(pki.Cert{Name: "apiserver", CN: "kube-apiserver", Server: true,
+		IPs: []netip.Addr{o.Addr}, DNS: []string{"kubernetes", "kubernetes.default.svc"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	saKey, saPub, err := ca.ServiceAccountKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.CAFile = ca.CAFile()
 	tokens := filepath.Join(dir, "tokens.csv")
-	for path, data := range map[string][]byte{
-		s.CAFile:                      caPEM,
-		filepath.Join(dir, "tls.crt"): certPEM,
-		filepath.Join(dir, "tls.key"): keyPEM,
-		saKey:                         rsaKey(t),
-		tokens:                        []byte(s.adminToken + ",twill-test-admin,twill-test-admin,system:masters\n"),
-	} {
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
+	if err := os.WriteFile(tokens, []byte(s.adminToken+",twill-test-admin,twill-test-admin,system:masters\n"), 0o600); err != nil {
+		t.Fatal(err)
 	}
 	logPath := filepath.Join(dir, "kube-apiserver.log")
 	logf, err := os.Create(logPath)
@@ -153,12 +167,12 @@ func Start(t testing.TB, o Options) *APIServer {
 		"--etcd-prefix=/registry-" + randomToken(t)[:8],
 		"--bind-address=" + o.Addr.String(), "--advertise-address=" + o.Addr.String(),
 		"--secure-port=" + strconv.Itoa(o.Port),
-		"--tls-cert-file=" + filepath.Join(dir, "tls.crt"), "--tls-private-key-file=" + filepath.Join(dir, "tls.key"),
+		"--tls-cert-file=" + tlsCrt, "--tls-private-key-file=" + tlsKey,
 		"--client-ca-file=" + s.CAFile,
 		"--token-auth-file=" + tokens,
 		"--authorization-mode=RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc",
-		"--service-account-key-file=" + saKey, "--service-account-signing-key-file=" + saKey,
+		"--service-account-key-file=" + saPub, "--service-account-signing-key-file=" + saKey,
 		"--service-cluster-ip-range=10.96.0.0/24",
 		"--cert-dir=" + filepath.Join(dir, "certs"),
 		"--enable-priority-and-fairness=false",
@@ -386,48 +400,4 @@ func randomToken(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return fmt.Sprintf("%x", b)
-}
-
-// serving makes a CA and a serving certificate for addr.
-func serving(t testing.TB, addr netip.Addr) (caPEM, certPEM, keyPEM []byte) {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	ca := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "twill-test-ca"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "kube-apiserver"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		IPAddresses: []net.IP{addr.AsSlice()}, DNSNames: []string{"kubernetes", "kubernetes.default.svc"},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
-}
-
-func rsaKey(t testing.TB) []byte {
-	k, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(k)})
 }
