@@ -116,7 +116,7 @@ etcd-tools: ## Build etcdctl from the Go module proxy, for Documentation/etcd.md
 .PHONY: test
 test: setup lint cover ## Everything this machine can run, as root: unit, privileged, e2e (listed test by test), fuzz seeds, benchmarks once
 	$(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v '/e2e$$')
-	$(GO) test -race -count=1 -timeout 60m -v ./e2e/
+	$(GO) test -race -count=1 -timeout 60m -v -parallel 2 ./e2e/
 	$(MAKE) --no-print-directory bench-smoke
 
 .PHONY: test-unit

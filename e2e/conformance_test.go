@@ -1,10 +1,13 @@
 package e2e
 
 import (
+	"errors"
+	"fmt"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/twill-net/twill/internal/testsupport/buildtest"
@@ -21,6 +24,7 @@ import (
 // conformance --fast as make conformance IP_FAMILY=dual runs the whole set;
 // then the NetworkPolicy subset on the same lab.
 func TestKubeConformanceFast(t *testing.T) {
+	t.Parallel()
 	l := newLabCtl(t)
 	images := kubeLabImages(t, l.bin, "e2e")
 	pause := buildtest.Binaries(t, "github.com/twill-net/twill/tools/pause")
@@ -33,55 +37,52 @@ func TestKubeConformanceFast(t *testing.T) {
 	name := labName("cf")
 	l.up(name, "--kubernetes", "--nodes", "2", "--pods-per-node", "1", "--backend", "vxlan", "--ip-family", "dual",
 		"--kube-bin-dir", kubeBinDir(t), "--image-dir", images)
-	report := t.TempDir()
-	out, err := l.run("conformance", "--name", name, "--fast", "--report-dir", report)
-	if err != nil {
-		t.Fatalf("lab conformance --fast: %v\n%s", err, tail(out, 200))
+	// The two subsets run side by side on the lab, as ginkgo's parallel
+	// processes would: each spec works in namespaces of its own.
+	var wg sync.WaitGroup
+	outcomes := make([]lab.Outcome, 2)
+	errs := make([]error, 2)
+	for i, suite := range []string{"conformance", "netpol"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			outcomes[i], errs[i] = runFast(l, name, suite, t.TempDir())
+		}()
 	}
-	o, err := lab.ReadJUnitDir(report)
-	if err != nil {
-		t.Fatal(err)
+	wg.Wait()
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatal(errors.Join(errs...))
 	}
-	// Every spec of the subset ran and passed: each pattern matched a
+	// Every spec of each subset ran and passed: each pattern matched a
 	// passed spec, and none failed.
-	fast := slices.Concat(lab.ConformanceFast, lab.DualStackFast)
-	for _, f := range fast {
-		re := regexp.MustCompile(f)
-		n := 0
-		for _, s := range o.Specs {
-			if re.MatchString(s.Name) && s.Status == "passed" {
-				n++
-			}
-		}
-		if n == 0 {
-			t.Errorf("no passed spec matches %s; specs that ran:\n%s", f, o.Markdown("vxlan"))
-		}
-	}
-	if o.Failed > 0 || o.Passed < 11 {
-		t.Fatalf("%d passed, %d failed (want the 11 specs of the subsets):\n%s", o.Passed, o.Failed, o.Markdown("vxlan"))
-	}
-	t.Logf("conformance subset:\n%s", o.Markdown("vxlan"))
+	checkFast(t, "conformance", outcomes[0], slices.Concat(lab.ConformanceFast, lab.DualStackFast), 11)
+	checkFast(t, "Netpol", outcomes[1], lab.NetpolFast, len(lab.NetpolFast))
+}
 
-	// The NetworkPolicy subset, on the same lab (twill enforces policy as
-	// dist/kube-twill.yml ships it).
-	report = t.TempDir()
-	out, err = l.run("conformance", "--name", name, "--suite", "netpol", "--fast", "--report-dir", report)
+// runFast runs lab conformance --fast of suite on the lab and reads its
+// report.
+func runFast(l *labCtl, name, suite, report string) (lab.Outcome, error) {
+	out, err := l.run("conformance", "--name", name, "--suite", suite, "--fast", "--report-dir", report)
 	if err != nil {
-		t.Fatalf("lab conformance --suite netpol --fast: %v\n%s", err, tail(out, 200))
+		return lab.Outcome{}, fmt.Errorf("lab conformance --suite %s --fast: %w\n%s", suite, err, tail(out, 200))
 	}
-	if o, err = lab.ReadJUnitDir(report); err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range lab.NetpolFast {
+	return lab.ReadJUnitDir(report)
+}
+
+// checkFast fails unless each pattern of the subset matched a passed spec,
+// none failed and at least want passed.
+func checkFast(t *testing.T, subset string, o lab.Outcome, patterns []string, want int) {
+	t.Helper()
+	for _, f := range patterns {
 		re := regexp.MustCompile(f)
 		if !slices.ContainsFunc(o.Specs, func(s lab.SpecResult) bool { return re.MatchString(s.Name) && s.Status == "passed" }) {
 			t.Errorf("no passed spec matches %s; specs that ran:\n%s", f, o.Markdown("vxlan"))
 		}
 	}
-	if o.Failed > 0 || o.Passed < len(lab.NetpolFast) {
-		t.Fatalf("%d passed, %d failed (want the %d specs of the Netpol subset):\n%s", o.Passed, o.Failed, len(lab.NetpolFast), o.Markdown("vxlan"))
+	if o.Failed > 0 || o.Passed < want {
+		t.Fatalf("%s subset: %d passed, %d failed (want its %d specs):\n%s", subset, o.Passed, o.Failed, want, o.Markdown("vxlan"))
 	}
-	t.Logf("Netpol subset:\n%s", o.Markdown("vxlan"))
+	t.Logf("%s subset:\n%s", subset, o.Markdown("vxlan"))
 }
 
 // tail is the last n lines of s.

@@ -283,6 +283,7 @@ func missingLines(want []string, out string) []string {
 
 // TestDocs runs every runnable command of the docs, by scenario.
 func TestDocs(t *testing.T) {
+	t.Parallel()
 	netnstest.RequireRoot(t)
 	root := kubetest.Root(t)
 	blocks := docBlocks(t, root)

@@ -282,6 +282,7 @@ func TestFlannelTakeover(t *testing.T) {
 // flanneld --kube-subnet-mgr and twilld on one apiserver's Nodes, twill
 // with flannel's annotation prefix.
 func TestKubeFlannelTakeover(t *testing.T) {
+	t.Parallel()
 	for _, backend := range []string{"vxlan", "host-gw"} {
 		t.Run(backend, func(t *testing.T) { testFlannelTakeover(t, backend, true) })
 	}

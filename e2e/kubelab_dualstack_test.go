@@ -27,8 +27,12 @@ import (
 // hostPort in every family, CoreDNS answers for the Service with an address
 // of each family, and lab down leaves the machine as it was.
 func TestKubeLabIPFamilies(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ backend, family string }{{"host-gw", "dual"}, {"vxlan", "ipv6"}} {
-		t.Run(tc.backend+"/"+tc.family, func(t *testing.T) { testKubeLabIPFamily(t, tc.backend, tc.family) })
+		t.Run(tc.backend+"/"+tc.family, func(t *testing.T) {
+			t.Parallel()
+			testKubeLabIPFamily(t, tc.backend, tc.family)
+		})
 	}
 }
 

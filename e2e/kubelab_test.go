@@ -558,6 +558,7 @@ func echoOnce(netns ns.NetNS, to netip.AddrPort) error {
 // namespace, process, mount, cgroup or file of the lab is left, and the
 // machine's paths and sysctls are as before.
 func TestKubeLabDownAfterKilledUp(t *testing.T) {
+	t.Parallel()
 	l := newLabCtl(t)
 	before := snapshotHost()
 	images := kubeLabImages(t, l.bin, "e2e")
