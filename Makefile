@@ -113,10 +113,14 @@ flannel-tools: ## Build flanneld from the Go module proxy, for the flannel-takeo
 etcd-tools: ## Build etcdctl from the Go module proxy, for Documentation/etcd.md's RBAC commands (cached in build/etcd/<version>)
 	bash tools/etcd/build.sh
 
+# make test's go test runs skip go vet (-vet=off): lint has just run go vet
+# over every package, a superset of go test's checks; on a fresh machine
+# each go test invocation (race or not) would first work out vet's facts
+# for every dependency again.
 .PHONY: test
 test: setup lint cover ## Everything this machine can run, as root: unit, privileged, e2e (listed test by test), fuzz seeds, benchmarks once
-	$(GO) test -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v '/e2e$$')
-	$(GO) test -race -count=1 -timeout 60m -v -parallel 2 ./e2e/
+	$(GO) test -vet=off -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v '/e2e$$')
+	$(GO) test -vet=off -race -count=1 -timeout 60m -v -parallel 2 ./e2e/
 	$(MAKE) --no-print-directory bench-smoke
 
 .PHONY: test-unit
@@ -130,7 +134,7 @@ COVER_PKGS = $$($(GO) list ./backend/... | grep -v '/backend/backendtest$$' | pa
 .PHONY: cover
 cover: ## Statement coverage of backend/ by the unit tier, no root involved (floor 80%; the netlink seam nl/ is left to the privileged tier)
 	@mkdir -p build
-	$(GO) test -short -count=1 -coverpkg=$(COVER_PKGS) -coverprofile=build/cover.out ./backend/... >/dev/null
+	$(GO) test -vet=off -short -count=1 -coverpkg=$(COVER_PKGS) -coverprofile=build/cover.out ./backend/... >/dev/null
 	@$(GO) tool cover -func=build/cover.out | awk '/^total:/ { sub("%", "", $$3); printf "backend/, unit tier: %s%% of statements\n", $$3; if ($$3 + 0 < 80) { print "below the 80% floor"; exit 1 } }'
 
 .PHONY: test-privileged
@@ -171,7 +175,7 @@ bench: setup ## Benchmarks with full output (root); figures go in Documentation/
 
 .PHONY: bench-smoke
 bench-smoke: ## Run every benchmark once so none rots (part of make test)
-	$(GO) test -p 1 -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./...
+	$(GO) test -vet=off -p 1 -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./...
 
 .PHONY: clean
 clean: ## Remove build output
