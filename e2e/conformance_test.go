@@ -22,7 +22,7 @@ import (
 // subset (lab.DualStackFast) against a dual-stack vxlan Kubernetes lab
 // running twill as dist/kube-twill.yml installs it, through twillctl lab
 // conformance --fast as make conformance IP_FAMILY=dual runs the whole set;
-// then the NetworkPolicy subset on the same lab.
+// and the NetworkPolicy subset on the same lab, side by side with them.
 func TestKubeConformanceFast(t *testing.T) {
 	t.Parallel()
 	l := newLabCtl(t)
@@ -43,10 +43,11 @@ func TestKubeConformanceFast(t *testing.T) {
 	outcomes := make([]lab.Outcome, 2)
 	errs := make([]error, 2)
 	for i, suite := range []string{"conformance", "netpol"} {
+		report := t.TempDir()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			outcomes[i], errs[i] = runFast(l, name, suite, t.TempDir())
+			outcomes[i], errs[i] = runFast(l, name, suite, report)
 		}()
 	}
 	wg.Wait()
