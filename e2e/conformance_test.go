@@ -3,17 +3,13 @@ package e2e
 import (
 	"errors"
 	"fmt"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 
-	"github.com/twill-net/twill/internal/testsupport/buildtest"
-	"github.com/twill-net/twill/internal/testsupport/kubetest"
 	"github.com/twill-net/twill/lab"
-	"github.com/twill-net/twill/lab/ociimage"
 )
 
 // TestKubeConformanceFast runs the pod-networking subset of Kubernetes' own
@@ -26,14 +22,7 @@ import (
 func TestKubeConformanceFast(t *testing.T) {
 	t.Parallel()
 	l := newLabCtl(t)
-	images := kubeLabImages(t, l.bin, "e2e")
-	pause := buildtest.Binaries(t, "github.com/twill-net/twill/tools/pause")
-	missing, err := ociimage.WriteE2EImages(filepath.Join(images, "e2e-images.tar"), kubeBinDir(t), filepath.Join(pause, "pause"),
-		filepath.Join(kubetest.Root(t), "build", "debs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("e2e images: %d of the suite's references have no stand-in", len(missing))
+	images := labImages(t, l.bin, e2eImages, "e2e")
 	name := labName("cf")
 	l.up(name, "--kubernetes", "--nodes", "2", "--pods-per-node", "1", "--backend", "vxlan", "--ip-family", "dual",
 		"--kube-bin-dir", kubeBinDir(t), "--image-dir", images)

@@ -31,12 +31,12 @@ import (
 const flannelPrefix = "/coreos.com/network"
 
 // flanneldBinary builds flanneld once (cached in build/flannel/<version>).
-func flanneldBinary(t *testing.T) string { return builtTool(t, "flannel", "flanneld") }
+func flanneldBinary(t testing.TB) string { return builtTool(t, "flannel", "flanneld") }
 
 // builtTool builds (or finds cached) a tool of tools/<dir>/build.sh, which
 // ends by printing "<what>: <version> in <dir>", and returns the path of
 // its binary name.
-func builtTool(t *testing.T, dir, name string) string {
+func builtTool(t testing.TB, dir, name string) string {
 	t.Helper()
 	root := kubetest.Root(t)
 	out, err := exec.Command("bash", filepath.Join(root, "tools", dir, "build.sh")).CombinedOutput()

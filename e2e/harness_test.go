@@ -33,6 +33,7 @@ import (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	buildtest.Cleanup()
+	cleanupImages()
 	os.Exit(code)
 }
 

@@ -25,7 +25,7 @@ func BenchmarkKubeLab(b *testing.B) {
 
 func benchKubeLab(b *testing.B) {
 	l := newLabCtl(b)
-	images := kubeLabImages(b, l.bin, "bench")
+	images := labImages(b, l.bin, kubeImages, "bench")
 	name := labName("kb")
 	b.Cleanup(func() { _, _ = l.run("down", "--name", name) })
 	start := time.Now()

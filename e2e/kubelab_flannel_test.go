@@ -11,10 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/testsupport/buildtest"
 	"github.com/twill-net/twill/internal/testsupport/kubetest"
 	"github.com/twill-net/twill/lab"
-	"github.com/twill-net/twill/lab/ociimage"
 )
 
 // TestKubeLabFlannelTakeover: a Kubernetes lab (kubelet, containerd,
@@ -33,25 +31,9 @@ func TestKubeLabFlannelTakeover(t *testing.T) {
 	}
 }
 
-// flannelLabImages is kubeLabImages plus kube-flannel's image.
-func flannelLabImages(t *testing.T, bin string) string {
-	t.Helper()
-	images := kubeLabImages(t, bin, "e2e")
-	standIn := buildtest.Binaries(t, "github.com/twill-net/twill/tools/flannelcni")
-	debs, err := ociimage.FetchDebs(filepath.Join(kubetest.Root(t), "build", "debs"), ociimage.TwillDebs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec := ociimage.FlannelImage("twill.local/flannel:e2e", flanneldBinary(t), filepath.Join(standIn, "flannelcni"), "/usr/lib/cni", debs)
-	if err := ociimage.Write(filepath.Join(images, "flannel.tar"), spec); err != nil {
-		t.Fatal(err)
-	}
-	return images
-}
-
 func testKubeLabFlannel(t *testing.T, backend string) {
 	l := newLabCtl(t)
-	images := flannelLabImages(t, l.bin)
+	images := labImages(t, l.bin, flannelImages, "e2e")
 	name := labName("f" + backend[:1])
 	l.up(name, "--kubernetes", "--flannel", "--nodes", "3", "--pods-per-node", "1", "--backend", backend,
 		"--kube-bin-dir", kubeBinDir(t), "--image-dir", images)

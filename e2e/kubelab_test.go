@@ -23,44 +23,15 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 
-	"github.com/twill-net/twill/internal/testsupport/buildtest"
 	"github.com/twill-net/twill/internal/testsupport/kubetest"
 	"github.com/twill-net/twill/lab"
-	"github.com/twill-net/twill/lab/ociimage"
 )
-
-// kubeLabImages builds twill's image (from this tree's binaries, as make
-// image does), the pause image, CoreDNS's and the lab's own into a fresh
-// directory.
-func kubeLabImages(t testing.TB, bin, tag string) string {
-	t.Helper()
-	root := kubetest.Root(t)
-	pause := buildtest.Binaries(t, "github.com/twill-net/twill/tools/pause")
-	debs, err := ociimage.FetchDebs(filepath.Join(root, "build", "debs"), ociimage.TwillDebs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	if err := ociimage.Write(filepath.Join(dir, "twill.tar"), ociimage.TwillImage("twill.local/twill:"+tag, bin, debs)); err != nil {
-		t.Fatal(err)
-	}
-	if err := ociimage.Write(filepath.Join(dir, "pause.tar"), ociimage.PauseImage("twill.local/pause:"+tag, filepath.Join(pause, "pause"))); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ociimage.WriteCoreDNS(filepath.Join(dir, "coredns.tar"), kubeBinDir(t)); err != nil {
-		t.Fatal(err)
-	}
-	if err := ociimage.Write(filepath.Join(dir, "lab.tar"), ociimage.LabImage("twill.local/lab:"+tag, filepath.Join(bin, "twill-lab"))); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
 
 // upKube brings up a Kubernetes lab of nodes nodes, podsPerNode pods each,
 // on the e2e images (extra: more lab up flags), and returns its state.
 func (l *labCtl) upKube(name string, nodes, podsPerNode int, backend string, extra ...string) *lab.State {
 	l.t.Helper()
-	images := kubeLabImages(l.t, l.bin, "e2e")
+	images := labImages(l.t, l.bin, kubeImages, "e2e")
 	l.up(name, append([]string{"--kubernetes", "--nodes", strconv.Itoa(nodes), "--pods-per-node", strconv.Itoa(podsPerNode), "--backend", backend,
 		"--kube-bin-dir", kubeBinDir(l.t), "--image-dir", images}, extra...)...)
 	s, err := lab.Load(l.root, name)
@@ -561,7 +532,7 @@ func TestKubeLabDownAfterKilledUp(t *testing.T) {
 	t.Parallel()
 	l := newLabCtl(t)
 	before := snapshotHost()
-	images := kubeLabImages(t, l.bin, "e2e")
+	images := labImages(t, l.bin, kubeImages, "e2e")
 	name := labName("kk")
 	cmd := exec.Command(l.bin+"/twillctl", "lab", "up", "--name", name, "--state-root", l.root, "--kubernetes", "--nodes", "2",
 		"--kube-bin-dir", kubeBinDir(t), "--image-dir", images)
