@@ -86,7 +86,10 @@ e2e-images: build kube-tools ## make kube-images, and stand-ins for the images K
 	$(MKIMAGE) -coredns build/kube/current -e2e build/kube/current
 
 .PHONY: setup
-setup: setup-base kube-tools flannel-tools etcd-tools ## Install what a fresh machine lacks: Debian packages (iproute2, iptables, containerd, ...), Go modules, the Kubernetes binaries, flanneld, etcdctl; only what is missing
+setup: setup-base setup-tools ## Install what a fresh machine lacks: Debian packages (iproute2, iptables, containerd, ...), Go modules, the Kubernetes binaries, flanneld, etcdctl; only what is missing
+
+.PHONY: setup-tools
+setup-tools: kube-tools flannel-tools etcd-tools ## The tools the e2e tier runs, built from the Go module proxy: the Kubernetes binaries, e2e.test, flanneld, etcdctl
 
 .PHONY: setup-base
 setup-base: ## What the lab needs: the Debian packages and the Go modules
@@ -117,11 +120,19 @@ etcd-tools: ## Build etcdctl from the Go module proxy, for Documentation/etcd.md
 # over every package, a superset of go test's checks; on a fresh machine
 # each go test invocation (race or not) would first work out vet's facts
 # for every dependency again.
+#
+# Only the e2e tier runs the tools setup-tools builds (about 20 minutes of
+# compiling on a fresh machine): tools/overlap.sh builds them niced while
+# lint, cover and the unit tier run, on the CPU those leave idle.
 .PHONY: test
-test: setup lint cover ## Everything this machine can run, as root: unit, privileged, e2e (listed test by test), fuzz seeds, benchmarks once
-	$(GO) test -vet=off -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v '/e2e$$')
+test: setup-base ## Everything this machine can run, as root: lint, coverage, unit, privileged, e2e (listed test by test), fuzz seeds, benchmarks once
+	bash tools/overlap.sh build/setup-tools.log '$(MAKE) --no-print-directory setup-tools' '$(MAKE) --no-print-directory lint cover test-packages'
 	$(GO) test -vet=off -race -count=1 -timeout 60m -v -parallel 2 ./e2e/
 	$(MAKE) --no-print-directory bench-smoke
+
+.PHONY: test-packages
+test-packages: ## Every package's tests but e2e's, race detector on, privileged ones included as root (make test's unit tier)
+	$(GO) test -vet=off -race -count=1 -timeout 30m $$($(GO) list ./... | grep -v '/e2e$$')
 
 .PHONY: test-unit
 test-unit: ## Unit tier: no root needed (privileged tests skip themselves in -short)
