@@ -237,7 +237,13 @@ func (k *Kernel) LinkDel(index int) error {
 
 // LinkSetUp brings a link up.
 func (k *Kernel) LinkSetUp(index int) error {
-	if err := k.fail("link up"); err != nil {
+	return k.setLink("link up", index, func(l *nl.Link) { l.Up = true })
+}
+
+// setLink changes link index as op (the name Fail matches) does, and
+// announces the change as the kernel would.
+func (k *Kernel) setLink(op string, index int, change func(*nl.Link)) error {
+	if err := k.fail(op); err != nil {
 		return err
 	}
 	k.mu.Lock()
@@ -247,7 +253,7 @@ func (k *Kernel) LinkSetUp(index int) error {
 	if err != nil {
 		return err
 	}
-	l.l.Up = true
+	change(&l.l)
 	k.emitLinkLocked(nl.LinkEvent{Link: l.l})
 	return nil
 }
@@ -329,19 +335,7 @@ func (k *Kernel) WireGuardAdd(name string, mtu int) (nl.Link, error) {
 
 // LinkSetMTU sets a link's MTU.
 func (k *Kernel) LinkSetMTU(index, mtu int) error {
-	if err := k.fail("link set mtu"); err != nil {
-		return err
-	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.initLocked()
-	l, err := k.linkLocked(index)
-	if err != nil {
-		return err
-	}
-	l.l.MTU = mtu
-	k.emitLinkLocked(nl.LinkEvent{Link: l.l})
-	return nil
+	return k.setLink("link set mtu", index, func(l *nl.Link) { l.MTU = mtu })
 }
 
 // SetMTU changes a link's MTU (a change behind twill's back).
