@@ -86,16 +86,26 @@ func ParseSubnetKey(key string) (v4, v6 netip.Prefix, err error) {
 		if p.Masked() != p {
 			return v4, v6, fmt.Errorf("subnet key %q: %s has host bits set", key, p)
 		}
-		switch {
-		case p.Addr().Is4() && !v4.IsValid():
-			v4 = p
-		case p.Addr().Is6() && !p.Addr().Is4In6() && !v6.IsValid():
-			v6 = p
-		default:
+		if !AddByFamily(&v4, &v6, p) {
 			return netip.Prefix{}, netip.Prefix{}, fmt.Errorf("subnet key %q: more than one subnet of a family", key)
 		}
 	}
 	return v4, v6, nil
+}
+
+// AddByFamily sets *v4 or *v6 to p, whichever is p's family: a node has
+// one subnet of each at most. It reports false, and sets nothing, when that
+// one is set already or p is an IPv4-mapped IPv6 prefix.
+func AddByFamily(v4, v6 *netip.Prefix, p netip.Prefix) bool {
+	switch {
+	case p.Addr().Is4() && !v4.IsValid():
+		*v4 = p
+	case p.Addr().Is6() && !p.Addr().Is4In6() && !v6.IsValid():
+		*v6 = p
+	default:
+		return false
+	}
+	return true
 }
 
 type leaseAttrsJSON struct {

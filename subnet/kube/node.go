@@ -81,12 +81,7 @@ func PodCIDRs(n *corev1.Node) (v4, v6 netip.Prefix, err error) {
 		if perr != nil || p.Masked() != p {
 			return v4, v6, fmt.Errorf("node %q: %s %q: not a CIDR without host bits", n.Name, field, c)
 		}
-		switch {
-		case p.Addr().Is4() && !v4.IsValid():
-			v4 = p
-		case p.Addr().Is6() && !p.Addr().Is4In6() && !v6.IsValid():
-			v6 = p
-		default:
+		if !subnet.AddByFamily(&v4, &v6, p) {
 			return netip.Prefix{}, netip.Prefix{}, fmt.Errorf("node %q: %s %q: more than one CIDR of a family", n.Name, field, strings.Join(cidrs, ","))
 		}
 	}
