@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"net"
 	"net/netip"
 
 	"github.com/google/nftables"
@@ -12,6 +11,8 @@ import (
 	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/twill-net/twill/internal/nftexpr"
 )
 
 func table() *nftables.Table {
@@ -139,31 +140,13 @@ func addrExprs(a Addr, v6, dst bool) []expr.Any {
 	if a.empty() {
 		return nil
 	}
-	offset, n := uint32(12), uint32(4) // IPv4 saddr; daddr follows it
-	if v6 {
-		offset, n = 8, 16
-	}
-	if dst {
-		offset += n
-	}
-	load := func() expr.Any {
-		return &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: n}
-	}
+	load := func() expr.Any { return nftexpr.LoadAddr(v6, dst) }
 	var es []expr.Any
-	masked := func(p interface {
-		Bits() int
-	}, addr []byte, op expr.CmpOp) {
-		es = append(es, load())
-		if bits := p.Bits(); bits < int(n)*8 {
-			es = append(es, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: n, Mask: net.CIDRMask(bits, int(n)*8), Xor: make([]byte, n)})
-		}
-		es = append(es, &expr.Cmp{Op: op, Register: 1, Data: addr})
-	}
 	if a.Prefix.IsValid() {
-		masked(a.Prefix, a.Prefix.Masked().Addr().AsSlice(), expr.CmpOpEq)
+		es = append(es, nftexpr.MatchPrefix(a.Prefix, v6, dst, expr.CmpOpEq)...)
 	}
 	for _, e := range a.Except {
-		masked(e, e.Masked().Addr().AsSlice(), expr.CmpOpNeq)
+		es = append(es, nftexpr.MatchPrefix(e, v6, dst, expr.CmpOpNeq)...)
 	}
 	if a.Set != "" {
 		es = append(es, load(), &expr.Lookup{SourceRegister: 1, SetName: a.Set})

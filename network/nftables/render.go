@@ -3,13 +3,13 @@ package nftables
 import (
 	"bytes"
 	"fmt"
-	"net"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 
+	"github.com/twill-net/twill/internal/nftexpr"
 	"github.com/twill-net/twill/network"
 )
 
@@ -81,22 +81,11 @@ func addrMatch(m network.Match, v6, dst bool) []expr.Any {
 	if !m.Prefix.IsValid() {
 		return nil
 	}
-	offset, n := uint32(12), uint32(4) // IPv4 saddr; daddr follows it
-	if v6 {
-		offset, n = 8, 16
-	}
-	if dst {
-		offset += n
-	}
-	es := []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: n}}
-	if bits := m.Prefix.Bits(); bits < int(n)*8 {
-		es = append(es, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: n, Mask: net.CIDRMask(bits, int(n)*8), Xor: make([]byte, n)})
-	}
 	op := expr.CmpOpEq
 	if m.Not {
 		op = expr.CmpOpNeq
 	}
-	return append(es, &expr.Cmp{Op: op, Register: 1, Data: m.Prefix.Masked().Addr().AsSlice()})
+	return nftexpr.MatchPrefix(m.Prefix, v6, dst, op)
 }
 
 // comment is a rule's user data as nft writes it, so that `nft list`
