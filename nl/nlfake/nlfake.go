@@ -243,6 +243,16 @@ func (k *Kernel) LinkSetUp(index int) error {
 // setLink changes link index as op (the name Fail matches) does, and
 // announces the change as the kernel would.
 func (k *Kernel) setLink(op string, index int, change func(*nl.Link)) error {
+	return k.withLink(op, index, func(l *link) error {
+		change(&l.l)
+		k.emitLinkLocked(nl.LinkEvent{Link: l.l})
+		return nil
+	})
+}
+
+// withLink runs do, holding the kernel's lock, on link index, unless op
+// (the name Fail matches) fails or there is no such link.
+func (k *Kernel) withLink(op string, index int, do func(*link) error) error {
 	if err := k.fail(op); err != nil {
 		return err
 	}
@@ -253,9 +263,7 @@ func (k *Kernel) setLink(op string, index int, change func(*nl.Link)) error {
 	if err != nil {
 		return err
 	}
-	change(&l.l)
-	k.emitLinkLocked(nl.LinkEvent{Link: l.l})
-	return nil
+	return do(l)
 }
 
 // VXLANAdd creates a VXLAN device.
@@ -370,22 +378,14 @@ func (k *Kernel) Addrs(index int, family nl.Family) ([]nl.Addr, error) {
 
 // AddrAdd assigns an address to a link.
 func (k *Kernel) AddrAdd(index int, p netip.Prefix) error {
-	if err := k.fail("addr add"); err != nil {
-		return err
-	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.initLocked()
-	l, err := k.linkLocked(index)
-	if err != nil {
-		return err
-	}
-	if slices.Contains(l.addrs, p) {
-		return fmt.Errorf("adding address %s: %w", p, unix.EEXIST)
-	}
-	l.addrs = append(l.addrs, p)
-	k.emitAddrLocked(nl.AddrEvent{LinkIndex: index, Prefix: p})
-	return nil
+	return k.withLink("addr add", index, func(l *link) error {
+		if slices.Contains(l.addrs, p) {
+			return fmt.Errorf("adding address %s: %w", p, unix.EEXIST)
+		}
+		l.addrs = append(l.addrs, p)
+		k.emitAddrLocked(nl.AddrEvent{LinkIndex: index, Prefix: p})
+		return nil
+	})
 }
 
 // Routes lists the unicast routes matching f.
