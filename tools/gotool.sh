@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Build one binary of a tools module (tools/<dir>, its own go.mod) at the
+# version that go.mod pins, and cache it by version:
+# build/<cache>/<version>/<binary>, with build/<cache>/current naming the
+# version (not when the directory is overridden). A second run with the same version does nothing. It ends by
+# printing "<label>: <version> in <dir>" (e2e's builtTool reads that line).
+#
+#   gotool.sh <label> <module dir> <pinned module> <cache> <binary> <package> <cgo 0|1> [-ldflags extra]
+#
+# $<CACHE>_BIN_DIR (cache upper-cased) overrides the output directory.
+set -euo pipefail
+label=$1 dir=$2 module=$3 cache=$4 bin=$5 pkg=$6 cgo=$7 extra=${8:-}
+root=$(cd "$(dirname "$0")/.." && pwd)
+version=$(awk -v m="$module" '$1 == "require" && $2 == m {print $3}' "$dir/go.mod")
+if [ -z "$version" ]; then
+	echo "$label: $dir/go.mod has no 'require $module <version>' line" >&2
+	exit 1
+fi
+override="$(echo "$cache" | tr '[:lower:]' '[:upper:]')_BIN_DIR"
+out=${!override:-$root/build/$cache/$version}
+if [ ! -x "$out/$bin" ]; then
+	echo "$label: building $bin $version into $out (the first time takes minutes)"
+	mkdir -p "$out"
+	ldflags="-s -w${extra:+ $extra}"
+	(cd "$dir" && CGO_ENABLED=$cgo GOFLAGS=-mod=mod go build -trimpath \
+		-ldflags "${ldflags//\{version\}/$version}" -o "$out/.$bin.$$" "$pkg")
+	# Moved into place only once built, so a half-done build is never cached.
+	mv "$out/.$bin.$$" "$out/$bin"
+fi
+if [ -z "${!override:-}" ]; then ln -sfn "$version" "$(dirname "$out")/current"; fi
+echo "$label: $version in $out"
