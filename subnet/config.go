@@ -265,6 +265,18 @@ func parseFamily(f family, network string, subnetLen int, minS, maxS string) (fa
 	return r, nil
 }
 
+// ForFamilies places a node's backend data d in the lease fields
+// (BackendData, BackendV6Data) of the pod families the cluster has.
+func (c *Config) ForFamilies(d json.RawMessage) (v4, v6 json.RawMessage) {
+	if c.EnableIPv4 {
+		v4 = d
+	}
+	if c.EnableIPv6 {
+		v6 = d
+	}
+	return v4, v6
+}
+
 // SubnetCount is the number of node subnets between SubnetMin and SubnetMax.
 // It saturates at 1<<62.
 func (c *Config) SubnetCount() uint64 {

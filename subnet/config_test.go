@@ -1,6 +1,7 @@
 package subnet
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -161,6 +162,21 @@ func TestConfigEnableNFTables(t *testing.T) {
 		}
 		if got != want {
 			t.Errorf("%s: EnableNFTables %s, want %s", in, got, want)
+		}
+	}
+}
+
+// A node's backend data goes in the lease fields of the families the
+// cluster has, and only those.
+func TestForFamilies(t *testing.T) {
+	d := json.RawMessage(`{"VNI":1}`)
+	for _, c := range []struct {
+		v4, v6         bool
+		wantV4, wantV6 bool
+	}{{true, false, true, false}, {false, true, false, true}, {true, true, true, true}} {
+		v4, v6 := (&Config{EnableIPv4: c.v4, EnableIPv6: c.v6}).ForFamilies(d)
+		if (v4 != nil) != c.wantV4 || (v6 != nil) != c.wantV6 {
+			t.Errorf("EnableIPv4 %v EnableIPv6 %v: BackendData %s, BackendV6Data %s", c.v4, c.v6, v4, v6)
 		}
 	}
 }

@@ -64,19 +64,17 @@ import (
 	"github.com/twill-net/twill/subnet"
 )
 
-// Type is the name under which the backend registers.
-const Type = "vxlan"
-
-func init() { backend.Register(Type, New) }
-
-// Defaults.
+// The name under which the backend registers, and its defaults.
 const (
+	Type        = "vxlan"
 	DefaultVNI  = 1
 	DefaultPort = 8472
 	// Overheads of the encapsulation: outer IP + UDP + VXLAN + inner Ethernet.
 	overheadV4 = 50
 	overheadV6 = 70
 )
+
+func init() { backend.Register(Type, New) }
 
 // Config is the backend's net-conf.json Backend object.
 type Config struct {
@@ -189,13 +187,7 @@ func (b *Backend) Prepare(context.Context) (subnet.LeaseAttrs, error) {
 // same VNI and MAC, in the fields of the pod families the cluster has.
 func (b *Backend) data(mac net.HardwareAddr) (v4, v6 json.RawMessage) {
 	d, _ := json.Marshal(Data{VNI: b.cfg.VNI, VtepMAC: mac.String()})
-	if b.opts.Config.EnableIPv4 {
-		v4 = d
-	}
-	if b.opts.Config.EnableIPv6 {
-		v6 = d
-	}
-	return v4, v6
+	return b.opts.Config.ForFamilies(d)
 }
 
 // Attach returns the Network that programs the peers.

@@ -283,13 +283,7 @@ func (b *Backend) prepareDevice(ctx context.Context, t tunnel, key wgtypes.Key) 
 // fields of the pod families the cluster has.
 func (b *Backend) data(pub wgtypes.Key) (v4, v6 json.RawMessage) {
 	d, _ := json.Marshal(Data{PublicKey: pub.String()})
-	if b.opts.Config.EnableIPv4 {
-		v4 = d
-	}
-	if b.opts.Config.EnableIPv6 {
-		v6 = d
-	}
-	return v4, v6
+	return b.opts.Config.ForFamilies(d)
 }
 
 // Attach returns the Network that programs the peers.
