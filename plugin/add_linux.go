@@ -35,12 +35,8 @@ type addInput struct {
 	mtu  int
 }
 
-func readAddInput(args *skel.CmdArgs) (addInput, error) {
+func readAddInput(args *skel.CmdArgs, c *NetConf) (addInput, error) {
 	var in addInput
-	c, err := ParseConf(args.StdinData)
-	if err != nil {
-		return in, err
-	}
 	if err := CheckIfName(args.IfName); err != nil {
 		return in, err
 	}
@@ -62,17 +58,17 @@ func readAddInput(args *skel.CmdArgs) (addInput, error) {
 	return in, nil
 }
 
-func cmdAdd(args *skel.CmdArgs) (err error) {
-	in, err := readAddInput(args)
+func cmdAdd(args *skel.CmdArgs, c *NetConf) error {
+	in, err := readAddInput(args, c)
 	if err != nil {
 		return err
 	}
-	pod, host, err := openHandles(args.Netns)
-	if err != nil {
-		return err
-	}
-	defer pod.Close()
-	defer host.Close()
+	return withHandles(args.Netns, func(pod, host *nl.Handle) error { return add(in, args, pod, host) })
+}
+
+// add takes the pod's addresses and wires it, printing the result; on a
+// failure it undoes each step it made.
+func add(in addInput, args *skel.CmdArgs, pod, host *nl.Handle) (err error) {
 	if err := refuseAttached(host, args); err != nil {
 		return err
 	}

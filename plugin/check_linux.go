@@ -20,21 +20,11 @@ import (
 
 // cmdCheck verifies that the kernel holds the wiring of the addresses
 // prevResult names, and names the first thing missing.
-func cmdCheck(args *skel.CmdArgs) error {
-	c, err := ParseConf(args.StdinData)
-	if err != nil {
-		return err
-	}
+func cmdCheck(args *skel.CmdArgs, c *NetConf) error {
 	prev, err := prevResult(c)
 	if err != nil {
 		return err
 	}
-	pod, host, err := openHandles(args.Netns)
-	if err != nil {
-		return err
-	}
-	defer pod.Close()
-	defer host.Close()
 	var em *eniMode
 	if env, err := subnet.ReadEnv(c.SubnetFile); err == nil { // only its eni settings matter here
 		if m, isENI, _ := eniFromEnv(env); isENI {
@@ -47,8 +37,14 @@ func cmdCheck(args *skel.CmdArgs) error {
 		ips = append(ips, a.Unmap())
 	}
 	w := newWiring(args.ContainerID, args.IfName, 0, ips, em)
-	if err := w.verify(pod, host, prev, args.Netns); err != nil {
-		return fmt.Errorf("twill: CHECK: %w", err)
+	err = withHandles(args.Netns, func(pod, host *nl.Handle) error {
+		if err := w.verify(pod, host, prev, args.Netns); err != nil {
+			return fmt.Errorf("twill: CHECK: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if c.IPAM.Type != "" {
 		if err := invoke.DelegateCheck(context.Background(), c.IPAM.Type, args.StdinData, nil); err != nil {

@@ -18,11 +18,7 @@ import (
 // cmdDel removes the attachment. Everything missing counts as removed, and
 // nothing here needs subnet.env or the pod's namespace, so DEL works with
 // the daemon down and the pod gone.
-func cmdDel(args *skel.CmdArgs) error {
-	c, err := ParseConf(args.StdinData)
-	if err != nil {
-		return err
-	}
+func cmdDel(args *skel.CmdArgs, c *NetConf) error {
 	var errs []error
 	host, err := nl.Open("")
 	if err != nil {

@@ -15,11 +15,7 @@ import (
 
 // cmdGC removes allocations and host veths of attachments the runtime no
 // longer has (cni.dev/valid-attachments).
-func cmdGC(args *skel.CmdArgs) error {
-	c, err := ParseConf(args.StdinData)
-	if err != nil {
-		return err
-	}
+func cmdGC(args *skel.CmdArgs, c *NetConf) error {
 	valid := map[types.GCAttachment]bool{}
 	for _, a := range c.ValidAttachments {
 		valid[a] = true

@@ -14,7 +14,21 @@ import (
 
 // Funcs are the plugin's verbs for skel.PluginMainFuncs.
 func Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck, Status: cmdStatus, GC: cmdGC}
+	return skel.CNIFuncs{
+		Add: withConf(cmdAdd), Del: withConf(cmdDel), Check: withConf(cmdCheck),
+		Status: withConf(cmdStatus), GC: withConf(cmdGC),
+	}
+}
+
+// withConf runs a verb on the network configuration on stdin, parsed.
+func withConf(verb func(*skel.CmdArgs, *NetConf) error) func(*skel.CmdArgs) error {
+	return func(args *skel.CmdArgs) error {
+		c, err := ParseConf(args.StdinData)
+		if err != nil {
+			return err
+		}
+		return verb(args, c)
+	}
 }
 
 // Versions the plugin speaks.
@@ -35,17 +49,18 @@ func readEnv(c *NetConf) (subnet.Env, error) {
 	return env, nil
 }
 
-// openHandles opens netlink handles on the pod's namespace and on the
-// node's (the plugin's own).
-func openHandles(netnsPath string) (pod, host *nl.Handle, err error) {
-	pod, err = nl.OpenPath(netnsPath)
+// withHandles opens netlink handles on the pod's namespace and on the
+// host's (this process's) namespace, runs fn with them and closes them.
+func withHandles(netnsPath string, fn func(pod, host *nl.Handle) error) error {
+	pod, err := nl.OpenPath(netnsPath)
 	if err != nil {
-		return nil, nil, fmt.Errorf("twill: pod network namespace %q: %w", netnsPath, err)
+		return fmt.Errorf("twill: pod network namespace %q: %w", netnsPath, err)
 	}
-	host, err = nl.Open("")
+	defer pod.Close()
+	host, err := nl.Open("")
 	if err != nil {
-		pod.Close()
-		return nil, nil, fmt.Errorf("twill: %w", err)
+		return fmt.Errorf("twill: %w", err)
 	}
-	return pod, host, nil
+	defer host.Close()
+	return fn(pod, host)
 }

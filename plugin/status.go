@@ -13,11 +13,7 @@ import (
 
 // cmdStatus reports whether ADD can succeed: 50 (plugin not available) when
 // the daemon has not written subnet.env or when the pool has no free address.
-func cmdStatus(args *skel.CmdArgs) error {
-	c, err := ParseConf(args.StdinData)
-	if err != nil {
-		return err
-	}
+func cmdStatus(_ *skel.CmdArgs, c *NetConf) error {
 	env, err := subnet.ReadEnv(c.SubnetFile)
 	if err != nil {
 		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("twill: not ready: %v", err), "")
