@@ -11,13 +11,13 @@
 package lab
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -108,17 +108,11 @@ func (o *Options) Validate() error {
 	if o.PodsPerNode < 0 || o.PodsPerNode > 20 {
 		return fmt.Errorf("--pods-per-node %d: between 0 and 20", o.PodsPerNode)
 	}
-	switch o.Underlay {
-	case "flat", "routed":
-	default:
-		return fmt.Errorf("--underlay %q: flat or routed", o.Underlay)
+	if err := oneOf("--underlay", &o.Underlay, "", "flat", "routed"); err != nil {
+		return err
 	}
-	switch o.IPFamily {
-	case "":
-		o.IPFamily = "ipv4"
-	case "ipv4", "ipv6", "dual":
-	default:
-		return fmt.Errorf("--ip-family %q: ipv4, ipv6 or dual", o.IPFamily)
+	if err := oneOf("--ip-family", &o.IPFamily, "ipv4", "ipv4", "ipv6", "dual"); err != nil {
+		return err
 	}
 	if o.IPFamily != "ipv4" && (o.Bare || o.Backend == "eni") {
 		return fmt.Errorf("--ip-family %s: the vxlan, host-gw and wireguard labs only (the bare and eni labs are IPv4)", o.IPFamily)
@@ -126,12 +120,8 @@ func (o *Options) Validate() error {
 	if o.IPFamily != "ipv4" && o.Kubernetes && (o.Flannel || (o.Backend != "vxlan" && o.Backend != "host-gw")) {
 		return fmt.Errorf("--ip-family %s --kubernetes: twill's vxlan or host-gw (--backend, without --flannel)", o.IPFamily)
 	}
-	switch o.Netfilter {
-	case "":
-		o.Netfilter = "auto"
-	case "auto", "iptables", "nftables":
-	default:
-		return fmt.Errorf("--netfilter %q: auto, iptables or nftables", o.Netfilter)
+	if err := oneOf("--netfilter", &o.Netfilter, "auto", "auto", "iptables", "nftables"); err != nil {
+		return err
 	}
 	if o.Flannel && (!o.Kubernetes || (o.Backend != "vxlan" && o.Backend != "host-gw")) {
 		return fmt.Errorf("--flannel: a Kubernetes lab (--kubernetes) with --backend vxlan or host-gw, the backends twill takes over from flannel")
@@ -165,6 +155,19 @@ func (o *Options) Validate() error {
 		return o.validateKube()
 	}
 	return nil
+}
+
+// oneOf checks a flag's value against its choices, an empty one taking def
+// first ("" for none).
+func oneOf(flag string, v *string, def string, choices ...string) error {
+	if *v == "" {
+		*v = def
+	}
+	if slices.Contains(choices, *v) {
+		return nil
+	}
+	last := len(choices) - 1
+	return fmt.Errorf("%s %q: %s or %s", flag, *v, strings.Join(choices[:last], ", "), choices[last])
 }
 
 // DaemonBinary names the twilld a lab of the backend runs: twilld-lab (the
@@ -304,11 +307,7 @@ type Process struct {
 func (s *State) save() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	b, err := json.MarshalIndent(s, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := atomicfile.Write(filepath.Join(s.Dir, "state.json"), b, 0o644); err != nil {
+	if err := atomicfile.WriteJSON(filepath.Join(s.Dir, "state.json"), s, 0o644); err != nil {
 		return fmt.Errorf("recording lab state: %w", err)
 	}
 	return nil
@@ -316,15 +315,12 @@ func (s *State) save() error {
 
 // Load reads a lab's recorded state.
 func Load(stateRoot, name string) (*State, error) {
-	b, err := os.ReadFile(filepath.Join(Dir(stateRoot, name), "state.json"))
+	var s State
+	err := atomicfile.ReadJSON(filepath.Join(Dir(stateRoot, name), "state.json"), &s)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("no lab %q (nothing in %s): start one with twillctl lab up --name %s", name, Dir(stateRoot, name), name)
 	}
 	if err != nil {
-		return nil, err
-	}
-	var s State
-	if err := json.Unmarshal(b, &s); err != nil {
 		return nil, fmt.Errorf("reading lab %q state: %w", name, err)
 	}
 	return &s, nil

@@ -7,6 +7,7 @@
 package atomicfile
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -54,6 +55,29 @@ func WriteFrom(path string, fill func(io.Writer) error, perm os.FileMode) (err e
 	if d, err := os.Open(dir); err == nil {
 		_ = d.Sync()
 		d.Close()
+	}
+	return nil
+}
+
+// WriteJSON replaces path with v as indented JSON and a final newline.
+func WriteJSON(path string, v any, perm os.FileMode) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return Write(path, append(data, '\n'), perm)
+}
+
+// ReadJSON decodes the JSON document in path into v. An error reading the
+// file is returned as it is (errors.Is(err, fs.ErrNotExist) holds for a
+// missing one); a decoding error names the path.
+func ReadJSON(path string, v any) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
 	}
 	return nil
 }

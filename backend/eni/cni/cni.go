@@ -4,9 +4,7 @@
 package cni
 
 import (
-	"encoding/json"
 	"errors"
-	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -58,24 +56,13 @@ type PoolFile struct {
 // ReadPoolFile reads <dir>/pool.json.
 func ReadPoolFile(dir string) (PoolFile, error) {
 	var p PoolFile
-	path := filepath.Join(dir, "pool.json")
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return p, err
-	}
-	if err := json.Unmarshal(data, &p); err != nil {
-		return p, fmt.Errorf("%s: %w", path, err)
-	}
-	return p, nil
+	err := atomicfile.ReadJSON(filepath.Join(dir, "pool.json"), &p)
+	return p, err
 }
 
 // WritePoolFile replaces <dir>/pool.json atomically.
 func WritePoolFile(dir string, p PoolFile) error {
-	data, err := json.Marshal(p)
-	if err != nil {
-		return err
-	}
-	return atomicfile.Write(filepath.Join(dir, "pool.json"), data, 0o644)
+	return atomicfile.WriteJSON(filepath.Join(dir, "pool.json"), p, 0o644)
 }
 
 // PoolInUse lists the IPs reserved in the pool's store.

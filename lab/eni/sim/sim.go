@@ -123,22 +123,12 @@ func New(raw json.RawMessage) (eni.Provider, error) {
 
 func load(path string) (State, error) {
 	var st State
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return st, err
-	}
-	if err := json.Unmarshal(data, &st); err != nil {
-		return st, fmt.Errorf("%s: %w", path, err)
-	}
-	return st, nil
+	err := atomicfile.ReadJSON(path, &st)
+	return st, err
 }
 
 func save(path string, st *State) error {
-	data, err := json.MarshalIndent(st, "", "  ")
-	if err != nil {
-		return err
-	}
-	return atomicfile.Write(path, data, 0o644)
+	return atomicfile.WriteJSON(path, st, 0o644)
 }
 
 // withLock runs fn holding the state's lock file (bounded wait).
