@@ -8,6 +8,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/twill-net/twill/internal/tick"
 )
 
 // Source is the informers' state: what Compile reads, and a signal when it
@@ -97,17 +99,10 @@ const allocationsEvery = 5 * time.Second
 // UnmanagedGrace changes, until ctx is done.
 func (e *Enforcer) ageAllocations(ctx context.Context, changed func()) {
 	var last []netip.Addr
-	t := time.NewTicker(allocationsEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	_ = tick.Every(ctx, allocationsEvery, func() {
 		as, err := e.Allocations()
 		if err != nil {
-			continue // the next sync reports it
+			return // the next sync reports it
 		}
 		var aged []netip.Addr
 		for _, a := range as {
@@ -120,7 +115,7 @@ func (e *Enforcer) ageAllocations(ctx context.Context, changed func()) {
 			last = aged
 			changed()
 		}
-	}
+	})
 }
 
 func poke(c chan struct{}) {

@@ -14,6 +14,7 @@ import (
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 
 	enicni "github.com/twill-net/twill/backend/eni/cni"
+	"github.com/twill-net/twill/internal/tick"
 )
 
 // Pool keeps PoolLowWater..PoolHighWater free secondary IPs on the ENI.
@@ -71,23 +72,16 @@ func (p *Pool) publish() error {
 // Run checks the pool every Every until ctx ends. Provider errors are
 // logged and retried; they never stop the daemon.
 func (p *Pool) Run(ctx context.Context) error {
-	t := time.NewTicker(p.Every)
-	defer t.Stop()
 	var backoffUntil time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	return tick.Every(ctx, p.Every, func() {
 		if time.Now().Before(backoffUntil) {
-			continue
+			return
 		}
 		if err := p.Step(ctx); err != nil {
 			p.Log.Warn("warm pool: provider call failed; retrying", "err", err)
 			backoffUntil = time.Now().Add(2 * time.Second)
 		}
-	}
+	})
 }
 
 // Step makes one check: grow below the low water mark, release surplus

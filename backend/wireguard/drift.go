@@ -3,13 +3,13 @@ package wireguard
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"golang.org/x/sync/errgroup"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/kernelsync"
+	"github.com/twill-net/twill/internal/tick"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )
@@ -29,18 +29,11 @@ func (n *Network) WatchKernel(ctx context.Context, poke, watching func()) error 
 }
 
 func (n *Network) pollDevices(ctx context.Context, poke func()) error {
-	t := time.NewTicker(n.poll)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	return tick.Every(ctx, n.poll, func() {
 		if n.drifted(ctx) {
 			poke()
 		}
-	}
+	})
 }
 
 // drifted reports whether a device differs from what was last applied: a

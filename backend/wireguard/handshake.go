@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/twill-net/twill/internal/tick"
 )
 
 // First handshakes. WireGuard drops a handshake from a key it does not
@@ -81,18 +83,11 @@ func (n *Network) greet(fs []fresh) {
 // followHandshakes follows the fresh peers' first handshakes until ctx is
 // done.
 func (n *Network) followHandshakes(ctx context.Context) error {
-	t := time.NewTicker(greetEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	return tick.Every(ctx, greetEvery, func() {
 		for _, t := range n.b.tunnels {
 			n.followOnce(ctx, t, time.Now())
 		}
-	}
+	})
 }
 
 // followOnce checks one device's fresh peers: those with a handshake, or

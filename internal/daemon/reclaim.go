@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/twill-net/twill/internal/allocations"
+	"github.com/twill-net/twill/internal/tick"
 	"github.com/twill-net/twill/takeover"
 )
 
@@ -22,16 +23,7 @@ type AllocationsOptions struct {
 // The plugin does the same when its subnet runs full; doing it here too
 // keeps the pool honest on nodes whose runtime never calls CNI GC.
 func (d *Daemon) reclaimLoop(ctx context.Context) error {
-	t := time.NewTicker(d.o.Allocations.Every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		d.reclaim()
-	}
+	return tick.Every(ctx, d.o.Allocations.Every, d.reclaim)
 }
 
 func (d *Daemon) reclaim() {
