@@ -107,19 +107,28 @@ func (k *Kernel) SetMaster(index, master int) {
 // SetUp sets a link's state; taking it down flushes the routes through it,
 // as the kernel does for IPv4, without a word.
 func (k *Kernel) SetUp(index int, up bool) {
+	k.behind(index, func(l *nl.Link) {
+		l.Up = up
+		if up {
+			return
+		}
+		for key, r := range k.routes {
+			if r.LinkIndex == index {
+				delete(k.routes, key)
+			}
+		}
+	})
+}
+
+// behind changes link index, if there is one, behind twill's back (no
+// failure to inject), and announces it as the kernel would.
+func (k *Kernel) behind(index int, change func(*nl.Link)) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.initLocked()
 	if l, ok := k.links[index]; ok {
-		l.l.Up = up
+		change(&l.l)
 		k.emitLinkLocked(nl.LinkEvent{Link: l.l})
-		if !up {
-			for key, r := range k.routes {
-				if r.LinkIndex == index {
-					delete(k.routes, key)
-				}
-			}
-		}
 	}
 }
 
@@ -348,13 +357,7 @@ func (k *Kernel) LinkSetMTU(index, mtu int) error {
 
 // SetMTU changes a link's MTU (a change behind twill's back).
 func (k *Kernel) SetMTU(index, mtu int) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.initLocked()
-	if l, ok := k.links[index]; ok {
-		l.l.MTU = mtu
-		k.emitLinkLocked(nl.LinkEvent{Link: l.l})
-	}
+	k.behind(index, func(l *nl.Link) { l.MTU = mtu })
 }
 
 // Addrs lists the addresses of a link (all links when 0).
