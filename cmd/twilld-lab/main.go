@@ -9,10 +9,7 @@ import (
 	"os"
 
 	"github.com/twill-net/twill/backend"
-	_ "github.com/twill-net/twill/backend/eni" // built-in backends register in init()
-	_ "github.com/twill-net/twill/backend/hostgw"
-	_ "github.com/twill-net/twill/backend/vxlan"
-	_ "github.com/twill-net/twill/backend/wireguard"
+	_ "github.com/twill-net/twill/backend/builtin" // the built-in backends register in init()
 	"github.com/twill-net/twill/cmd/twilld/app"
 	_ "github.com/twill-net/twill/lab/eni/sim"
 )

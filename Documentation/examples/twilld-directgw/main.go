@@ -7,8 +7,7 @@ import (
 
 	_ "github.com/twill-net/twill/Documentation/examples/directgw"
 	"github.com/twill-net/twill/backend"
-	_ "github.com/twill-net/twill/backend/hostgw"
-	_ "github.com/twill-net/twill/backend/vxlan"
+	_ "github.com/twill-net/twill/backend/builtin"
 	"github.com/twill-net/twill/cmd/twilld/app"
 )
 
