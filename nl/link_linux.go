@@ -30,10 +30,20 @@ func fromNetlinkLink(l netlink.Link) Link {
 // LinkByName returns the link called name.
 func (h *Handle) LinkByName(name string) (Link, error) {
 	l, err := h.h.LinkByName(name)
+	return foundLink(l, err, name, 0)
+}
+
+// foundLink converts the link a lookup by name (or, name empty, by index)
+// found; an error names what was looked up, and netlink's not-found
+// becomes ErrLinkNotFound.
+func foundLink(l netlink.Link, err error, name string, index int) (Link, error) {
 	if err != nil {
 		var nf netlink.LinkNotFoundError
 		if errors.As(err, &nf) {
-			return Link{}, fmt.Errorf("finding link %q: %w", name, ErrLinkNotFound)
+			err = ErrLinkNotFound
+		}
+		if name == "" {
+			return Link{}, fmt.Errorf("finding link #%d: %w", index, err)
 		}
 		return Link{}, fmt.Errorf("finding link %q: %w", name, err)
 	}
@@ -52,14 +62,7 @@ func (h *Handle) LinkExists(name string) (bool, error) {
 // LinkByIndex returns the link with the given index.
 func (h *Handle) LinkByIndex(index int) (Link, error) {
 	l, err := h.h.LinkByIndex(index)
-	if err != nil {
-		var nf netlink.LinkNotFoundError
-		if errors.As(err, &nf) {
-			return Link{}, fmt.Errorf("finding link #%d: %w", index, ErrLinkNotFound)
-		}
-		return Link{}, fmt.Errorf("finding link #%d: %w", index, err)
-	}
-	return fromNetlinkLink(l), nil
+	return foundLink(l, err, "", index)
 }
 
 // Links lists every link in the namespace.

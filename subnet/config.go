@@ -119,24 +119,18 @@ func parseConfig(data []byte) (*Config, error) {
 		return nil, fieldErr("EnableIPv4", false, "at least one of EnableIPv4 and EnableIPv6 must be true")
 	}
 	if cfg.EnableIPv4 {
-		fam, err := parseFamily(family{
-			net: "Network", len: "SubnetLen", min: "SubnetMin", max: "SubnetMax",
-			v6: false, maxLen: 30, defaultLen: 24,
-		}, raw.Network, raw.SubnetLen, raw.SubnetMin, raw.SubnetMax)
+		r, err := parseFamily(ipv4Family, raw.Network, raw.SubnetLen, raw.SubnetMin, raw.SubnetMax)
 		if err != nil {
 			return nil, err
 		}
-		cfg.Network, cfg.SubnetLen, cfg.SubnetMin, cfg.SubnetMax = fam.network, fam.subnetLen, fam.min, fam.max
+		cfg.Network, cfg.SubnetLen, cfg.SubnetMin, cfg.SubnetMax = r.network, r.subnetLen, r.min, r.max
 	}
 	if cfg.EnableIPv6 {
-		fam, err := parseFamily(family{
-			net: "IPv6Network", len: "IPv6SubnetLen", min: "IPv6SubnetMin", max: "IPv6SubnetMax",
-			v6: true, maxLen: 126, defaultLen: 64,
-		}, raw.IPv6Network, raw.IPv6SubnetLen, raw.IPv6SubnetMin, raw.IPv6SubnetMax)
+		r, err := parseFamily(ipv6Family, raw.IPv6Network, raw.IPv6SubnetLen, raw.IPv6SubnetMin, raw.IPv6SubnetMax)
 		if err != nil {
 			return nil, err
 		}
-		cfg.IPv6Network, cfg.IPv6SubnetLen, cfg.IPv6SubnetMin, cfg.IPv6SubnetMax = fam.network, fam.subnetLen, fam.min, fam.max
+		cfg.IPv6Network, cfg.IPv6SubnetLen, cfg.IPv6SubnetMin, cfg.IPv6SubnetMax = r.network, r.subnetLen, r.min, r.max
 	}
 	for _, r := range raw.PublicIPRanges {
 		p, err := netip.ParsePrefix(r)
@@ -182,11 +176,21 @@ func backendType(raw json.RawMessage) (string, error) {
 	return DefaultBackend, nil
 }
 
+// family is one address family's settings: their names in net-conf.json,
+// and its limits.
 type family struct {
 	net, len, min, max string
 	v6                 bool
 	maxLen, defaultLen int
 }
+
+var (
+	ipv4Family = family{net: "Network", len: "SubnetLen", min: "SubnetMin", max: "SubnetMax", maxLen: 30, defaultLen: 24}
+	ipv6Family = family{
+		net: "IPv6Network", len: "IPv6SubnetLen", min: "IPv6SubnetMin", max: "IPv6SubnetMax",
+		v6: true, maxLen: 126, defaultLen: 64,
+	}
+)
 
 type familyResult struct {
 	network   netip.Prefix

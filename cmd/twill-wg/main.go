@@ -23,6 +23,16 @@ func main() {
 	}
 }
 
+// untilSignal runs a command's work, logging to stderr, until SIGTERM or
+// SIGINT.
+func untilSignal(run func(context.Context, *slog.Logger) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		return run(ctx, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	}
+}
+
 // keeperCommand runs devices on twilld's request, in a process of their
 // own: the kube-twill-wireguard DaemonSet.
 func keeperCommand() *cobra.Command {
@@ -31,12 +41,10 @@ func keeperCommand() *cobra.Command {
 		Use:   "keeper --socket PATH",
 		Short: "Run userspace WireGuard devices on twilld's request, outliving twilld",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
-			defer stop()
-			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+		RunE: untilSignal(func(ctx context.Context, log *slog.Logger) error {
+			o.Logger = log
 			return userspace.RunKeeper(ctx, o)
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&o.Socket, "socket", "/var/lib/twill/twill-wg-keeper.sock", "where to serve device requests (twilld's state directory)")
 	return cmd
@@ -50,12 +58,10 @@ func run() error {
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
-			defer stop()
-			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+		RunE: untilSignal(func(ctx context.Context, log *slog.Logger) error {
+			o.Logger = log
 			return userspace.Run(ctx, o)
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&o.Name, "name", "twill-wg", "the TUN device's name")
 	cmd.Flags().StringVar(&o.Socket, "socket", "", "where to serve the userspace API (required to run a device)")

@@ -76,26 +76,24 @@ func (k *Kernel) watch(ctx context.Context, w *watcher, subscribed func(), onLin
 
 // emitLinkLocked queues a link event for every link watch.
 func (k *Kernel) emitLinkLocked(ev nl.LinkEvent) {
-	for w := range k.watchers {
-		if w.links == nil {
-			continue
-		}
-		select {
-		case w.links <- ev:
-		default:
-			closeOnce(w)
-		}
-	}
+	emit(k, func(w *watcher) chan nl.LinkEvent { return w.links }, ev)
 }
 
 // emitAddrLocked queues an address event for every address watch.
 func (k *Kernel) emitAddrLocked(ev nl.AddrEvent) {
+	emit(k, func(w *watcher) chan nl.AddrEvent { return w.addrs }, ev)
+}
+
+// emit queues ev on the channel of every watch that has one; a watch whose
+// queue is full has lost an event (ENOBUFS, as the kernel's socket would).
+func emit[E any](k *Kernel, queue func(*watcher) chan E, ev E) {
 	for w := range k.watchers {
-		if w.addrs == nil {
+		q := queue(w)
+		if q == nil {
 			continue
 		}
 		select {
-		case w.addrs <- ev:
+		case q <- ev:
 		default:
 			closeOnce(w)
 		}

@@ -125,14 +125,20 @@ func fitConfig(cfg *subnet.Config, node string, v4, v6 netip.Prefix) error {
 }
 
 func (m *Manager) patchAnnotations(ctx context.Context, want map[string]string) error {
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": want}})
+	return m.patchStatus(ctx, types.MergePatchType,
+		map[string]any{"metadata": map[string]any{"annotations": want}}, "publishing annotations")
+}
+
+// patchStatus patches this node through the status subresource: the
+// ClusterRole grants nodes/status patch, not nodes patch, so twilld cannot
+// touch a node's spec.
+func (m *Manager) patchStatus(ctx context.Context, pt types.PatchType, body any, what string) error {
+	patch, err := json.Marshal(body)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s on node %q: %w", what, m.o.NodeName, err)
 	}
-	// Through the status subresource: the ClusterRole grants nodes/status
-	// patch, not nodes patch, so twilld cannot touch a node's spec.
-	if _, err := m.o.Client.PatchNodeStatus(ctx, m.o.NodeName, types.MergePatchType, patch); err != nil {
-		return fmt.Errorf("publishing annotations on node %q: %w", m.o.NodeName, err)
+	if _, err := m.o.Client.PatchNodeStatus(ctx, m.o.NodeName, pt, patch); err != nil {
+		return fmt.Errorf("%s on node %q: %w", what, m.o.NodeName, err)
 	}
 	return nil
 }
@@ -151,15 +157,9 @@ func (m *Manager) setCondition(ctx context.Context) error {
 		Type: corev1.NodeNetworkUnavailable, Status: corev1.ConditionFalse, Reason: ConditionReason,
 		Message: "twill is running on this node", LastTransitionTime: now, LastHeartbeatTime: now,
 	}}
-	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": cond}})
-	if err != nil {
-		return err
-	}
 	// Strategic merge: conditions merge by type, so kubelet's stay.
-	if _, err := m.o.Client.PatchNodeStatus(ctx, m.o.NodeName, types.StrategicMergePatchType, patch); err != nil {
-		return fmt.Errorf("setting NetworkUnavailable=False on node %q: %w", m.o.NodeName, err)
-	}
-	return nil
+	return m.patchStatus(ctx, types.StrategicMergePatchType,
+		map[string]any{"status": map[string]any{"conditions": cond}}, "setting NetworkUnavailable=False")
 }
 
 func (m *Manager) checkSelf() error {
