@@ -16,7 +16,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	networkingv1client "k8s.io/client-go/kubernetes/typed/networking/v1"
+	"k8s.io/client-go/rest"
 
 	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/nl"
@@ -39,7 +41,7 @@ func benchKubePolicy(b *testing.B) {
 	k := newKubeClusterOn(b, 1, netip.MustParsePrefix("10.99.0.0/24"), "10.244.0.0/16", "host-gw")
 	self := k.topo.Nodes[0]
 	k.createNode(self.Name, "10.244.0.0/23", self.Addr.Addr(), nil)
-	api, err := kubernetes.NewForConfig(k.api.Admin)
+	api, err := newPolicyAPI(k.api.Admin)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -102,7 +104,7 @@ func benchKubePolicy(b *testing.B) {
 // (pod i on node i%3, the (2+i/3)th address of 10.244.2(i%3).0/23, labelled app i%50 and role
 // i%7, with a named port http 80), and 500 policies, each selecting one
 // app and letting in two roles on port 80.
-func policyScale(b *testing.B, api kubernetes.Interface, node string) {
+func policyScale(b *testing.B, api policyAPI, node string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	for i := range 10 {
@@ -226,3 +228,27 @@ func drain(c <-chan struct{}) {
 		}
 	}
 }
+
+// policyAPI is the two typed clients the benchmark uses; the whole
+// clientset (k8s.io/client-go/kubernetes) would add about a hundred
+// packages to the e2e binary's build.
+type policyAPI struct {
+	core       corev1client.CoreV1Interface
+	networking networkingv1client.NetworkingV1Interface
+}
+
+func newPolicyAPI(cfg *rest.Config) (policyAPI, error) {
+	core, err := corev1client.NewForConfig(cfg)
+	if err != nil {
+		return policyAPI{}, err
+	}
+	networking, err := networkingv1client.NewForConfig(cfg)
+	if err != nil {
+		return policyAPI{}, err
+	}
+	return policyAPI{core: core, networking: networking}, nil
+}
+
+func (a policyAPI) CoreV1() corev1client.CoreV1Interface { return a.core }
+
+func (a policyAPI) NetworkingV1() networkingv1client.NetworkingV1Interface { return a.networking }
