@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"time"
+
+	"github.com/twill-net/twill/internal/tick"
 )
 
 // Syncer makes one mode's rules equal to the desired ones, writing only
@@ -91,16 +93,11 @@ func (k *Keeper) watch(ctx context.Context, watching *atomic.Bool, changed chan<
 		default:
 		}
 	}
-	for ctx.Err() == nil {
+	tick.Restart(ctx, 5*time.Second, func(ctx context.Context) error {
 		err := k.Watch(ctx, func() { watching.Store(true); poke() }, poke)
 		watching.Store(false)
-		if ctx.Err() != nil {
-			return
-		}
+		return err
+	}, func(err error) {
 		k.Logger.Warn("watching netfilter for changes failed; checking every resync period instead", "err", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(5 * time.Second):
-		}
-	}
+	})
 }

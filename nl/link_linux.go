@@ -271,16 +271,22 @@ func (h *Handle) VXLANByName(name string) (Link, VXLAN, bool, error) {
 		VtepDevIndex: v.VtepDevIndex, MTU: v.MTU, HardwareAddr: append([]byte(nil), v.HardwareAddr...)}, true, nil
 }
 
+// subscribeNS is the namespace the handle's subscriptions listen in: nil
+// for the caller's own.
+func (h *Handle) subscribeNS() *netns.NsHandle {
+	if h.ns < 0 {
+		return nil
+	}
+	ns := h.ns
+	return &ns
+}
+
 // WatchLinks calls subscribed once subscribed, then fn for every link
 // change in the handle's namespace, until ctx is done. Neither may block.
 func (h *Handle) WatchLinks(ctx context.Context, subscribed func(), fn func(LinkEvent)) error {
 	return watch(ctx, "link", subscribed, func(ch chan netlink.LinkUpdate, done chan struct{}, errCb func(error)) error {
-		opts := netlink.LinkSubscribeOptions{ErrorCallback: errCb, ReceiveBufferSize: watchReceiveBuffer, ReceiveBufferForceSize: true}
-		if h.ns >= 0 {
-			ns := h.ns
-			opts.Namespace = &ns
-		}
-		return netlink.LinkSubscribeWithOptions(ch, done, opts)
+		return netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{Namespace: h.subscribeNS(),
+			ErrorCallback: errCb, ReceiveBufferSize: watchReceiveBuffer, ReceiveBufferForceSize: true})
 	}, func(u netlink.LinkUpdate) {
 		fn(LinkEvent{Deleted: u.Header.Type == unix.RTM_DELLINK, Link: fromNetlinkLink(u.Link)})
 	})
@@ -290,12 +296,8 @@ func (h *Handle) WatchLinks(ctx context.Context, subscribed func(), fn func(Link
 // change in the handle's namespace, until ctx is done. Neither may block.
 func (h *Handle) WatchAddrs(ctx context.Context, subscribed func(), fn func(AddrEvent)) error {
 	return watch(ctx, "address", subscribed, func(ch chan netlink.AddrUpdate, done chan struct{}, errCb func(error)) error {
-		opts := netlink.AddrSubscribeOptions{ErrorCallback: errCb, ReceiveBufferSize: watchReceiveBuffer, ReceiveBufferForceSize: true}
-		if h.ns >= 0 {
-			ns := h.ns
-			opts.Namespace = &ns
-		}
-		return netlink.AddrSubscribeWithOptions(ch, done, opts)
+		return netlink.AddrSubscribeWithOptions(ch, done, netlink.AddrSubscribeOptions{Namespace: h.subscribeNS(),
+			ErrorCallback: errCb, ReceiveBufferSize: watchReceiveBuffer, ReceiveBufferForceSize: true})
 	}, func(u netlink.AddrUpdate) {
 		fn(AddrEvent{Deleted: !u.NewAddr, LinkIndex: u.LinkIndex, Prefix: prefixFromIPNet(&u.LinkAddress)})
 	})

@@ -229,18 +229,13 @@ func (e *Enforcer) watch(ctx context.Context, poke func(), watching chan bool) {
 		}
 		watching <- v
 	}
-	for ctx.Err() == nil {
+	tick.Restart(ctx, 5*time.Second, func(ctx context.Context) error {
 		err := e.Watch(ctx, func() { say(true); poke() }, poke)
 		say(false)
-		if ctx.Err() != nil {
-			return
-		}
+		return err
+	}, func(err error) {
 		e.Logger.Warn("watching nftables for changes failed; checking the policy table every resync period instead", "err", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(5 * time.Second):
-		}
-	}
+	})
 }
 
 // syncOnce compiles the current state and writes what differs.

@@ -1,5 +1,6 @@
-// Package tick is the periodic loop twill's background checks share: call
-// a function every period until the context is done.
+// Package tick is the periodic loops twill's background work shares: call
+// a function every period until the context is done, and restart a watch
+// a period after it fails.
 package tick
 
 import (
@@ -23,5 +24,24 @@ func Every(ctx context.Context, period time.Duration, fn func()) error {
 			return nil
 		}
 		fn()
+	}
+}
+
+// Restart runs run until ctx is done, starting it again a period after
+// each time it returns while ctx is not done, and telling failed of what
+// it returned first. It suits a watch that should never end.
+func Restart(ctx context.Context, period time.Duration, run func(context.Context) error, failed func(error)) {
+	for ctx.Err() == nil {
+		err := run(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		failed(err)
+		t := time.NewTimer(period)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
 	}
 }

@@ -2,6 +2,7 @@ package tick
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -39,5 +40,33 @@ func TestEveryCanceledFirst(t *testing.T) {
 	called := false
 	if err := Every(ctx, time.Hour, func() { called = true }); err != nil || called {
 		t.Errorf("err %v, called %v; want nil and no call", err, called)
+	}
+}
+
+// Restart runs again what failed, tells of each failure, and stops once
+// its context is done, without telling of that last return.
+func TestRestart(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	runs, failures := 0, 0
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Restart(ctx, time.Millisecond, func(ctx context.Context) error {
+			runs++
+			if runs == 3 {
+				cancel()
+				<-ctx.Done()
+				return ctx.Err()
+			}
+			return errors.New("watch lost")
+		}, func(err error) { failures++ })
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Restart did not return after its context was canceled")
+	}
+	if runs != 3 || failures != 2 {
+		t.Errorf("%d runs and %d failures told, want 3 and 2", runs, failures)
 	}
 }

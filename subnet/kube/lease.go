@@ -102,24 +102,28 @@ func (m *Manager) AcquireLease(ctx context.Context, cfg *subnet.Config, attrs su
 // subnet lengths from them.
 func fitConfig(cfg *subnet.Config, node string, v4, v6 netip.Prefix) error {
 	if cfg.EnableIPv4 {
-		if !v4.IsValid() {
-			return fmt.Errorf("node %q: spec.podCIDRs has no IPv4 CIDR, but net-conf.json enables IPv4 (Network %s)", node, cfg.Network)
+		if err := fitFamily(node, "IPv4", "Network", cfg.Network, v4); err != nil {
+			return err
 		}
-		if !cfg.Network.Contains(v4.Addr()) || v4.Bits() < cfg.Network.Bits() {
-			return fmt.Errorf("node %q: spec.podCIDR %s: not inside net-conf.json Network %s (it must match kube-controller-manager --cluster-cidr)", node, v4, cfg.Network)
-		}
-		cfg.SubnetLen = v4.Bits()
-		cfg.SubnetMin, cfg.SubnetMax = netip.Addr{}, netip.Addr{}
+		cfg.SubnetLen, cfg.SubnetMin, cfg.SubnetMax = v4.Bits(), netip.Addr{}, netip.Addr{}
 	}
 	if cfg.EnableIPv6 {
-		if !v6.IsValid() {
-			return fmt.Errorf("node %q: spec.podCIDRs has no IPv6 CIDR, but net-conf.json enables IPv6 (IPv6Network %s)", node, cfg.IPv6Network)
+		if err := fitFamily(node, "IPv6", "IPv6Network", cfg.IPv6Network, v6); err != nil {
+			return err
 		}
-		if !cfg.IPv6Network.Contains(v6.Addr()) || v6.Bits() < cfg.IPv6Network.Bits() {
-			return fmt.Errorf("node %q: IPv6 podCIDR %s: not inside net-conf.json IPv6Network %s", node, v6, cfg.IPv6Network)
-		}
-		cfg.IPv6SubnetLen = v6.Bits()
-		cfg.IPv6SubnetMin, cfg.IPv6SubnetMax = netip.Addr{}, netip.Addr{}
+		cfg.IPv6SubnetLen, cfg.IPv6SubnetMin, cfg.IPv6SubnetMax = v6.Bits(), netip.Addr{}, netip.Addr{}
+	}
+	return nil
+}
+
+// fitFamily checks a node's podCIDR of one family (invalid: it has none)
+// against net-conf.json's network of that family, named field.
+func fitFamily(node, family, field string, network, pod netip.Prefix) error {
+	if !pod.IsValid() {
+		return fmt.Errorf("node %q: spec.podCIDRs has no %s CIDR, but net-conf.json enables %s (%s %s)", node, family, family, field, network)
+	}
+	if !network.Contains(pod.Addr()) || pod.Bits() < network.Bits() {
+		return fmt.Errorf("node %q: spec.podCIDR %s: not inside net-conf.json %s %s (it must match kube-controller-manager --cluster-cidr)", node, pod, field, network)
 	}
 	return nil
 }

@@ -325,3 +325,31 @@ func TestOnFlannel(t *testing.T) {
 		t.Error("under twill.io, a node is never flannel's")
 	}
 }
+
+// A podCIDR missing for an enabled family, or outside its network, is
+// refused with the node, the field and both values named.
+func TestFitConfigNamesTheField(t *testing.T) {
+	for _, c := range []struct {
+		v4, v6 string
+		want   string
+	}{
+		{"", "fd00:10::/64", `node "n1": spec.podCIDRs has no IPv4 CIDR, but net-conf.json enables IPv4 (Network 10.244.0.0/16)`},
+		{"10.9.1.0/24", "fd00:10::/64", `node "n1": spec.podCIDR 10.9.1.0/24: not inside net-conf.json Network 10.244.0.0/16`},
+		{"10.244.1.0/24", "", `node "n1": spec.podCIDRs has no IPv6 CIDR, but net-conf.json enables IPv6 (IPv6Network fd00:10::/56)`},
+		{"10.244.1.0/24", "fd00:99::/64", `node "n1": spec.podCIDR fd00:99::/64: not inside net-conf.json IPv6Network fd00:10::/56`},
+	} {
+		cfg := &subnet.Config{EnableIPv4: true, EnableIPv6: true,
+			Network: netip.MustParsePrefix("10.244.0.0/16"), IPv6Network: netip.MustParsePrefix("fd00:10::/56")}
+		var v4, v6 netip.Prefix
+		if c.v4 != "" {
+			v4 = netip.MustParsePrefix(c.v4)
+		}
+		if c.v6 != "" {
+			v6 = netip.MustParsePrefix(c.v6)
+		}
+		err := fitConfig(cfg, "n1", v4, v6)
+		if err == nil || !strings.HasPrefix(err.Error(), c.want) {
+			t.Errorf("podCIDRs %q %q: %v, want %s", c.v4, c.v6, err, c.want)
+		}
+	}
+}

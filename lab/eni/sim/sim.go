@@ -153,9 +153,9 @@ func withLock(path string, fn func() error) error {
 	return fn()
 }
 
-// change loads the state, lets fn change it and program the fabric, and
-// saves it if fn succeeded.
-func (p *Provider) change(ctx context.Context, fn func(st *State, fabric Fabric) error) error {
+// change loads the state, lets fn change it and ENI id and program the
+// fabric, and saves it if fn succeeded.
+func (p *Provider) change(ctx context.Context, id string, fn func(st *State, e *ENI, fabric Fabric) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -169,7 +169,11 @@ func (p *Provider) change(ctx context.Context, fn func(st *State, fabric Fabric)
 			return fmt.Errorf("sim: fabric: %w", err)
 		}
 		defer closeFabric()
-		if err := fn(&st, h); err != nil {
+		e, err := st.find(id)
+		if err != nil {
+			return err
+		}
+		if err := fn(&st, e, h); err != nil {
 			return err
 		}
 		return save(p.path, &st)
@@ -217,11 +221,7 @@ func (p *Provider) DescribeENI(_ context.Context, mac string) (eni.ENI, error) {
 // limit.
 func (p *Provider) AssignIPs(ctx context.Context, id string, n int) (eni.ENI, error) {
 	var out eni.ENI
-	err := p.change(ctx, func(st *State, h Fabric) error {
-		e, err := st.find(id)
-		if err != nil {
-			return err
-		}
+	err := p.change(ctx, id, func(st *State, e *ENI, h Fabric) error {
 		room := st.MaxIPsPerENI - len(e.SecondaryIPs)
 		if st.MaxIPsPerENI > 0 && room <= 0 {
 			out = st.toENI(*e)
@@ -263,11 +263,7 @@ func (p *Provider) AssignIPs(ctx context.Context, id string, n int) (eni.ENI, er
 
 // UnassignIPs releases addresses of the ENI.
 func (p *Provider) UnassignIPs(ctx context.Context, id string, ips []netip.Addr) error {
-	return p.change(ctx, func(st *State, h Fabric) error {
-		e, err := st.find(id)
-		if err != nil {
-			return err
-		}
+	return p.change(ctx, id, func(st *State, e *ENI, h Fabric) error {
 		e.SecondaryIPs = slices.DeleteFunc(e.SecondaryIPs, func(ip netip.Addr) bool {
 			if !slices.Contains(ips, ip) {
 				return false
@@ -283,11 +279,7 @@ func (p *Provider) UnassignIPs(ctx context.Context, id string, ips []netip.Addr)
 
 // AssignPrefix delegates p to the ENI if it is in the VPC and nobody else's.
 func (p *Provider) AssignPrefix(ctx context.Context, id string, pfx netip.Prefix) error {
-	return p.change(ctx, func(st *State, h Fabric) error {
-		e, err := st.find(id)
-		if err != nil {
-			return err
-		}
+	return p.change(ctx, id, func(st *State, e *ENI, h Fabric) error {
 		if !st.VPC.Contains(pfx.Addr()) || pfx.Bits() < st.VPC.Bits() || pfx.Overlaps(st.Subnet) {
 			return fmt.Errorf("sim: prefix %s is not free address space of VPC %s (ENI subnet %s)", pfx, st.VPC, st.Subnet)
 		}
@@ -314,11 +306,7 @@ func (p *Provider) AssignPrefix(ctx context.Context, id string, pfx netip.Prefix
 
 // UnassignPrefix takes a prefix back from the ENI.
 func (p *Provider) UnassignPrefix(ctx context.Context, id string, pfx netip.Prefix) error {
-	return p.change(ctx, func(st *State, h Fabric) error {
-		e, err := st.find(id)
-		if err != nil {
-			return err
-		}
+	return p.change(ctx, id, func(st *State, e *ENI, h Fabric) error {
 		if r, err := route(h, e, pfx); err == nil {
 			_ = h.RouteDel(r)
 		}
