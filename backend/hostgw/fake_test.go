@@ -77,3 +77,52 @@ func TestFakeReconcile(t *testing.T) {
 		t.Fatalf("after a peer left: main table %q, want %q", got, want[1:])
 	}
 }
+
+// Update applies a change of the peer set as a full Reconcile of the new
+// set would: new and moved peers' routes, and no route for a peer that
+// left or whose node moved off-link.
+func TestFakeUpdate(t *testing.T) {
+	k, nw, log := fakeNode(t)
+	ctx := context.Background()
+	p2, p3, p4 := peer("10.244.2.0/24", "192.168.1.2"), peer("10.244.3.0/24", "192.168.1.3"), peer("10.244.4.0/24", "10.9.0.4")
+	if err := nw.Reconcile(ctx, []subnet.Lease{p2, p3, p4}); err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		name              string
+		upserted, removed []subnet.Lease
+		peers             []subnet.Lease // the set after the change
+		want              []string
+	}{
+		{"a peer joins", []subnet.Lease{peer("10.244.5.0/24", "192.168.1.5")}, nil,
+			[]subnet.Lease{p2, p3, p4, peer("10.244.5.0/24", "192.168.1.5")},
+			[]string{"10.244.2.0/24 via 192.168.1.2 dev#1", "10.244.3.0/24 via 192.168.1.3 dev#1", "10.244.5.0/24 via 192.168.1.5 dev#1"}},
+		{"a node's address moves: the gateway follows", []subnet.Lease{peer("10.244.2.0/24", "192.168.1.22")}, nil,
+			[]subnet.Lease{peer("10.244.2.0/24", "192.168.1.22"), p3, p4, peer("10.244.5.0/24", "192.168.1.5")},
+			[]string{"10.244.2.0/24 via 192.168.1.22 dev#1", "10.244.3.0/24 via 192.168.1.3 dev#1", "10.244.5.0/24 via 192.168.1.5 dev#1"}},
+		{"the refused peer moves on-link", []subnet.Lease{peer("10.244.4.0/24", "192.168.1.4")}, nil,
+			[]subnet.Lease{peer("10.244.2.0/24", "192.168.1.22"), p3, peer("10.244.4.0/24", "192.168.1.4"), peer("10.244.5.0/24", "192.168.1.5")},
+			[]string{"10.244.2.0/24 via 192.168.1.22 dev#1", "10.244.3.0/24 via 192.168.1.3 dev#1", "10.244.4.0/24 via 192.168.1.4 dev#1", "10.244.5.0/24 via 192.168.1.5 dev#1"}},
+		{"a peer moves off-link: its route goes", []subnet.Lease{peer("10.244.3.0/24", "10.9.0.3")}, nil,
+			[]subnet.Lease{peer("10.244.2.0/24", "192.168.1.22"), peer("10.244.3.0/24", "10.9.0.3"), peer("10.244.4.0/24", "192.168.1.4"), peer("10.244.5.0/24", "192.168.1.5")},
+			[]string{"10.244.2.0/24 via 192.168.1.22 dev#1", "10.244.4.0/24 via 192.168.1.4 dev#1", "10.244.5.0/24 via 192.168.1.5 dev#1"}},
+		{"two peers leave", nil, []subnet.Lease{peer("10.244.2.0/24", "192.168.1.22"), peer("10.244.5.0/24", "192.168.1.5")},
+			[]subnet.Lease{peer("10.244.3.0/24", "10.9.0.3"), peer("10.244.4.0/24", "192.168.1.4")},
+			[]string{"10.244.4.0/24 via 192.168.1.4 dev#1"}},
+	}
+	for _, s := range steps {
+		if err := nw.Update(ctx, s.upserted, s.removed); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		if got := mainTable(t, k); !slices.Equal(got, s.want) {
+			t.Fatalf("%s: main table %q, want %q", s.name, got, s.want)
+		}
+		d, err := nw.Drift(ctx, s.peers)
+		if err != nil || len(d.Missing)+len(d.Extra)+len(d.Wrong) != 0 {
+			t.Errorf("%s: drift against a full reconcile %+v, %v: want none", s.name, d, err)
+		}
+	}
+	if !strings.Contains(log.String(), "10.9.0.3") {
+		t.Errorf("the peer that moved off-link was not reported as refused:\n%s", log)
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"github.com/twill-net/twill/internal/daemon"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/network/netfilter"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/nl/nlfake"
 	"github.com/twill-net/twill/subnet"
 )
@@ -195,6 +196,12 @@ func (l *lockedLog) String() string {
 // startEngine runs a daemon on a fake kernel with eth0 (192.168.1.1/24),
 // whose first failRoutes route changes the kernel refuses.
 func startEngine(t *testing.T, typ string, w *wrapped, failRoutes int32, peers ...subnet.Lease) *engine {
+	return startEngineWith(t, typ, w, failRoutes, nil, peers...)
+}
+
+// startEngineWith is startEngine with adjust applied to the daemon's
+// options.
+func startEngineWith(t *testing.T, typ string, w *wrapped, failRoutes int32, adjust func(e *engine, o *daemon.Options), peers ...subnet.Lease) *engine {
 	k := &nlfake.Kernel{}
 	k.AddLink("lo", 65536, true, netip.MustParsePrefix("127.0.0.1/8"))
 	k.AddLink("eth0", 1500, true, netip.MustParsePrefix("192.168.1.1/24"))
@@ -214,12 +221,16 @@ func startEngine(t *testing.T, typ string, w *wrapped, failRoutes int32, peers .
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
-	e.d = daemon.New(daemon.Options{
+	o := daemon.Options{
 		Logger: slog.New(slog.NewTextHandler(e.log, &slog.HandlerOptions{Level: slog.LevelDebug})), Registry: reg, Subnets: e.subnets, Netlink: k,
 		Iface: network.IfaceOptions{Ifaces: []string{"eth0"}}, Node: e.node, IPMasq: true, Resync: time.Hour, StateDir: filepath.Join(e.dir, "state"),
 		SubnetFile: filepath.Join(e.dir, "subnet.env"), FlannelSubnetFile: filepath.Join(e.dir, "no-flannel.env"),
 		CNIConflist: []byte(`{"cniVersion":"1.0.0","name":"twill","plugins":[{"type":"twill"}]}`), CNIConflistPath: filepath.Join(e.dir, "10-twill.conflist"),
-	})
+	}
+	if adjust != nil {
+		adjust(e, &o)
+	}
+	e.d = daemon.New(o)
 	go func() { e.done <- e.d.Run(ctx) }()
 	t.Cleanup(func() {
 		e.node.open()
@@ -326,6 +337,17 @@ func TestEngine(t *testing.T) {
 				}
 				e.k.SetUp(eth.Index, true)
 				e.waitFor("node2's route back through eth0", func() bool { return slices.Contains(e.routes(), route2) })
+			}},
+		{name: "a route deleted behind twill's back is put back", typ: hostgw.Type,
+			then: func(t *testing.T, e *engine) {
+				rs, err := e.k.Routes(nl.FamilyAll, nl.RouteFilter{Protocol: nl.RouteProtocol})
+				if err != nil || len(rs) != 1 {
+					t.Fatalf("twill's routes %v, %v: want node2's", rs, err)
+				}
+				if err := e.k.RouteDel(rs[0]); err != nil {
+					t.Fatal(err)
+				}
+				e.waitFor("node2's route put back", func() bool { return slices.Contains(e.routes(), route2) })
 			}},
 		{name: "new backend data is published in the lease", typ: "wrapped", w: &wrapped{data: true},
 			then: func(t *testing.T, e *engine) {

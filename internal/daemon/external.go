@@ -29,8 +29,9 @@ type extWatch struct {
 }
 
 // watchExternal marks the external interface dirty and pokes the loop on
-// every link or address event that concerns it.
-func (d *Daemon) watchExternal(ctx context.Context) error {
+// every link or address event that concerns it. It calls watching once
+// both its watches have subscribed (and checked what changed before).
+func (d *Daemon) watchExternal(ctx context.Context, watching func()) error {
 	h := d.o.Netlink
 	changed := func() {
 		d.ext.dirty.Store(true)
@@ -38,15 +39,19 @@ func (d *Daemon) watchExternal(ctx context.Context) error {
 	}
 	// Once (re)subscribed, only a change made before counts: with tens of
 	// thousands of peers, a full reconcile for nothing costs a second.
-	subscribed := func() {
-		if !d.externalAsLeft() {
-			d.log.Debug("the external interface changed before its watch began", "iface", d.ext.name)
-			changed()
+	checked := kernelsync.AllChecked(2, watching)
+	subscribed := func(checked func()) func() {
+		return func() {
+			if !d.externalAsLeft() {
+				d.log.Debug("the external interface changed before its watch began", "iface", d.ext.name)
+				changed()
+			}
+			checked()
 		}
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		return kernelsync.WatchLoop(ctx, d.log, "link", subscribed, func(ctx context.Context, subscribed func()) error {
+		return kernelsync.WatchLoop(ctx, d.log, "link", subscribed(checked[0]), func(ctx context.Context, subscribed func()) error {
 			return h.WatchLinks(ctx, subscribed, func(ev nl.LinkEvent) {
 				if ev.Link.Name == d.ext.name || int64(ev.Link.Index) == d.ext.index.Load() {
 					if !ev.Deleted && ev.Link.Name == d.ext.name {
@@ -58,7 +63,7 @@ func (d *Daemon) watchExternal(ctx context.Context) error {
 		})
 	})
 	g.Go(func() error {
-		return kernelsync.WatchLoop(ctx, d.log, "address", subscribed, func(ctx context.Context, subscribed func()) error {
+		return kernelsync.WatchLoop(ctx, d.log, "address", subscribed(checked[1]), func(ctx context.Context, subscribed func()) error {
 			return h.WatchAddrs(ctx, subscribed, func(ev nl.AddrEvent) {
 				// A new or changed address matters only if it changes what
 				// the backend was given (an IPv6 link-local address

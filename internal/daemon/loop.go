@@ -118,9 +118,11 @@ func (d *Daemon) reconcileOnce(ctx context.Context, cfg *subnet.Config, local su
 // first check.
 const kernelWatchWait = 10 * time.Second
 
-// awaitKernelWatch waits until the kernel watch has made its first check:
-// each reads every object twill programmed (three dumps of 50,000 with
-// vxlan), which is start-up's work, not the first lease events'. A watch
+// awaitKernelWatch waits until the kernel watches (the backend's, and the
+// external interface's link and address watches) have made their first
+// check: the backend's reads every object twill programmed (three dumps of
+// 50,000 with vxlan), which is start-up's work, not the first lease
+// events'. A watch
 // that cannot subscribe does not hold the node back for long: it keeps
 // trying, and the periodic full reconcile repairs drift meanwhile.
 func (d *Daemon) awaitKernelWatch(ctx context.Context, watching <-chan struct{}) error {

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/backend/kernelsync"
 	"github.com/twill-net/twill/internal/desiredfile"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/network/netfilter"
@@ -64,17 +65,20 @@ func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, cfg *subnet.
 			return ctx.Err()
 		}
 	}}
+	// Ready waits for the kernel watches: a change before a watch
+	// subscribed is noticed by its first check, but a link that went down
+	// and up again before the external interface's watch began looks
+	// unchanged, and the kernel flushed its routes without a word.
 	watching := make(chan struct{})
-	if w, ok := nw.(backend.KernelWatcher); ok {
+	w, isWatcher := nw.(backend.KernelWatcher)
+	checked := kernelsync.AllChecked(1+btoi(isWatcher), sync.OnceFunc(func() { close(watching) }))
+	if isWatcher {
 		// Watching starts after the first reconcile, so that the watcher
 		// does not decode thousands of events about our own initial
 		// programming. Once subscribed it checks the kernel against the
 		// record and pokes if they differ: nothing that changed before the
 		// subscription goes unnoticed.
-		once := sync.OnceFunc(func() { close(watching) })
-		steps = append(steps, func() error { g.Go(func() error { return w.WatchKernel(ctx, d.requestFull, once) }); return nil })
-	} else {
-		close(watching)
+		steps = append(steps, func() error { g.Go(func() error { return w.WatchKernel(ctx, d.requestFull, checked[1]) }); return nil })
 	}
 	if d.o.Allocations.Dir != "" && d.o.Allocations.Every > 0 {
 		steps = append(steps, func() error { g.Go(func() error { return d.reclaimLoop(ctx) }); return nil })
@@ -99,7 +103,7 @@ func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, cfg *subnet.
 			return nil
 		})
 	}
-	steps = append(steps, func() error { g.Go(func() error { return d.watchExternal(ctx) }); return nil })
+	steps = append(steps, func() error { g.Go(func() error { return d.watchExternal(ctx, checked[0]) }); return nil })
 	// What flannel left goes once twill's routes and rules are in place.
 	steps = append(steps, func() error { g.Go(func() error { return d.takeOver(cfg).Run(ctx) }); return nil })
 	steps = append(steps, func() error { return d.awaitKernelWatch(ctx, watching) })
@@ -138,4 +142,11 @@ func (d *Daemon) publishData(ctx context.Context, nw backend.Network) error {
 	d.log.Info("published new backend data in this node's lease", "data", string(d.pendingData[0]), "v6_data", string(d.pendingData[1]))
 	d.pendingData = nil
 	return nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -440,10 +440,12 @@ func (k *Kernel) route(op nl.Op, r nl.Route) error {
 	k.initLocked()
 	key := r.Key()
 	if op == nl.OpDel {
-		if _, ok := k.routes[key]; !ok {
+		old, ok := k.routes[key]
+		if !ok {
 			return nil // ESRCH, which twill's batches treat as done
 		}
 		delete(k.routes, key)
+		k.emitRouteLocked(nl.RouteEvent{Deleted: true, Route: old})
 		return nil
 	}
 	l, err := k.linkLocked(r.LinkIndex)
@@ -465,5 +467,6 @@ func (k *Kernel) route(op nl.Op, r nl.Route) error {
 		r.Scope = nl.ScopeUniverse
 	}
 	k.routes[key] = r
+	k.emitRouteLocked(nl.RouteEvent{Route: r})
 	return nil
 }

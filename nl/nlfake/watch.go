@@ -10,43 +10,57 @@ import (
 	"github.com/twill-net/twill/nl"
 )
 
-// Link and address events, as the kernel announces them to a subscribed
-// socket: each change to a link (added, up or down, deleted) or to an
-// address (added) reaches every watch subscribed at the time. Like the
+// Link, address and route events, as the kernel announces them to a
+// subscribed socket: each change to a link (added, up or down, deleted),
+// to an address (added) or to a route (added, replaced, deleted, by twill
+// or behind its back) reaches every watch subscribed at the time. Routes
+// the kernel flushes with their link (down, or deleted) go without a
+// word, as IPv4's do. Like the
 // kernel's socket buffer, a watch's queue is bounded: a watch that falls
 // behind by more than watchQueue events fails with ENOBUFS, and its
 // caller subscribes again and reads the state.
 
 const watchQueue = 256
 
+// watcher is one subscription: one of its queues is made, the others are
+// nil (never ready).
 type watcher struct {
-	links chan nl.LinkEvent
-	addrs chan nl.AddrEvent
-	lost  chan struct{}
+	links  chan nl.LinkEvent
+	addrs  chan nl.AddrEvent
+	routes chan nl.RouteEvent
+	lost   chan struct{}
 }
 
 var _ interface {
 	WatchLinks(ctx context.Context, subscribed func(), fn func(nl.LinkEvent)) error
 	WatchAddrs(ctx context.Context, subscribed func(), fn func(nl.AddrEvent)) error
+	nl.RouteWatcher
 	RouteGet(dst netip.Addr) (nl.Route, error)
 } = (*Kernel)(nil)
 
 // WatchLinks calls subscribed, then fn for each link event, until ctx ends.
 func (k *Kernel) WatchLinks(ctx context.Context, subscribed func(), fn func(nl.LinkEvent)) error {
 	w := &watcher{links: make(chan nl.LinkEvent, watchQueue), lost: make(chan struct{})}
-	return k.watch(ctx, w, subscribed, fn, nil)
+	return follow(ctx, k, w, w.links, subscribed, fn)
 }
 
 // WatchAddrs calls subscribed, then fn for each address event, until ctx
 // ends.
 func (k *Kernel) WatchAddrs(ctx context.Context, subscribed func(), fn func(nl.AddrEvent)) error {
 	w := &watcher{addrs: make(chan nl.AddrEvent, watchQueue), lost: make(chan struct{})}
-	return k.watch(ctx, w, subscribed, nil, fn)
+	return follow(ctx, k, w, w.addrs, subscribed, fn)
 }
 
-// watch subscribes w (one of its queues is nil: never ready) and delivers
-// its events until ctx ends or the queue overflows.
-func (k *Kernel) watch(ctx context.Context, w *watcher, subscribed func(), onLink func(nl.LinkEvent), onAddr func(nl.AddrEvent)) error {
+// WatchRoutes calls subscribed, then fn for each route event, until ctx
+// ends.
+func (k *Kernel) WatchRoutes(ctx context.Context, subscribed func(), fn func(nl.RouteEvent)) error {
+	w := &watcher{routes: make(chan nl.RouteEvent, watchQueue), lost: make(chan struct{})}
+	return follow(ctx, k, w, w.routes, subscribed, fn)
+}
+
+// follow subscribes w and delivers the events of its queue q until ctx
+// ends or the queue overflows.
+func follow[E any](ctx context.Context, k *Kernel, w *watcher, q chan E, subscribed func(), fn func(E)) error {
 	k.mu.Lock()
 	k.initLocked()
 	if k.watchers == nil {
@@ -66,10 +80,8 @@ func (k *Kernel) watch(ctx context.Context, w *watcher, subscribed func(), onLin
 			return nil
 		case <-w.lost:
 			return fmt.Errorf("watching: %w", unix.ENOBUFS)
-		case ev := <-w.links:
-			onLink(ev)
-		case ev := <-w.addrs:
-			onAddr(ev)
+		case ev := <-q:
+			fn(ev)
 		}
 	}
 }
@@ -77,6 +89,11 @@ func (k *Kernel) watch(ctx context.Context, w *watcher, subscribed func(), onLin
 // emitLinkLocked queues a link event for every link watch.
 func (k *Kernel) emitLinkLocked(ev nl.LinkEvent) {
 	emit(k, func(w *watcher) chan nl.LinkEvent { return w.links }, ev)
+}
+
+// emitRouteLocked queues a route event for every route watch.
+func (k *Kernel) emitRouteLocked(ev nl.RouteEvent) {
+	emit(k, func(w *watcher) chan nl.RouteEvent { return w.routes }, ev)
 }
 
 // emitAddrLocked queues an address event for every address watch.

@@ -25,6 +25,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/twill-net/twill/backend"
+	"github.com/twill-net/twill/internal/cleanup"
 	"github.com/twill-net/twill/internal/daemon"
 	"github.com/twill-net/twill/internal/etcdflags"
 	"github.com/twill-net/twill/internal/gcpace"
@@ -195,7 +196,7 @@ the lease is the Node's podCIDR: delete the Node (kubectl delete node) instead.`
 				return err
 			}
 			defer h.Close()
-			co := daemon.CleanupOptions{SubnetFile: o.subnetFile, StateDir: stateDir}
+			co := cleanup.Options{SubnetFile: o.subnetFile, StateDir: stateDir}
 			if release {
 				co.ReleaseLease = func(env subnet.Env) error {
 					return etcd.Do(cmd.Context(), func(ctx context.Context, cli *clientv3.Client) error {
@@ -203,7 +204,7 @@ the lease is the Node's podCIDR: delete the Node (kubectl delete node) instead.`
 					})
 				}
 			}
-			return daemon.Cleanup(log, h, co)
+			return cleanup.Node(log, h, co)
 		},
 	}
 	cmd.Flags().StringVar(&stateDir, "state-dir", "/var/lib/twill", "twilld's state directory")

@@ -1,4 +1,7 @@
-package daemon
+// Package cleanup is twilld cleanup: it removes what twill programmed on a
+// node, found by twill's identities (package owned), without the
+// configuration or the datastore.
+package cleanup
 
 import (
 	"errors"
@@ -14,8 +17,8 @@ import (
 	"github.com/twill-net/twill/subnet"
 )
 
-// CleanupOptions say what twilld cleanup removes besides the kernel state.
-type CleanupOptions struct {
+// Options say what twilld cleanup removes besides the kernel state.
+type Options struct {
 	SubnetFile string
 	// StateDir's files twill wrote (the vxlan VTEP MAC) are removed.
 	StateDir string
@@ -25,7 +28,7 @@ type CleanupOptions struct {
 	ReleaseLease func(env subnet.Env) error
 }
 
-// Cleanup removes everything twill programmed in the handle's namespace:
+// Node removes everything twill programmed in the handle's namespace:
 // routes with twill's protocol in any table, twill's policy rules (and the
 // route the eni backend took out of main), twill's devices, its iptables
 // chains and nftables table, subnet.env, and the state files. It finds them by the identities
@@ -33,7 +36,7 @@ type CleanupOptions struct {
 // asked to release the lease). It leaves IP forwarding on: other software
 // on the node (kube-proxy, a container engine) may rely on it, and twill
 // cannot know whether it was on before.
-func Cleanup(log *slog.Logger, h *nl.Handle, o CleanupOptions) error {
+func Node(log *slog.Logger, h *nl.Handle, o Options) error {
 	subnetFile := o.SubnetFile
 	var errs []error
 	released := ""
