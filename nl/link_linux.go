@@ -144,10 +144,7 @@ func (h *Handle) LinkDel(index int) error {
 		}
 		return fmt.Errorf("deleting link #%d: %w", index, err)
 	}
-	if err := h.h.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
-		return fmt.Errorf("deleting link %s: %w", l.Attrs().Name, err)
-	}
-	return nil
+	return unlessAlready(h.h.LinkDel(l), unix.ENODEV, "deleting link %s", l.Attrs().Name)
 }
 
 // VethAdd creates a veth pair whose host end is called name (in the handle's
@@ -310,8 +307,5 @@ func (h *Handle) AddrDel(index int, p netip.Prefix) error {
 		return fmt.Errorf("finding link #%d: %w", index, err)
 	}
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
-	if err := h.h.AddrDel(l, addr); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
-		return fmt.Errorf("removing address %s from %s: %w", p, l.Attrs().Name, err)
-	}
-	return nil
+	return unlessAlready(h.h.AddrDel(l, addr), unix.EADDRNOTAVAIL, "removing address %s from %s", p, l.Attrs().Name)
 }

@@ -1,7 +1,6 @@
 package nl
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -99,16 +98,10 @@ func toNetlinkRule(r Rule) *netlink.Rule {
 
 // RuleAdd adds a rule; an identical rule already present is not an error.
 func (h *Handle) RuleAdd(r Rule) error {
-	if err := h.h.RuleAdd(toNetlinkRule(r)); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("adding rule %s: %w", r, err)
-	}
-	return nil
+	return unlessAlready(h.h.RuleAdd(toNetlinkRule(r)), unix.EEXIST, "adding rule %s", r)
 }
 
 // RuleDel deletes a rule; an absent rule is not an error.
 func (h *Handle) RuleDel(r Rule) error {
-	if err := h.h.RuleDel(toNetlinkRule(r)); err != nil && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("deleting rule %s: %w", r, err)
-	}
-	return nil
+	return unlessAlready(h.h.RuleDel(toNetlinkRule(r)), unix.ENOENT, "deleting rule %s", r)
 }

@@ -169,10 +169,17 @@ func (h *Handle) RouteReplace(r Route) error {
 
 // RouteDel deletes r. A route that is already gone is not an error.
 func (h *Handle) RouteDel(r Route) error {
-	if err := h.h.RouteDel(toNetlinkRoute(r)); err != nil && !errors.Is(err, unix.ESRCH) {
-		return fmt.Errorf("deleting route %s: %w", r, err)
+	return unlessAlready(h.h.RouteDel(toNetlinkRoute(r)), unix.ESRCH, "deleting route %s", r)
+}
+
+// unlessAlready is nil when err is nil or is errno, the kernel's answer
+// when what was asked is so already (an object gone, or present); else err,
+// wrapped in what was being done (format and args).
+func unlessAlready(err error, errno unix.Errno, format string, args ...any) error {
+	if err == nil || errors.Is(err, errno) {
+		return nil
 	}
-	return nil
+	return fmt.Errorf(format+": %w", append(args, err)...)
 }
 
 // RouteGet asks the kernel which route it would use to reach dst.

@@ -116,11 +116,7 @@ func labCheckCommand(o *labOptions) *cobra.Command {
 		Use:   "check",
 		Short: "Connect over TCP from every pod to every pod and print the matrix; exit 1 on any failure",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := lab.Load(o.StateRoot, o.Name)
-			if err != nil {
-				return err
-			}
+		RunE: onLab(o, func(cmd *cobra.Command, s *lab.State, _ []string) error {
 			res, err := lab.Check(cmd.Context(), s, binDir())
 			if err != nil {
 				return err
@@ -130,7 +126,7 @@ func labCheckCommand(o *labOptions) *cobra.Command {
 				return fmt.Errorf("%d pod pairs cannot connect", res.Failed)
 			}
 			return nil
-		},
+		}),
 	}
 	return check
 }
@@ -140,13 +136,9 @@ func labStatusCommand(o *labOptions) *cobra.Command {
 		Use:   "status",
 		Short: "Show the lab's nodes, leases, pods and daemons",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := lab.Load(o.StateRoot, o.Name)
-			if err != nil {
-				return err
-			}
+		RunE: onLab(o, func(cmd *cobra.Command, s *lab.State, _ []string) error {
 			return lab.PrintStatus(cmd.Context(), s, cmd.OutOrStdout())
-		},
+		}),
 	}
 	return status
 }
@@ -156,20 +148,27 @@ func labExecCommand(o *labOptions) *cobra.Command {
 		Use:   "exec NODE|POD -- COMMAND [ARG...]",
 		Short: "Run a command inside a lab node or pod",
 		Args:  cobra.MinimumNArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			s, err := lab.Load(o.StateRoot, o.Name)
-			if err != nil {
-				return err
-			}
+		RunE: onLab(o, func(cmd *cobra.Command, s *lab.State, args []string) error {
 			c, err := lab.ExecCommand(s, args[0], args[1:])
 			if err != nil {
 				return fmt.Errorf("%w (see twillctl lab status)", err)
 			}
 			c.Stdin, c.Stdout, c.Stderr = os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr()
 			return commandExit(c.Run())
-		},
+		}),
 	}
 	return execCmd
+}
+
+// onLab runs a command on the lab --name names, loaded from its state.
+func onLab(o *labOptions, run func(cmd *cobra.Command, s *lab.State, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		s, err := lab.Load(o.StateRoot, o.Name)
+		if err != nil {
+			return err
+		}
+		return run(cmd, s, args)
+	}
 }
 
 func labDownCommand(o *labOptions) *cobra.Command {
