@@ -125,7 +125,7 @@ func allocateFor(in addInput, args *skel.CmdArgs, host *nl.Handle, undo *undoSta
 	if err != nil {
 		return nil, nil, err
 	}
-	undo.push(func() { _ = delAddresses(c, args) })
+	undo.push(func() { _ = delAddresses(c, args, nil) })
 	return ips, res, nil
 }
 

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
@@ -47,7 +46,7 @@ func cmdCheck(args *skel.CmdArgs, c *NetConf) error {
 		return err
 	}
 	if c.IPAM.Type != "" {
-		if err := invoke.DelegateCheck(context.Background(), c.IPAM.Type, args.StdinData, nil); err != nil {
+		if _, err := delegate(context.Background(), "CHECK", c.IPAM.Type, args.StdinData); err != nil {
 			return fmt.Errorf("twill: delegated IPAM %q: %w", c.IPAM.Type, err)
 		}
 	}

@@ -3,6 +3,7 @@ package plugin
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"path/filepath"
 	"slices"
@@ -30,27 +31,22 @@ func cmdDel(args *skel.CmdArgs, c *NetConf) error {
 	// the daemon down and the pod gone.
 	// An address another attachment holds now (a repeated DEL, after the
 	// address was reused) keeps its rules: they are that pod's.
-	ips := prevIPs(c)
+	prev := prevIPs(c)
+	ips := slices.Clone(prev)
 	others := map[netip.Addr]bool{}
-	note := func(res []reservation) {
-		for _, rv := range res {
-			if rv.ContainerID == args.ContainerID && rv.IfName == args.IfName {
-				ips = append(ips, rv.IP)
-			} else {
-				others[rv.IP] = true
-			}
+	note := func(mine []reservation, held map[netip.Addr]bool) {
+		for _, rv := range mine {
+			ips = append(ips, rv.IP)
 		}
+		maps.Copy(others, held)
 	}
-	if res, err := reservations(c); err == nil {
-		note(res)
-	}
+	mine, held := podReservations(filepath.Join(c.DataDir, c.Name), args.ContainerID, args.IfName, prev)
+	note(mine, held)
 	var poolDir string
 	if env, err := subnet.ReadEnv(c.SubnetFile); err == nil {
 		if em, isENI, _ := eniFromEnv(env); isENI && em.PoolDir != "" {
 			poolDir = em.PoolDir
-			if res, err := allocations.Records(filepath.Join(poolDir, eni.PoolStoreName)); err == nil {
-				note(res)
-			}
+			note(podReservations(filepath.Join(poolDir, eni.PoolStoreName), args.ContainerID, args.IfName, prev))
 		}
 	}
 	ips = slices.DeleteFunc(ips, func(ip netip.Addr) bool { return others[ip] })
@@ -72,10 +68,39 @@ func cmdDel(args *skel.CmdArgs, c *NetConf) error {
 	} else if err := delPodEnd(args); err != nil {
 		errs = append(errs, err)
 	}
-	if err := delAddresses(c, args); err != nil {
+	if err := delAddresses(c, args, mine); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// podReservations finds the attachment's allocation files in a store
+// directory, and which of the addresses prevResult names another
+// attachment holds now (a repeated DEL, after the address was reused).
+// With prevResult's addresses it reads their files alone; without them,
+// or when none is the attachment's, it reads the whole store.
+func podReservations(dir, containerID, ifName string, prev []netip.Addr) (mine []reservation, others map[netip.Addr]bool) {
+	others = map[netip.Addr]bool{}
+	sort := func(rv reservation) {
+		if rv.ContainerID == containerID && rv.IfName == ifName {
+			mine = append(mine, rv)
+		} else {
+			others[rv.IP] = true
+		}
+	}
+	for _, ip := range prev {
+		if rv, ok, err := allocations.Read(dir, ip); err == nil && ok {
+			sort(rv)
+		}
+	}
+	if len(mine) > 0 {
+		return mine, others
+	}
+	all, _ := allocations.Records(dir)
+	for _, rv := range all {
+		sort(rv)
+	}
+	return mine, others
 }
 
 // delPodEnd deletes the pod's interface from inside its namespace, when

@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strconv"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
@@ -138,6 +138,35 @@ func allocate(c *NetConf, containerID, ifName string, linkExists func(string) (b
 
 // release frees the attachment's addresses; none reserved is fine.
 func release(c *NetConf, containerID, ifName string) error {
+	return withStore(c, func(s *disk.Store) error {
+		if err := s.ReleaseByID(containerID, ifName); err != nil {
+			return fmt.Errorf("twill: releasing addresses of %s/%s: %w", containerID, ifName, err)
+		}
+		return nil
+	})
+}
+
+// releaseFiles releases the allocation files found for an attachment
+// (podReservations), each only if it is still the attachment's: DEL reads
+// the addresses' files rather than the whole store, as ReleaseByID does.
+func releaseFiles(c *NetConf, containerID, ifName string, found []reservation) error {
+	return withStore(c, func(*disk.Store) error {
+		var errs []error
+		for _, rv := range found {
+			now, ok, err := allocations.Read(filepath.Dir(rv.Path), rv.IP)
+			if err != nil || !ok || now.ContainerID != containerID || now.IfName != ifName {
+				continue
+			}
+			if err := os.Remove(rv.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("twill: releasing %s: %w", rv.IP, err))
+			}
+		}
+		return errors.Join(errs...)
+	})
+}
+
+// withStore runs fn holding the network's allocation store lock.
+func withStore(c *NetConf, fn func(*disk.Store) error) error {
 	s, err := store(c)
 	if err != nil {
 		return err
@@ -147,10 +176,7 @@ func release(c *NetConf, containerID, ifName string) error {
 		return fmt.Errorf("twill: locking allocation store: %w", err)
 	}
 	defer s.Unlock()
-	if err := s.ReleaseByID(containerID, ifName); err != nil {
-		return fmt.Errorf("twill: releasing addresses of %s/%s: %w", containerID, ifName, err)
-	}
-	return nil
+	return fn(s)
 }
 
 // reservation is one allocation file.
@@ -166,13 +192,13 @@ func reservations(c *NetConf) ([]reservation, error) {
 // configured IPAM plugin.
 func addAddresses(c *NetConf, args *skel.CmdArgs, env subnet.Env, linkExists func(string) (bool, error)) ([]netip.Addr, *current.Result, error) {
 	if c.IPAM.Type != "" {
-		r, err := invoke.DelegateAdd(context.Background(), c.IPAM.Type, args.StdinData, nil)
+		r, err := delegateAdd(context.Background(), c.IPAM.Type, args.StdinData)
 		if err != nil {
 			return nil, nil, fmt.Errorf("twill: delegated IPAM %q: %w", c.IPAM.Type, err)
 		}
 		res, err := current.NewResultFromResult(r)
 		if err != nil {
-			_ = invoke.DelegateDel(context.Background(), c.IPAM.Type, args.StdinData, nil)
+			_, _ = delegate(context.Background(), "DEL", c.IPAM.Type, args.StdinData)
 			return nil, nil, fmt.Errorf("twill: delegated IPAM %q result: %w", c.IPAM.Type, err)
 		}
 		var ips []netip.Addr
@@ -181,7 +207,7 @@ func addAddresses(c *NetConf, args *skel.CmdArgs, env subnet.Env, linkExists fun
 			ips = append(ips, a.Unmap())
 		}
 		if len(ips) == 0 {
-			_ = invoke.DelegateDel(context.Background(), c.IPAM.Type, args.StdinData, nil)
+			_, _ = delegate(context.Background(), "DEL", c.IPAM.Type, args.StdinData)
 			return nil, nil, fmt.Errorf("twill: delegated IPAM %q returned no address", c.IPAM.Type)
 		}
 		return ips, res, nil
@@ -197,12 +223,18 @@ func addAddresses(c *NetConf, args *skel.CmdArgs, env subnet.Env, linkExists fun
 	return ips, nil, err
 }
 
-func delAddresses(c *NetConf, args *skel.CmdArgs) error {
+// delAddresses releases the attachment's addresses: through the configured
+// IPAM plugin, or in process, the files found (podReservations) or, with
+// none found, whatever the store holds for the attachment.
+func delAddresses(c *NetConf, args *skel.CmdArgs, found []reservation) error {
 	if c.IPAM.Type != "" {
-		if err := invoke.DelegateDel(context.Background(), c.IPAM.Type, args.StdinData, nil); err != nil {
+		if _, err := delegate(context.Background(), "DEL", c.IPAM.Type, args.StdinData); err != nil {
 			return fmt.Errorf("twill: delegated IPAM %q: %w", c.IPAM.Type, err)
 		}
 		return nil
+	}
+	if found != nil {
+		return releaseFiles(c, args.ContainerID, args.IfName, found)
 	}
 	return release(c, args.ContainerID, args.IfName)
 }

@@ -2,6 +2,7 @@ package plugin_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -276,5 +277,45 @@ func TestPrivilegedGCKeepsValidAttachments(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustOK(t, "DEL", n.run(cnidriver.Request{Op: "del", ConfList: list, Attachments: pods[:1]}))
+	n.requireClean()
+}
+
+// With an ipam section, twill asks that IPAM plugin (host-local here) for
+// the pod's address, checks and releases through it; a type that names no
+// plugin fails ADD with the field and its value.
+func TestPrivilegedDelegatedIPAM(t *testing.T) {
+	n := newNode(t, "10.244.7.0/24")
+	ipamDir := filepath.Join(n.dir, "host-local")
+	list := json.RawMessage(fmt.Sprintf(`{"cniVersion":"1.0.0","name":"twillnet","plugins":[{"type":"twill","subnetFile":%q,"dataDir":%q,
+		"ipam":{"type":"host-local","dataDir":%q,"ranges":[[{"subnet":"10.244.7.0/24","rangeStart":"10.244.7.200"}]]}}]}`, n.subnetFile, n.dataDir, ipamDir))
+	p := n.pod("delegated")
+	resp := n.run(cnidriver.Request{Op: "add", ConfList: list, Attachments: []cnidriver.Attachment{p}})
+	mustOK(t, "ADD", resp)
+	ip := podIP(t, resp.Outcomes[0])
+	if ip != netip.MustParseAddr("10.244.7.200") {
+		t.Fatalf("pod got %s, want host-local's first, 10.244.7.200", ip)
+	}
+	held := filepath.Join(ipamDir, "twillnet", ip.String())
+	if _, err := os.Stat(held); err != nil {
+		t.Fatalf("host-local holds no file for %s: %v", ip, err)
+	}
+	if err := pingFrom(nsName(p.Netns), n.addr); err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, "CHECK", n.run(cnidriver.Request{Op: "check", ConfList: list, Attachments: []cnidriver.Attachment{p}}))
+	mustOK(t, "DEL", n.run(cnidriver.Request{Op: "del", ConfList: list, Attachments: []cnidriver.Attachment{p}}))
+	if _, err := os.Stat(held); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after DEL host-local still holds %s (%v)", ip, err)
+	}
+	n.requireClean()
+
+	for _, typ := range []string{"no-such-ipam", "../host-local"} {
+		bad := json.RawMessage(strings.Replace(string(list), `"type":"host-local"`, fmt.Sprintf(`"type":%q`, typ), 1))
+		q := n.pod("bad-" + strings.Trim(typ, "./"))
+		resp := n.run(cnidriver.Request{Op: "add", ConfList: bad, Attachments: []cnidriver.Attachment{q}})
+		if e := resp.Outcomes[0].Error; !strings.Contains(e, fmt.Sprintf("ipam.type %q", typ)) {
+			t.Errorf("ADD with ipam type %q: error %q, want one naming ipam.type and the value", typ, e)
+		}
+	}
 	n.requireClean()
 }

@@ -15,6 +15,7 @@ package allocations
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -63,10 +64,37 @@ func Records(dir string) ([]Record, error) {
 		if err != nil {
 			continue
 		}
-		id, ifn, _ := strings.Cut(strings.TrimSpace(string(data)), disk.LineBreak)
-		out = append(out, Record{IP: ip, ContainerID: strings.TrimSpace(id), IfName: strings.TrimSpace(ifn), Path: path, ModTime: info.ModTime()})
+		out = append(out, parse(ip, path, data, info.ModTime()))
 	}
 	return out, nil
+}
+
+// Read reads the allocation file of ip in a store directory; ok is false
+// when there is none.
+func Read(dir string, ip netip.Addr) (r Record, ok bool, err error) {
+	path := filepath.Join(dir, ip.String())
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return Record{}, false, nil
+	}
+	if err != nil {
+		return Record{}, false, fmt.Errorf("reading %s: %w", path, err)
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return Record{}, false, fmt.Errorf("reading %s: %w", path, err)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, 4096))
+	if err != nil {
+		return Record{}, false, fmt.Errorf("reading %s: %w", path, err)
+	}
+	return parse(ip, path, data, info.ModTime()), true, nil
+}
+
+func parse(ip netip.Addr, path string, data []byte, mod time.Time) Record {
+	id, ifn, _ := strings.Cut(strings.TrimSpace(string(data)), disk.LineBreak)
+	return Record{IP: ip, ContainerID: strings.TrimSpace(id), IfName: strings.TrimSpace(ifn), Path: path, ModTime: mod}
 }
 
 // Reclaim removes the allocations in dir whose host veth (by its name,

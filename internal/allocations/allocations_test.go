@@ -1,6 +1,7 @@
 package allocations
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -53,5 +54,20 @@ func TestReclaim(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "last_reserved_ip.0")); err != nil {
 		t.Fatal("the store's own files must stay")
+	}
+}
+
+// Read finds one address's allocation, and says when there is none.
+func TestRead(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "10.244.1.7"), []byte("c1\r\neth0"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, ok, err := Read(dir, netip.MustParseAddr("10.244.1.7"))
+	if err != nil || !ok || r.ContainerID != "c1" || r.IfName != "eth0" || r.Path != filepath.Join(dir, "10.244.1.7") {
+		t.Errorf("Read: %+v %v %v, want c1/eth0", r, ok, err)
+	}
+	if _, ok, err := Read(dir, netip.MustParseAddr("10.244.1.8")); ok || err != nil {
+		t.Errorf("Read of a free address: ok %v, err %v; want neither", ok, err)
 	}
 }
