@@ -221,13 +221,18 @@ func CleanupChains() error {
 
 // HasChains reports whether twill's iptables chains exist in either family
 // (an iptables mode ran here); a family whose iptables is missing has none.
-func HasChains() (bool, error) {
+func HasChains() (bool, error) { return AnyChain(Jumps) }
+
+// AnyChain reports whether the chain a jump goes to (To, in Table) exists
+// for one of jumps in either family's iptables; a family whose iptables
+// is missing has none.
+func AnyChain(jumps []Jump) (bool, error) {
 	for _, v6 := range []bool{false, true} {
 		ipt, err := OpenIPTables(v6)
 		if err != nil {
 			continue
 		}
-		for _, j := range Jumps {
+		for _, j := range jumps {
 			ok, err := ipt.ChainExists(j.Table, j.To)
 			if err != nil {
 				return false, fmt.Errorf("checking chain %s/%s: %w", j.Table, j.To, err)

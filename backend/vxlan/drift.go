@@ -14,6 +14,8 @@ import (
 	"github.com/twill-net/twill/subnet"
 )
 
+var _ backend.DriftReporter = (*Network)(nil)
+
 // Drift compares the device, neighbours, FDB entries and routes with what
 // peers call for, changing nothing.
 func (n *Network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift, error) {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/internal/atomicfile"
 )
 
@@ -116,6 +117,8 @@ func randomMAC(taken func(net.HardwareAddr) bool) net.HardwareAddr {
 		}
 	}
 }
+
+var _ backend.DataPublisher = (*Network)(nil)
 
 // BackendData returns the backend data to publish when it changed since
 // the lease was taken (a new VTEP MAC), once.

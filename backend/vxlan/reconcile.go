@@ -42,13 +42,13 @@ type Network struct {
 	macShared  bool                 // some peer is refused for a MAC it shares
 }
 
-var (
-	_ backend.Updater         = (*Network)(nil)
-	_ backend.KernelWatcher   = (*Network)(nil)
-	_ backend.DriftReporter   = (*Network)(nil)
-	_ backend.ExternalChanger = (*Network)(nil)
-	_ backend.DataPublisher   = (*Network)(nil)
-)
+// vxlan's Network applies changes (Update) and follows the external
+// interface (ExternalChanged); the other optional interfaces are asserted
+// next to their methods.
+var _ interface {
+	backend.Updater
+	backend.ExternalChanger
+} = (*Network)(nil)
 
 // Reconcile makes the device, neighbours, FDB and routes match peers.
 func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {

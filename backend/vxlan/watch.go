@@ -5,6 +5,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/kernelsync"
 	"github.com/twill-net/twill/nl"
 )
@@ -13,6 +14,8 @@ import (
 type linkWatcher interface {
 	WatchLinks(ctx context.Context, subscribed func(), fn func(nl.LinkEvent)) error
 }
+
+var _ backend.KernelWatcher = (*Network)(nil)
 
 // WatchKernel pokes when the VTEP device changes or disappears, or when one
 // of twill's routes, neighbour or FDB entries changes behind its back.

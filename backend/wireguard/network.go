@@ -47,13 +47,14 @@ type Network struct {
 	poke     func() // asks the daemon for a Reconcile (set by WatchKernel)
 }
 
-var (
-	_ backend.KernelWatcher  = (*Network)(nil)
-	_ backend.DriftReporter  = (*Network)(nil)
-	_ backend.DataPublisher  = (*Network)(nil)
-	_ backend.Runner         = (*Network)(nil)
-	_ backend.StatusReporter = (*Network)(nil)
-)
+// The optional interfaces wireguard's Network implements.
+var _ interface {
+	backend.KernelWatcher
+	backend.DriftReporter
+	backend.DataPublisher
+	backend.Runner
+	backend.StatusReporter
+} = (*Network)(nil)
 
 func newNetwork(b *Backend, lease subnet.Lease, key wgtypes.Key) *Network {
 	sh := shared{keepalive: b.s.keepalive}

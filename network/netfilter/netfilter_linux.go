@@ -42,13 +42,9 @@ func familyName(f nftables.TableFamily) string {
 // ForwardDrop lists the forward base chains outside twill's table whose
 // policy is drop (iptables-nft's filter FORWARD among them).
 func ForwardDrop() ([]string, error) {
-	conn, err := nftables.New()
+	chains, err := nft.List("chains", (*nftables.Conn).ListChains)
 	if err != nil {
-		return nil, fmt.Errorf("opening nftables: %w", err)
-	}
-	chains, err := conn.ListChains()
-	if err != nil {
-		return nil, fmt.Errorf("listing nftables chains: %w", err)
+		return nil, err
 	}
 	var drops []string
 	for _, c := range chains {

@@ -171,3 +171,18 @@ func Delete(dialer func() (*nftables.Conn, error)) (bool, error) {
 	}
 	return true, nil
 }
+
+// List opens nftables in the caller's namespace and lists what list lists
+// (its tables, its chains: (*nftables.Conn).ListTables, ListChains), named
+// what in an error.
+func List[T any](what string, list func(*nftables.Conn) ([]T, error)) ([]T, error) {
+	conn, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("opening nftables: %w", err)
+	}
+	out, err := list(conn)
+	if err != nil {
+		return nil, fmt.Errorf("listing nftables %s: %w", what, err)
+	}
+	return out, nil
+}

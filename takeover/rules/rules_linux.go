@@ -13,15 +13,17 @@ import (
 	"github.com/coreos/go-iptables/iptables"
 	"github.com/google/nftables"
 
+	"github.com/twill-net/twill/network"
+	nft "github.com/twill-net/twill/network/nftables"
 	"github.com/twill-net/twill/takeover"
 )
 
 // flannel's iptables chains, each with the built-in chain that jumps to
 // it, and its nftables tables.
 var (
-	flannelJumps = []struct{ table, from, to string }{
-		{"nat", "POSTROUTING", "FLANNEL-POSTRTG"},
-		{"filter", "FORWARD", "FLANNEL-FWD"},
+	flannelJumps = []network.Jump{
+		{Table: "nat", From: "POSTROUTING", To: "FLANNEL-POSTRTG"},
+		{Table: "filter", From: "FORWARD", To: "FLANNEL-FWD"},
 	}
 	flannelTables = []struct {
 		family nftables.TableFamily
@@ -47,16 +49,8 @@ func families() []*iptables.IPTables {
 
 // Present reports whether a flannel chain or table exists.
 func (System) Present() (bool, error) {
-	for _, ipt := range families() {
-		for _, j := range flannelJumps {
-			ok, err := ipt.ChainExists(j.table, j.to)
-			if err != nil {
-				return false, fmt.Errorf("checking chain %s/%s: %w", j.table, j.to, err)
-			}
-			if ok {
-				return true, nil
-			}
-		}
+	if ok, err := network.AnyChain(flannelJumps); ok || err != nil {
+		return ok, err
 	}
 	tables, err := nftTables()
 	return len(tables) > 0, err
@@ -67,18 +61,18 @@ func (System) Unhook() error {
 	var errs []error
 	for _, ipt := range families() {
 		for _, j := range flannelJumps {
-			rules, err := ipt.List(j.table, j.from)
+			rules, err := ipt.List(j.Table, j.From)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("listing %s/%s: %w", j.table, j.from, err))
+				errs = append(errs, fmt.Errorf("listing %s/%s: %w", j.Table, j.From, err))
 				continue
 			}
 			for _, r := range rules {
-				spec, ok := jumpSpec(r, j.from, j.to)
+				spec, ok := jumpSpec(r, j.From, j.To)
 				if !ok {
 					continue
 				}
-				if err := ipt.DeleteIfExists(j.table, j.from, spec...); err != nil {
-					errs = append(errs, fmt.Errorf("deleting %s/%s rule %q: %w", j.table, j.from, r, err))
+				if err := ipt.DeleteIfExists(j.Table, j.From, spec...); err != nil {
+					errs = append(errs, fmt.Errorf("deleting %s/%s rule %q: %w", j.Table, j.From, r, err))
 				}
 			}
 		}
@@ -92,12 +86,12 @@ func (n System) Remove() error {
 	for _, ipt := range families() {
 		for _, j := range flannelJumps {
 			for _, table := range []string{"nat", "filter"} { // older flannels made FLANNEL-FWD in nat too
-				ok, err := ipt.ChainExists(table, j.to)
+				ok, err := ipt.ChainExists(table, j.To)
 				if err != nil || !ok {
 					continue
 				}
-				if err := ipt.ClearAndDeleteChain(table, j.to); err != nil {
-					errs = append(errs, fmt.Errorf("deleting chain %s/%s: %w", table, j.to, err))
+				if err := ipt.ClearAndDeleteChain(table, j.To); err != nil {
+					errs = append(errs, fmt.Errorf("deleting chain %s/%s: %w", table, j.To, err))
 				}
 			}
 		}
@@ -121,13 +115,9 @@ func (n System) Remove() error {
 
 // nftTables lists flannel's nftables tables.
 func nftTables() ([]*nftables.Table, error) {
-	conn, err := nftables.New()
+	have, err := nft.List("tables", (*nftables.Conn).ListTables)
 	if err != nil {
-		return nil, fmt.Errorf("opening nftables: %w", err)
-	}
-	have, err := conn.ListTables()
-	if err != nil {
-		return nil, fmt.Errorf("listing nftables tables: %w", err)
+		return nil, err
 	}
 	var out []*nftables.Table
 	for _, t := range have {

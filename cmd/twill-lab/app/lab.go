@@ -62,11 +62,8 @@ func binDir() string {
 }
 
 func labUpCommand(o *labOptions) *cobra.Command {
-	up := &cobra.Command{
-		Use:   "up",
-		Short: "Build a lab and wait until every node is ready",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+	up := noArgs("up", "Build a lab and wait until every node is ready",
+		func(cmd *cobra.Command) error {
 			o.BinDir = binDir()
 			s, err := lab.Up(cmd.Context(), o.Options, cmd.ErrOrStderr())
 			if err != nil {
@@ -91,8 +88,7 @@ func labUpCommand(o *labOptions) *cobra.Command {
 			fmt.Fprintf(w, "  twillctl lab exec%s node1 -- ip route  run a command in a node or pod\n", flag)
 			fmt.Fprintf(w, "  twillctl lab down%s                    remove it all\n", flag)
 			return nil
-		},
-	}
+		})
 	up.Flags().IntVar(&o.Nodes, "nodes", 3, "number of nodes")
 	up.Flags().IntVar(&o.PodsPerNode, "pods-per-node", 2, "pods per node")
 	up.Flags().StringVar(&o.Backend, "backend", "vxlan", "vxlan, host-gw, wireguard or eni (eni runs on a simulated cloud VPC)")
@@ -112,11 +108,8 @@ func labUpCommand(o *labOptions) *cobra.Command {
 }
 
 func labCheckCommand(o *labOptions) *cobra.Command {
-	check := &cobra.Command{
-		Use:   "check",
-		Short: "Connect over TCP from every pod to every pod and print the matrix; exit 1 on any failure",
-		Args:  cobra.NoArgs,
-		RunE: onLab(o, func(cmd *cobra.Command, s *lab.State, _ []string) error {
+	return onLab(o, "check", "Connect over TCP from every pod to every pod and print the matrix; exit 1 on any failure", cobra.NoArgs,
+		func(cmd *cobra.Command, s *lab.State, _ []string) error {
 			res, err := lab.Check(cmd.Context(), s, binDir())
 			if err != nil {
 				return err
@@ -126,65 +119,54 @@ func labCheckCommand(o *labOptions) *cobra.Command {
 				return fmt.Errorf("%d pod pairs cannot connect", res.Failed)
 			}
 			return nil
-		}),
-	}
-	return check
+		})
 }
 
 func labStatusCommand(o *labOptions) *cobra.Command {
-	status := &cobra.Command{
-		Use:   "status",
-		Short: "Show the lab's nodes, leases, pods and daemons",
-		Args:  cobra.NoArgs,
-		RunE: onLab(o, func(cmd *cobra.Command, s *lab.State, _ []string) error {
+	return onLab(o, "status", "Show the lab's nodes, leases, pods and daemons", cobra.NoArgs,
+		func(cmd *cobra.Command, s *lab.State, _ []string) error {
 			return lab.PrintStatus(cmd.Context(), s, cmd.OutOrStdout())
-		}),
-	}
-	return status
+		})
 }
 
 func labExecCommand(o *labOptions) *cobra.Command {
-	execCmd := &cobra.Command{
-		Use:   "exec NODE|POD -- COMMAND [ARG...]",
-		Short: "Run a command inside a lab node or pod",
-		Args:  cobra.MinimumNArgs(2),
-		RunE: onLab(o, func(cmd *cobra.Command, s *lab.State, args []string) error {
+	return onLab(o, "exec NODE|POD -- COMMAND [ARG...]", "Run a command inside a lab node or pod", cobra.MinimumNArgs(2),
+		func(cmd *cobra.Command, s *lab.State, args []string) error {
 			c, err := lab.ExecCommand(s, args[0], args[1:])
 			if err != nil {
 				return fmt.Errorf("%w (see twillctl lab status)", err)
 			}
 			c.Stdin, c.Stdout, c.Stderr = os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr()
 			return commandExit(c.Run())
-		}),
-	}
-	return execCmd
+		})
 }
 
-// onLab runs a command on the lab --name names, loaded from its state.
-func onLab(o *labOptions, run func(cmd *cobra.Command, s *lab.State, args []string) error) func(*cobra.Command, []string) error {
-	return func(cmd *cobra.Command, args []string) error {
+// onLab is a command that runs on the lab --name names, loaded from its
+// state.
+func onLab(o *labOptions, use, short string, args cobra.PositionalArgs, run func(cmd *cobra.Command, s *lab.State, args []string) error) *cobra.Command {
+	return &cobra.Command{Use: use, Short: short, Args: args, RunE: func(cmd *cobra.Command, args []string) error {
 		s, err := lab.Load(o.StateRoot, o.Name)
 		if err != nil {
 			return err
 		}
 		return run(cmd, s, args)
-	}
+	}}
 }
 
 func labDownCommand(o *labOptions) *cobra.Command {
-	down := &cobra.Command{
-		Use:   "down",
-		Short: "Remove every namespace, process and file of the lab (also after a crashed lab up)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+	return noArgs("down", "Remove every namespace, process and file of the lab (also after a crashed lab up)",
+		func(cmd *cobra.Command) error {
 			if err := lab.Down(o.StateRoot, o.Name, o.NetnsPrefix); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "lab %q removed\n", o.Name)
 			return nil
-		},
-	}
-	return down
+		})
+}
+
+// noArgs is a command that takes no positional arguments.
+func noArgs(use, short string, run func(cmd *cobra.Command) error) *cobra.Command {
+	return &cobra.Command{Use: use, Short: short, Args: cobra.NoArgs, RunE: func(cmd *cobra.Command, _ []string) error { return run(cmd) }}
 }
 
 func labKubectlCommand(o *labOptions) *cobra.Command {
@@ -270,13 +252,9 @@ func labProbeCommand() *cobra.Command {
 
 func labNodeRootCommand() *cobra.Command {
 	var root lab.NodeRootOptions
-	nodeRoot := &cobra.Command{
-		Use:    "node-root",
-		Short:  "Hold a Kubernetes lab node's mount namespace (started by lab up)",
-		Hidden: true,
-		Args:   cobra.NoArgs,
-		RunE:   func(cmd *cobra.Command, _ []string) error { return lab.RunNodeRoot(cmd.Context(), root) },
-	}
+	nodeRoot := noArgs("node-root", "Hold a Kubernetes lab node's mount namespace (started by lab up)",
+		func(cmd *cobra.Command) error { return lab.RunNodeRoot(cmd.Context(), root) })
+	nodeRoot.Hidden = true
 	nodeRoot.Flags().StringVar(&root.Dir, "dir", "", "the node's directory")
 	nodeRoot.Flags().StringVar(&root.ReadyFile, "ready-file", "", "created once the mounts are in place")
 	nodeRoot.Flags().StringSliceVar(&root.Keep, "keep", nil, "a path of the machine the node must still see")
