@@ -299,8 +299,10 @@ func traceExecs(t *testing.T, pid int, stop func()) []string {
 // TestNFTablesIdleNoExec: an idle twilld in the nftables mode, with 1,000
 // peers, execs nothing for 60 s. The same trace of a twilld in the
 // iptables mode whose chain is flushed sees its iptables execs, so the
-// method does see execs.
+// method does see execs. It runs beside the other tests that bound no
+// time: most of it is a minute of watching an idle daemon.
 func TestNFTablesIdleNoExec(t *testing.T) {
+	t.Parallel()
 	c := newClusterOn(t, 2, netip.MustParsePrefix("192.168.0.0/16"))
 	c.put("/twill.io/network/config", fmt.Sprintf(`{"Network":%q,"Backend":{"Type":"host-gw"}}`, benchNetwork))
 	putLeases(t, c, "host-gw", 1000)
