@@ -103,6 +103,12 @@ func TestEnforcerWritesAfterTheListsAndOnEachChange(t *testing.T) {
 	if rs := wait(t, k.syncs); !slices.ContainsFunc(rs.Chains, func(c Chain) bool { return c.Name == "in:x/a" }) {
 		t.Fatalf("after a policy came, chains %v lack in:x/a", chainNames(rs))
 	}
+	// Selected says what the table enforces: it follows once Sync has
+	// returned, which the fake kernel's channel does not wait for.
+	deadline := time.Now().Add(10 * time.Second)
+	for !slices.Equal(e.Selected("x/a").Ingress, []string{"x/deny"}) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
 	if got := e.Selected("x/a"); !slices.Equal(got.Ingress, []string{"x/deny"}) {
 		t.Errorf("Selected(x/a) = %+v", got)
 	}
