@@ -118,12 +118,23 @@ func lease(sub, sub6, ip, ip6 string, pub wgtypes.Key) subnet.Lease {
 // leads).
 func keyAbove(t testing.TB, self wgtypes.Key, above bool) wgtypes.Key {
 	t.Helper()
-	for range 1000 {
-		if k := key(t); leads(self, k) == above {
+	// A random key with self's bytes up to the first it can raise (lower),
+	// that byte one more (less), and random bytes after it: drawing keys
+	// until one was above self failed when self was near the top.
+	k := key(t)
+	for i := range self {
+		switch {
+		case above && self[i] < 0xff:
+			copy(k[:i], self[:i])
+			k[i] = self[i] + 1
+			return k
+		case !above && self[i] > 0:
+			copy(k[:i], self[:i])
+			k[i] = self[i] - 1
 			return k
 		}
 	}
-	t.Fatal("no key found")
+	t.Fatalf("no key is above (%v) %s", above, self)
 	return wgtypes.Key{}
 }
 
@@ -341,5 +352,22 @@ func TestRotatesOnPeriod(t *testing.T) {
 			t.Fatal("no rotation within 10s at a 20ms period")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// keyAbove finds a key on the asked side of any key, the extremes too.
+func TestKeyAbove(t *testing.T) {
+	var top, bottom wgtypes.Key
+	for i := range top {
+		top[i] = 0xff
+	}
+	top[31] = 0xfe
+	bottom[31] = 1
+	for _, self := range []wgtypes.Key{top, bottom, key(t)} {
+		for _, above := range []bool{true, false} {
+			if k := keyAbove(t, self, above); leads(self, k) != above || k == self {
+				t.Errorf("keyAbove(%x, %v) = %x", self, above, k)
+			}
+		}
 	}
 }
