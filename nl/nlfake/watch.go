@@ -15,10 +15,9 @@ import (
 // to an address (added) or to a route (added, replaced, deleted, by twill
 // or behind its back) reaches every watch subscribed at the time. Routes
 // the kernel flushes with their link (down, or deleted) go without a
-// word, as IPv4's do. Like the
-// kernel's socket buffer, a watch's queue is bounded: a watch that falls
-// behind by more than watchQueue events fails with ENOBUFS, and its
-// caller subscribes again and reads the state.
+// word, as IPv4's do. Like the kernel's socket buffer, a watch's queue is
+// bounded: a watch that falls behind by more than watchQueue events fails
+// with ENOBUFS, and its caller subscribes again and reads the state.
 
 const watchQueue = 256
 
