@@ -121,6 +121,14 @@ func (m *Manager) start(ctx context.Context) {
 			DeleteFunc: m.touched,
 		})
 		go m.informer.RunWithContext(ctx)
+		// The first list's last event can reach touched before the
+		// informer counts itself synced, so a wait for HasSynced woken by
+		// events alone could sleep on: poke once it is synced.
+		go func() {
+			if cache.WaitForCacheSync(ctx.Done(), m.informer.HasSynced) {
+				m.poke()
+			}
+		}()
 	})
 }
 
