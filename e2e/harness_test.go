@@ -31,6 +31,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// make test runs this binary under the race detector, which needs cgo
+	// (CGO_ENABLED=1). The go commands the tests run (the docs' go build, a
+	// backend in another module) build as the binaries do, with cgo off,
+	// and so share the Go build cache's compile of twill's dependencies.
+	os.Setenv("CGO_ENABLED", "0")
 	code := m.Run()
 	buildtest.Cleanup()
 	cleanupImages()

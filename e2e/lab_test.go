@@ -346,7 +346,7 @@ func TestBackendInAnotherModule(t *testing.T) {
 	for _, args := range [][]string{{"mod", "tidy"}, {"build", "-o", filepath.Join(mod, "twilld"), "./cmd/twilld"}, {"test", "-count=1", "-v", "./directgw/"}} {
 		cmd := exec.Command("go", args...)
 		cmd.Dir = mod
-		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod")
+		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod -trimpath")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("go %s in a module of its own: %v\n%s", strings.Join(args, " "), err, out)
 		}
