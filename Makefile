@@ -133,10 +133,15 @@ etcd-tools: ## Build etcdctl from the Go module proxy, for Documentation/etcd.md
 # compiling on a fresh machine): tools/overlap.sh builds them niced while
 # lint, cover and the unit tier run (about 2 minutes saved on a fresh
 # machine, where both cores are busy anyway; the whole build on warm caches).
+#
+# The e2e tier's parallel tests wait for a lane of their own (two
+# Kubernetes labs at once, one lighter test beside them: e2e/share_test.go),
+# so -parallel is above the number of parallel tests: a test waiting for
+# its lane never holds up another.
 .PHONY: test
 test: setup-base ## Everything this machine can run, as root: lint, coverage, unit, privileged, e2e (listed test by test), fuzz seeds, benchmarks once
 	bash tools/overlap.sh build/setup-tools.log '$(MAKE) --no-print-directory setup-tools' '$(MAKE) --no-print-directory lint cover test-packages'
-	$(RACE) -vet=off -count=1 -timeout 60m -v -parallel 2 ./e2e/
+	$(RACE) -vet=off -count=1 -timeout 60m -v -parallel 64 ./e2e/
 	$(MAKE) --no-print-directory bench-smoke
 
 .PHONY: test-packages
@@ -164,7 +169,7 @@ test-privileged: setup ## Privileged tier: real netns, netlink, iptables (root)
 
 .PHONY: e2e
 e2e: setup ## Multi-node clusters in network namespaces with the built binaries (root)
-	$(GO) test -count=1 -timeout 20m -v ./e2e/...
+	$(GO) test -count=1 -timeout 60m -v -parallel 64 ./e2e/...
 
 .PHONY: fuzz
 fuzz: ## Fuzz every parser of untrusted input for FUZZTIME each (default 30s)

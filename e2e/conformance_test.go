@@ -19,7 +19,7 @@ import (
 // conformance --fast as make conformance IP_FAMILY=dual runs the whole set;
 // and then the NetworkPolicy subset on the same lab.
 func TestKubeConformanceFast(t *testing.T) {
-	t.Parallel()
+	kubeLab(t)
 	l := newLabCtl(t)
 	images := labImages(t, l.bin, e2eImages, "e2e")
 	name := labName("cf")

@@ -283,7 +283,7 @@ func missingLines(want []string, out string) []string {
 
 // TestDocs runs every runnable command of the docs, by scenario.
 func TestDocs(t *testing.T) {
-	t.Parallel()
+	kubeLab(t)
 	netnstest.RequireRoot(t)
 	root := kubetest.Root(t)
 	blocks := docBlocks(t, root)

@@ -16,6 +16,7 @@ import (
 // IPv6 subnet, routes to both of each peer's, and pods wired by the plugin
 // get an address of each family and reach each other over both.
 func TestEtcdHostGWDualStack(t *testing.T) {
+	beside(t)
 	c := newClusterWith(t, topology.Options{Nodes: 2, Underlay: netip.MustParsePrefix("10.99.0.0/24"), UnderlayV6: netip.MustParsePrefix("fd99::/64")})
 	c.put("/twill.io/network/config", `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10::/56","Backend":{"Type":"host-gw"}}`)
 	for i := range c.topo.Nodes {
@@ -85,6 +86,7 @@ func TestEtcdHostGWDualStack(t *testing.T) {
 // address is there it takes its lease, its peers route its IPv6 pods
 // through the new address, and pods talk over IPv6.
 func TestEtcdHostGWLateIPv6(t *testing.T) {
+	beside(t)
 	c := newClusterWith(t, topology.Options{Nodes: 2, Underlay: netip.MustParsePrefix("10.99.0.0/24"), UnderlayV6: netip.MustParsePrefix("fd99::/64")})
 	c.put("/twill.io/network/config", `{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10::/56","Backend":{"Type":"host-gw"}}`)
 	node2 := c.topo.Nodes[1]

@@ -127,6 +127,7 @@ func (v *vpcCluster) connectivity(pods []vpcPod, sameNode vpcPod) {
 }
 
 func TestENIPrefixMode(t *testing.T) {
+	beside(t)
 	v := newVPCCluster(t, 3, 10)
 	v.put("/twill.io/network/config", v.netConf("prefix", ""))
 	for i := range v.topo.Nodes {
@@ -279,6 +280,7 @@ func TestENIPrefixMode(t *testing.T) {
 }
 
 func TestENISecondaryIPMode(t *testing.T) {
+	beside(t)
 	const maxIPs = 4
 	v := newVPCCluster(t, 3, maxIPs)
 	v.put("/twill.io/network/config", v.netConf("secondary-ip", `,"PoolLowWater":1,"PoolHighWater":2,"PoolReleaseCooldown":"1s"`))

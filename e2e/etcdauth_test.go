@@ -25,6 +25,7 @@ const etcdAuthPort = 2391
 // node2's public IP: no node ever routes node1's subnet to node2, node1
 // writes its lease back, and node1's twill_lease_conflicts_total counts 1.
 func TestEtcdTLSRBAC(t *testing.T) {
+	beside(t)
 	c := newCluster(t, 3)
 	etcdctl := builtTool(t, "etcd", "etcdctl")
 	ca, err := pki.New(filepath.Join(c.dir, "pki"), "etcd-ca")

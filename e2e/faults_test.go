@@ -27,6 +27,7 @@ const healthPort = 10267
 // backend refuses (wrong VNI) and one claiming node2's address, all 13 are
 // named, each with its reason, in the log and in twillctl status.
 func TestRoguePublicIPs(t *testing.T) {
+	beside(t)
 	c := newCluster(t, 2)
 	// The nodes take subnets below 10.244.200.0: the test's leases above
 	// it never land on a node's own key (a random pick did, now and then).
@@ -128,6 +129,7 @@ func TestRoguePublicIPs(t *testing.T) {
 // TestSubnetEnvRewritten: subnet.env deleted or altered while twilld runs
 // is written again, so new pods on the node do not fail until a restart.
 func TestSubnetEnvRewritten(t *testing.T) {
+	beside(t)
 	c := newCluster(t, 1)
 	c.put("/twill.io/network/config", netConfHostGW)
 	c.startDaemon(0)
@@ -159,6 +161,7 @@ func TestSubnetEnvRewritten(t *testing.T) {
 // is deleted and re-created with the same name (a new index); both times
 // twilld reprograms everything and pods talk across nodes again.
 func TestExternalInterfaceFlap(t *testing.T) {
+	beside(t)
 	for _, conf := range []struct{ name, netConf, route string }{
 		{"host-gw", netConfHostGW, "via 10.99.0.2 dev eth0"},
 		{"vxlan", netConfVXLAN, "dev twill.1"},
@@ -235,6 +238,7 @@ func TestExternalInterfaceFlap(t *testing.T) {
 // moment etcd is back reaches the other nodes' kernels within seconds (the
 // target is 2 s; before, gRPC's default reconnect backoff made it 9-15 s).
 func TestEtcdOutage(t *testing.T) {
+	beside(t)
 	c := newCluster(t, 2)
 	// The nodes' subnets stay away from the test's own lease (10.244.77.0).
 	c.put("/twill.io/network/config", `{"Network":"10.244.0.0/16","SubnetMin":"10.244.100.0","SubnetMax":"10.244.199.0","Backend":{"Type":"host-gw"}}`)
@@ -309,6 +313,7 @@ func newEtcdClient(t *testing.T, c *cluster) *clientv3.Client {
 // once: the plugin releases the allocations whose veth is gone. twilld
 // does the same on its own, periodically.
 func TestLeakedAddressesReclaimed(t *testing.T) {
+	beside(t)
 	c := newCluster(t, 1)
 	c.put("/twill.io/network/config", `{"Network":"10.244.0.0/16","SubnetLen":28,"Backend":{"Type":"host-gw"}}`)
 	store := filepath.Join(c.dir, c.topo.Nodes[0].Name, "networks", "pods")
@@ -420,6 +425,7 @@ func vtepMAC(t *testing.T, c *cluster, i int) string {
 // the node with the higher subnet takes a new one, publishes it, and pods
 // talk across nodes again.
 func TestClonedVTEPMAC(t *testing.T) {
+	beside(t)
 	c := newCluster(t, 3)
 	c.put("/twill.io/network/config", netConfVXLAN)
 	d1 := c.startDaemon(0)

@@ -23,6 +23,7 @@ import (
 // /readyz and /metrics listen on --healthz-ip alone, and answer nothing but
 // GET.
 func TestFilesAndPorts(t *testing.T) {
+	beside(t)
 	c := newCluster(t, 1)
 	c.put("/twill.io/network/config", netConfVXLAN)
 	state := twcluster.NodeDir(c.dir, c.topo.Nodes[0].Name)

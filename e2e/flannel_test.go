@@ -282,7 +282,7 @@ func TestFlannelTakeover(t *testing.T) {
 // flanneld --kube-subnet-mgr and twilld on one apiserver's Nodes, twill
 // with flannel's annotation prefix.
 func TestKubeFlannelTakeover(t *testing.T) {
-	t.Parallel()
+	kubeLab(t)
 	for _, backend := range []string{"vxlan", "host-gw"} {
 		t.Run(backend, func(t *testing.T) { testFlannelTakeover(t, backend, true) })
 	}
@@ -391,6 +391,7 @@ func testFlannelTakeover(t *testing.T, backend string, kube bool) {
 // TestFlannelRollback switches a node to twill and back to flanneld: its
 // pods, the one twill wired included, keep talking to every other node.
 func TestFlannelRollback(t *testing.T) {
+	beside(t)
 	c := newFlannelCluster(t, "vxlan", false)
 	c.flannels[0].Stop(t)
 	d := c.startDaemon(0, "--etcd-prefix", flannelPrefix, "--flannel-subnet-file", c.flannelEnv(0))

@@ -18,6 +18,7 @@ import (
 // TestEtcdHostGW is the foundation's end-to-end check: three nodes on one
 // bridge, a real etcd, the built twilld in each node.
 func TestEtcdHostGW(t *testing.T) {
+	beside(t)
 	c := newCluster(t, 3)
 	c.put("/twill.io/network/config", netConfHostGW)
 	a, b := c.topo.Nodes[0], c.topo.Nodes[1]
@@ -146,6 +147,7 @@ func TestEtcdHostGW(t *testing.T) {
 
 // TestEtcdBadInput feeds the daemon bad leases and configuration.
 func TestEtcdBadInput(t *testing.T) {
+	beside(t)
 	c := newCluster(t, 2)
 	c.put("/twill.io/network/config", `{"Network":"10.244.0.0/16","SubnetMin":"10.244.1.0","SubnetMax":"10.244.100.0","Backend":{"Type":"host-gw"}}`)
 	c.startDaemon(0)
@@ -212,6 +214,7 @@ func TestEtcdBadInput(t *testing.T) {
 
 // TestCleanup checks that `twilld cleanup` leaves no trace of twill.
 func TestCleanup(t *testing.T) {
+	beside(t)
 	c := newCluster(t, 2)
 	c.put("/twill.io/network/config", netConfHostGW)
 	c.startDaemon(0, "--ip-masq", "--netfilter", "iptables") // TestNetfilterModes cleans up nftables

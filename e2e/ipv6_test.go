@@ -124,6 +124,7 @@ func (c *cluster) podsTalk(t *testing.T, mtu int, wantV4, wantV6 bool) {
 // TestEtcdVXLANDualStack: vxlan carries IPv4 and IPv6 pods over an IPv4
 // routed underlay (the nodes have no IPv6 address at all) on one VTEP.
 func TestEtcdVXLANDualStack(t *testing.T) {
+	beside(t)
 	c := newClusterWith(t, topology.Options{Nodes: 2, Underlay: netip.MustParsePrefix("10.99.0.0/24"), Routed: true})
 	c.put("/twill.io/network/config", netConfVXLANDual)
 	c.startDaemon(0)
@@ -144,6 +145,7 @@ func TestEtcdVXLANDualStack(t *testing.T) {
 // IPv6-only routed underlay: pods talk, the v6 objects are repaired and
 // reported like v4's, and a peer that leaves takes its objects with it.
 func TestEtcdVXLANIPv6Only(t *testing.T) {
+	beside(t)
 	c := newClusterWith(t, topology.Options{Nodes: 2, UnderlayV6: netip.MustParsePrefix("fd99:0:0:1::/64"), Routed: true})
 	c.put("/twill.io/network/config", netConfVXLANV6Only)
 	d1 := c.startDaemon(0, "--resync", "2s")
@@ -228,6 +230,7 @@ func TestEtcdVXLANIPv6Only(t *testing.T) {
 // TestEtcdHostGWIPv6Only: host-gw in an IPv6-only cluster on an IPv6-only
 // flat underlay.
 func TestEtcdHostGWIPv6Only(t *testing.T) {
+	beside(t)
 	c := newClusterWith(t, topology.Options{Nodes: 2, UnderlayV6: netip.MustParsePrefix("fd99::/64")})
 	c.put("/twill.io/network/config", netConfHostGWV6)
 	c.startDaemon(0)
@@ -246,6 +249,7 @@ func TestEtcdHostGWIPv6Only(t *testing.T) {
 // router, which has no route to pods) arrives with its node's IPv6
 // address, and pod to pod keeps the pod's.
 func TestNetfilterModesIPv6(t *testing.T) {
+	beside(t)
 	for _, mode := range []string{"iptables", "nftables"} {
 		t.Run(mode, func(t *testing.T) {
 			c := newClusterWith(t, topology.Options{Nodes: 2, UnderlayV6: netip.MustParsePrefix("fd99:0:0:1::/64"), Routed: true})

@@ -18,6 +18,7 @@ import (
 // node1's addresses, labels or other annotations. A token of twill's
 // account with no node claim changes nothing. twill itself keeps working.
 func TestKubeNodeIsolation(t *testing.T) {
+	beside(t)
 	k := newKubeCluster(t, 2, "host-gw")
 	k.startNodes()
 	k.published(0)

@@ -191,6 +191,7 @@ func podCIDR(i int) netip.Prefix { return netip.MustParsePrefix(fmt.Sprintf("10.
 // IP or an overlapping podCIDR never become routes, and a node with an
 // operator's public-ip-overwrite is published and routed at that address.
 func TestKubeHostGW(t *testing.T) {
+	beside(t)
 	k := newKubeCluster(t, 3, "host-gw")
 	// node3 is to be reached at a second address, not in its
 	// status.addresses: an operator vouches for it with public-ip-overwrite.
@@ -363,6 +364,7 @@ func TestKubeHostGW(t *testing.T) {
 // TestKubeVXLAN: the vxlan backend in Kubernetes mode publishes its VTEP in
 // backend-data, and pods on different nodes reach each other.
 func TestKubeVXLAN(t *testing.T) {
+	beside(t)
 	k := newKubeCluster(t, 3, "vxlan")
 	k.startNodes()
 	for i, n := range k.topo.Nodes {
@@ -399,6 +401,7 @@ func TestKubeVXLAN(t *testing.T) {
 // VTEP, and pods on different nodes talk over both. A Node whose
 // public-ipv6 is not one of its addresses is refused.
 func TestKubeVXLANDualStack(t *testing.T) {
+	beside(t)
 	k := newKubeClusterWith(t, topology.Options{Nodes: 2, Underlay: netip.MustParsePrefix("10.99.0.0/24"), UnderlayV6: netip.MustParsePrefix("fd99::/64")},
 		`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10::/56","Backend":{"Type":"vxlan"}}`)
 	v6CIDR := func(i int) netip.Prefix { return netip.MustParsePrefix(fmt.Sprintf("fd00:10:0:%x::/64", i+1)) }
@@ -446,6 +449,7 @@ func TestKubeVXLANDualStack(t *testing.T) {
 // dual-stack underlay: host-gw publishes the node's IPv6 address alone,
 // peers accept it against status.addresses, and pods talk.
 func TestKubeHostGWIPv6Only(t *testing.T) {
+	beside(t)
 	k := newKubeClusterWith(t, topology.Options{Nodes: 2, Underlay: netip.MustParsePrefix("10.99.0.0/24"), UnderlayV6: netip.MustParsePrefix("fd99::/64")},
 		`{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd00:10::/56","Backend":{"Type":"host-gw"}}`)
 	cidr := func(i int) netip.Prefix { return netip.MustParsePrefix(fmt.Sprintf("fd00:10:0:%x::/64", i+1)) }
@@ -478,6 +482,7 @@ func TestKubeHostGWIPv6Only(t *testing.T) {
 // may do: exactly what twilld needs (get, list and watch, and no more, on
 // pods, namespaces and networkpolicies for --network-policy).
 func TestKubeRBAC(t *testing.T) {
+	beside(t)
 	k := newKubeCluster(t, 1, "host-gw")
 	sa := "--as=system:serviceaccount:kube-twill:twill"
 	for _, tc := range []struct {

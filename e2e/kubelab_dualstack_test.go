@@ -30,7 +30,7 @@ func TestKubeLabIPFamilies(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ backend, family string }{{"host-gw", "dual"}, {"vxlan", "ipv6"}} {
 		t.Run(tc.backend+"/"+tc.family, func(t *testing.T) {
-			t.Parallel()
+			kubeLab(t)
 			testKubeLabIPFamily(t, tc.backend, tc.family)
 		})
 	}

@@ -529,7 +529,7 @@ func echoOnce(netns ns.NetNS, to netip.AddrPort) error {
 // namespace, process, mount, cgroup or file of the lab is left, and the
 // machine's paths and sysctls are as before.
 func TestKubeLabDownAfterKilledUp(t *testing.T) {
-	t.Parallel()
+	kubeLab(t)
 	l := newLabCtl(t)
 	before := snapshotHost()
 	images := labImages(t, l.bin, kubeImages, "e2e")

@@ -103,6 +103,7 @@ func (l *labCtl) requireGone(name string) {
 }
 
 func TestLabDefaultAndSideBySide(t *testing.T) {
+	beside(t)
 	l := newLabCtl(t)
 	a, b := labName("a"), labName("b")
 	l.up(a, "--nodes", "3", "--pods-per-node", "2", "--backend", "vxlan")
@@ -120,6 +121,7 @@ func TestLabDefaultAndSideBySide(t *testing.T) {
 // TestLabNetfilter: `twillctl lab up --netfilter nftables` (and iptables)
 // passes lab check, and each node holds that mode's rules alone.
 func TestLabNetfilter(t *testing.T) {
+	beside(t)
 	for _, mode := range []string{"nftables", "iptables"} {
 		t.Run(mode, func(t *testing.T) {
 			l := newLabCtl(t)
@@ -141,6 +143,7 @@ func TestLabNetfilter(t *testing.T) {
 }
 
 func TestLabRoutedVXLAN(t *testing.T) {
+	beside(t)
 	l := newLabCtl(t)
 	n := labName("r")
 	l.up(n, "--nodes", "4", "--pods-per-node", "2", "--backend", "vxlan", "--underlay", "routed")
@@ -153,6 +156,7 @@ func TestLabRoutedVXLAN(t *testing.T) {
 // IPv6-only), which probes every
 // address of every pod; a dual-stack pod is probed at both.
 func TestLabIPFamilies(t *testing.T) {
+	beside(t)
 	for _, tc := range []struct {
 		family, backend, underlay string
 		targets                   int
@@ -185,6 +189,7 @@ func TestLabIPFamilies(t *testing.T) {
 // TestLabENI: `twillctl lab up --backend eni` on its simulated VPC, in both
 // modes, and `lab check` passes.
 func TestLabENI(t *testing.T) {
+	beside(t)
 	for _, mode := range []string{"prefix", "secondary-ip"} {
 		t.Run(mode, func(t *testing.T) {
 			l := newLabCtl(t)
@@ -196,6 +201,7 @@ func TestLabENI(t *testing.T) {
 }
 
 func TestLabTenNodes(t *testing.T) {
+	beside(t)
 	l := newLabCtl(t)
 	n := labName("ten")
 	l.up(n, "--nodes", "10", "--pods-per-node", "3")
@@ -203,6 +209,7 @@ func TestLabTenNodes(t *testing.T) {
 }
 
 func TestLabRefusesHostGWAcrossRouter(t *testing.T) {
+	beside(t)
 	l := newLabCtl(t)
 	n := labName("bad")
 	out, err := l.run("up", "--name", n, "--backend", "host-gw", "--underlay", "routed")
@@ -213,6 +220,7 @@ func TestLabRefusesHostGWAcrossRouter(t *testing.T) {
 }
 
 func TestLabDownAfterKilledUp(t *testing.T) {
+	beside(t)
 	l := newLabCtl(t)
 	n := labName("kill")
 	for _, after := range []time.Duration{300 * time.Millisecond, 900 * time.Millisecond} {
@@ -234,6 +242,7 @@ func TestLabDownAfterKilledUp(t *testing.T) {
 // deleted by hand shows as missing in twillctl status; once the daemon runs
 // again it repairs it and status is clean.
 func TestLabStatusReportsDrift(t *testing.T) {
+	beside(t)
 	l := newLabCtl(t)
 	n := labName("st")
 	l.up(n, "--nodes", "3", "--pods-per-node", "1")
@@ -286,6 +295,7 @@ func TestLabStatusReportsDrift(t *testing.T) {
 // from its package's init()) and runs a lab on them, as
 // writing-a-backend.md shows; the custom twillctl's status checks directgw.
 func TestLabExampleBackend(t *testing.T) {
+	beside(t)
 	l := newLabCtl(t)
 	dir := t.TempDir()
 	if out, err := exec.Command("cp", filepath.Join(l.bin, "twill"), filepath.Join(l.bin, "twill-lab"), dir).CombinedOutput(); err != nil {
@@ -316,6 +326,7 @@ func TestLabExampleBackend(t *testing.T) {
 // run there: a third party's backend tested on the public fake kernel
 // (nl/nlfake) and test helpers (backend/backendtest).
 func TestBackendInAnotherModule(t *testing.T) {
+	beside(t)
 	root := kubetest.Root(t)
 	mod := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(mod, "directgw"), 0o755); err != nil {
@@ -362,6 +373,7 @@ func TestBackendInAnotherModule(t *testing.T) {
 // still stops it (identified by PID and its command line), and nothing of
 // the lab remains.
 func TestLabDownStopsOrphanedDaemon(t *testing.T) {
+	beside(t)
 	l := newLabCtl(t)
 	n := labName("orph")
 	l.up(n, "--nodes", "2", "--pods-per-node", "0")

@@ -104,6 +104,7 @@ func nodeRules(t *testing.T, nodeNS string) (iptables, nft string) {
 // back from the kernel are the mode's alone, twillctl status reports a
 // rule deleted by hand, and twilld cleanup removes them all.
 func TestNetfilterModes(t *testing.T) {
+	beside(t)
 	for _, mode := range []string{"iptables", "nftables"} {
 		t.Run(mode, func(t *testing.T) {
 			c := newClusterWith(t, topology.Options{Nodes: 2, Underlay: netip.MustParsePrefix("10.99.0.0/24"), Routed: true})
@@ -175,6 +176,7 @@ func TestNetfilterModes(t *testing.T) {
 // TestNetfilterSwitch: restarting twilld in the other mode removes the
 // first mode's rules, both ways.
 func TestNetfilterSwitch(t *testing.T) {
+	beside(t)
 	c := newCluster(t, 1)
 	c.put("/twill.io/network/config", netConfHostGW)
 	ns0 := c.topo.Nodes[0].NS
@@ -195,6 +197,7 @@ func TestNetfilterSwitch(t *testing.T) {
 // (the iptables mode on a node without iptables binaries) exits saying
 // why, and leaves the old mode's rules in place: pods keep masquerading.
 func TestNetfilterSwitchFails(t *testing.T) {
+	beside(t)
 	c := newCluster(t, 1)
 	c.put("/twill.io/network/config", netConfHostGW)
 	n := c.topo.Nodes[0]
@@ -218,6 +221,7 @@ func TestNetfilterSwitchFails(t *testing.T) {
 // forwarded traffic) auto picks nftables and says why; with twill's
 // iptables chains left by an earlier run it keeps iptables.
 func TestNetfilterAuto(t *testing.T) {
+	beside(t)
 	if !strings.Contains(mustOut(t, "iptables", "--version"), "nf_tables") {
 		t.Fatal("this test expects iptables-nft on the machine")
 	}
@@ -302,7 +306,7 @@ func traceExecs(t *testing.T, pid int, stop func()) []string {
 // method does see execs. It runs beside the other tests that bound no
 // time: most of it is a minute of watching an idle daemon.
 func TestNFTablesIdleNoExec(t *testing.T) {
-	t.Parallel()
+	beside(t)
 	c := newClusterOn(t, 2, netip.MustParsePrefix("192.168.0.0/16"))
 	c.put("/twill.io/network/config", fmt.Sprintf(`{"Network":%q,"Backend":{"Type":"host-gw"}}`, benchNetwork))
 	putLeases(t, c, "host-gw", 1000)

@@ -22,6 +22,7 @@ import (
 // not there say so, naming the endpoint and why, within seconds; neither
 // sits silent.
 func TestEtcdUnreachableSaysSo(t *testing.T) {
+	beside(t)
 	bin := binaries(t)
 	ns := netnstest.New(t, "noetcd")
 	netnstest.Uplink(t, ns, "10.77.0.1/24")
@@ -46,6 +47,7 @@ func TestEtcdUnreachableSaysSo(t *testing.T) {
 // TestTwillctlEtcdAuth: every twillctl command that talks to etcd takes
 // twilld's authentication flags.
 func TestTwillctlEtcdAuth(t *testing.T) {
+	beside(t)
 	c := newCluster(t, 1)
 	c.put("/twill.io/network/config", netConfHostGW)
 	c.startDaemon(0)
@@ -89,6 +91,7 @@ func TestTwillctlEtcdAuth(t *testing.T) {
 // refuse, the backend's strict decoding included, naming the field and the
 // value, and stores nothing.
 func TestConfigPutValidates(t *testing.T) {
+	beside(t)
 	c := newCluster(t, 1)
 	c.put("/twill.io/network/config", netConfHostGW)
 	ns := c.topo.Nodes[0].NS
@@ -117,6 +120,7 @@ func TestConfigPutValidates(t *testing.T) {
 // twill's part: no veth, no route, no allocation left. twillctl cni run
 // exits non-zero when an outcome is an error.
 func TestCNIDelWithMissingChainedPlugin(t *testing.T) {
+	beside(t)
 	c := newCluster(t, 1)
 	c.put("/twill.io/network/config", netConfHostGW)
 	c.startDaemon(0)
@@ -174,6 +178,7 @@ func TestCNIDelWithMissingChainedPlugin(t *testing.T) {
 // on-link is not programmed; twillctl status says so, with the reason, and
 // exits non-zero although the kernel matches the rest.
 func TestStatusReportsRefusedPeers(t *testing.T) {
+	beside(t)
 	c := newCluster(t, 2)
 	// The nodes' subnets stay away from the test's own lease (10.244.240.0).
 	c.put("/twill.io/network/config", `{"Network":"10.244.0.0/16","SubnetMin":"10.244.1.0","SubnetMax":"10.244.199.0","Backend":{"Type":"host-gw"}}`)
@@ -198,6 +203,7 @@ func TestStatusReportsRefusedPeers(t *testing.T) {
 // TestLabExecTwillctl: the in-lab commands of the docs work as written:
 // twill's binaries by name, with the node's paths.
 func TestLabExecTwillctl(t *testing.T) {
+	beside(t)
 	l := newLabCtl(t)
 	n := labName("x")
 	l.up(n, "--nodes", "2", "--pods-per-node", "1")

@@ -10,6 +10,7 @@ import (
 // of a host-gw cluster talk TCP both ways, reach peer nodes, and are
 // reachable from them.
 func TestEtcdHostGWPods(t *testing.T) {
+	beside(t)
 	c := newCluster(t, 3)
 	c.put("/twill.io/network/config", netConfHostGW)
 	for i := range c.topo.Nodes {

@@ -229,6 +229,7 @@ func (w *routeWatch) waitGateway(dst netip.Prefix, gw netip.Addr) {
 // a dump of the whole table at every later wait; what it holds afterwards
 // is the kernel's routes, and events keep it current.
 func TestRouteWatchRenewsALostSubscription(t *testing.T) {
+	beside(t)
 	name := netnstest.New(t, "rw")
 	netnstest.IP(t, name, "link", "add", "d0", "type", "veth", "peer", "name", "d1")
 	netnstest.IP(t, name, "link", "set", "d0", "up")

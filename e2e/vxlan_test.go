@@ -35,6 +35,7 @@ func routerCounter(t *testing.T, c *cluster, comment string) int {
 // TestEtcdVXLANRouted: four nodes on two segments joined by a router that
 // forwards only etcd and VXLAN; pods on every pair of nodes talk TCP.
 func TestEtcdVXLANRouted(t *testing.T) {
+	beside(t)
 	c := newClusterWith(t, topology.Options{Nodes: 4, Underlay: netip.MustParsePrefix("10.99.0.0/24"), Routed: true})
 	// The router drops everything but etcd and the VXLAN port: pod traffic
 	// can only cross encapsulated.
@@ -260,6 +261,7 @@ func txChecksum(t *testing.T, c *cluster, i int) string {
 // it back on by hand twilld turns it off again. The default ("auto") on
 // this machine's kernel (5.7 or later) leaves it on.
 func TestEtcdVXLANChecksumOffload(t *testing.T) {
+	beside(t)
 	c := newCluster(t, 2)
 	c.put("/twill.io/network/config", `{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan","TXChecksumOffload":"off"}}`)
 	for i := range 2 {

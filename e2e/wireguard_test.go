@@ -123,6 +123,7 @@ func echoServer(t *testing.T, podNS string, addr netip.Addr) netip.AddrPort {
 // removed node's peer goes, a hand-removed peer comes back, and a node
 // keeps its key across restarts.
 func TestEtcdWireGuard(t *testing.T) {
+	beside(t)
 	c := newCluster(t, 3)
 	t.Cleanup(c.stopWireGuardDevices)
 	c.put("/twill.io/network/config", netConfWireGuard)
@@ -453,6 +454,7 @@ func onlyWireGuard(frames [][]byte, nodes map[netip.Addr]bool, pods []netip.Addr
 // the pod MTU the smaller of the two (IPv6's 1500 - 80), and pods on
 // different nodes talking over both families.
 func TestKubeWireGuardDualStack(t *testing.T) {
+	beside(t)
 	k := newKubeClusterWith(t, topology.Options{Nodes: 2, Underlay: netip.MustParsePrefix("10.99.0.0/24"), UnderlayV6: netip.MustParsePrefix("fd99::/64")},
 		`{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:10::/56","Backend":{"Type":"wireguard"}}`)
 	t.Cleanup(k.stopWireGuardDevices)
