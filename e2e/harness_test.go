@@ -127,8 +127,11 @@ func (p *proc) Output() string {
 	return string(b)
 }
 
-// waitFor polls cond every 10ms until it holds or timeout passes, and
-// returns how long it took.
+// waitFor polls cond until it holds or timeout passes, and returns how
+// long it took. It polls every 10ms for the first half second, so that the
+// delays the tests log stay precise, then every 100ms: most conds exec ip
+// or kubectl, and a long wait at 10ms kept most of a core busy beside the
+// other tests.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
@@ -136,10 +139,15 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		if cond() {
 			return time.Since(start)
 		}
-		if time.Since(start) > timeout {
+		waited := time.Since(start)
+		if waited > timeout {
 			t.Fatalf("%s: not within %s", what, timeout)
 		}
-		time.Sleep(10 * time.Millisecond)
+		if waited < 500*time.Millisecond {
+			time.Sleep(10 * time.Millisecond)
+		} else {
+			time.Sleep(100 * time.Millisecond)
+		}
 	}
 }
 
