@@ -20,8 +20,9 @@ import (
 //     kubelet per node) keeps about a core busy: two run at once, the
 //     longest first, so that the longest does not start last;
 //   - beside: an etcd cluster of namespaces, a lone apiserver or a lab
-//     without Kubernetes mostly waits (a fifth of a core, measured over a
-//     CI run): one runs at a time, next to the Kubernetes labs.
+//     without Kubernetes mostly waits (15-30% of the two cores, one by one,
+//     sampled over a CI run): one runs at a time, next to the Kubernetes
+//     labs.
 //
 // Before the lanes, the light tests ran one by one before every parallel
 // test: about 8 minutes of a mostly idle machine. make test runs go test
