@@ -136,12 +136,13 @@ etcd-tools: ## Build etcdctl from the Go module proxy, for Documentation/etcd.md
 #
 # The e2e tier's parallel tests wait for a lane of their own (two
 # Kubernetes labs at once, one lighter test beside them: e2e/share_test.go),
-# so -parallel is above the number of parallel tests: a test waiting for
-# its lane never holds up another.
+# so -parallel is well above the number of parallel tests (about 60): a
+# test waiting for its lane never holds up another, and a waiting test
+# costs only its goroutine.
 .PHONY: test
 test: setup-base ## Everything this machine can run, as root: lint, coverage, unit, privileged, e2e (listed test by test), fuzz seeds, benchmarks once
 	bash tools/overlap.sh build/setup-tools.log '$(MAKE) --no-print-directory setup-tools' '$(MAKE) --no-print-directory lint cover test-packages'
-	$(RACE) -vet=off -count=1 -timeout 60m -v -parallel 64 ./e2e/
+	$(RACE) -vet=off -count=1 -timeout 60m -v -parallel 256 ./e2e/
 	$(MAKE) --no-print-directory bench-smoke
 
 .PHONY: test-packages
@@ -169,7 +170,7 @@ test-privileged: setup ## Privileged tier: real netns, netlink, iptables (root)
 
 .PHONY: e2e
 e2e: setup ## Multi-node clusters in network namespaces with the built binaries (root)
-	$(GO) test -count=1 -timeout 60m -v -parallel 64 ./e2e/...
+	$(GO) test -count=1 -timeout 60m -v -parallel 256 ./e2e/...
 
 .PHONY: fuzz
 fuzz: ## Fuzz every parser of untrusted input for FUZZTIME each (default 30s)
