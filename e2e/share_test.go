@@ -26,7 +26,7 @@ import (
 //
 // Before the lanes, the light tests ran one by one before every parallel
 // test: about 8 minutes of a mostly idle machine. make test runs go test
-// with -parallel above the number of parallel tests, so that a test
+// with -parallel well above the number of parallel tests, so that a test
 // waiting for its lane never holds up another.
 var (
 	kubeLabLane = &lane{free: 2, first: []string{"TestKubeConformanceFast", "TestDocs"}}
@@ -75,7 +75,12 @@ func (l *lane) enter(t *testing.T) {
 	l.mu.Unlock()
 	<-gathered
 	l.admit()
+	asked := time.Now()
 	<-w.admit
+	// go test counts the wait in the test's time: say how much of it it was.
+	if waited := time.Since(asked); waited > time.Second {
+		t.Logf("waited %s for its lane", waited.Round(time.Second))
+	}
 	// Registered first, so it runs after every cleanup the test adds: the
 	// next test starts once this one's namespaces and processes are gone.
 	t.Cleanup(func() {
