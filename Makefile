@@ -187,7 +187,7 @@ fuzz: ## Fuzz every parser of untrusted input for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzRouteEvents$$' -fuzztime $${FUZZTIME:-30s} ./nl/
 
 .PHONY: lint
-lint: ## gofmt, go vet, netlink only through nl/, no tracked file over 1 MB, no function over 80 lines (tools/sizecheck)
+lint: ## gofmt, go vet, netlink only through nl/, no tracked file over 1 MB, no function over 80 lines (tools/sizecheck), one version of each shared dependency across the tools modules (tools/modalign)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	@bad=$$(grep -rln --include='*.go' '"github.com/vishvananda/netlink"' . | grep -v '^./nl/' || true); \
@@ -195,6 +195,7 @@ lint: ## gofmt, go vet, netlink only through nl/, no tracked file over 1 MB, no 
 	@big=$$(git ls-files -z | xargs -0 -r stat -c '%s %n' 2>/dev/null | awk '$$1 > 1048576 {print "  " $$2 " (" $$1 " bytes)"}'); \
 	if [ -n "$$big" ]; then echo "tracked files over 1 MB (build output? use make build, which writes bin/):"; echo "$$big"; exit 1; fi
 	$(GO) run ./tools/sizecheck
+	$(GO) run ./tools/modalign
 
 .PHONY: bench
 bench: setup ## Benchmarks with full output (root); figures go in Documentation/benchmarks.md

@@ -3,11 +3,34 @@
 # cache it by version: build/flannel/<version>/flanneld. The flannel-takeover
 # tests (e2e/flannel_test.go) run it as the cluster's previous network.
 #
-# flanneld's udp backend is written with cgo, so it is built with cgo (gcc).
-# Tencent Cloud's SDK is replaced by stand-ins (go.mod); nothing of
-# flannel's code is kept in this tree.
+# flanneld is built without cgo, as the Kubernetes binaries are, so that it
+# reuses their compiled packages (tools/modalign keeps the versions equal).
+# Its udp backend's packet proxy is C: the build compiles flannel's module
+# from a temporary copy, with udpnocgo/udp_nocgo.go added to its
+# pkg/backend/udp for the proxy's four functions, and that backend does not
+# forward in this build; the tests run vxlan and host-gw. Tencent Cloud's
+# SDK is replaced by stand-ins (go.mod). Nothing of flannel's code is kept
+# in this tree.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-exec bash "$here/../gotool.sh" flannel "$here" github.com/flannel-io/flannel \
-	flannel flanneld github.com/flannel-io/flannel 1 \
+version=$(awk '$1 == "require" && $2 == "github.com/flannel-io/flannel" {print $3}' "$here/go.mod")
+out=${FLANNEL_BIN_DIR:-$here/../../build/flannel/$version}
+modsum=$(cat "$here/go.mod" "$here/go.sum" | sha256sum | cut -c1-16)
+if [ ! -x "$out/flanneld" ] || [ "$(cat "$out/flanneld.modsum" 2>/dev/null)" != "$modsum" ]; then
+	src=$(cd "$here" && GOFLAGS=-mod=mod go mod download -json "github.com/flannel-io/flannel@$version" | awk -F'"' '$2 == "Dir" {print $4}')
+	if [ ! -d "$src/pkg/backend/udp" ]; then
+		echo "flannel: no pkg/backend/udp in flannel's module ($src)" >&2
+		exit 1
+	fi
+	tmp=$(mktemp -d)
+	trap 'chmod -R u+w "$tmp"; rm -rf "$tmp"' EXIT
+	cp -r "$src" "$tmp/flannel"
+	chmod -R u+w "$tmp/flannel"
+	cp "$here/udpnocgo/udp_nocgo.go" "$tmp/flannel/pkg/backend/udp/"
+	cp "$here/go.mod" "$here/go.sum" "$tmp/"
+	(cd "$here" && go mod edit -modfile "$tmp/go.mod" -replace "github.com/flannel-io/flannel=$tmp/flannel")
+	export GOTOOL_MODFILE=$tmp/go.mod
+fi
+bash "$here/../gotool.sh" flannel "$here" github.com/flannel-io/flannel \
+	flannel flanneld github.com/flannel-io/flannel 0 \
 	"-X github.com/flannel-io/flannel/pkg/version.Version={version}"

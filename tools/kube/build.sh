@@ -24,6 +24,12 @@ out=${KUBE_BIN_DIR:-$root/build/kube/$version}
 kube_bins="kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl"
 
 ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$version"
+# Every binary here is built again when go.mod or go.sum changed since
+# (tools/modalign raises a dependency, say): a stamp holds their hash.
+modsum=$(cat "$here/go.mod" "$here/go.sum" | sha256sum | cut -c1-16)
+if [ -d "$out" ] && [ "$(cat "$out/go.modsum" 2>/dev/null)" != "$modsum" ]; then
+	rm -f "$out"/kube-* "$out"/kubelet "$out"/kubectl "$out"/e2e.test "$out"/agnhost "$out"/regression-issue-74839
+fi
 missing=""
 for b in $kube_bins; do [ -x "$out/$b" ] || missing="$missing $b"; done
 if [ -n "$missing" ]; then
@@ -63,10 +69,10 @@ if [ ! -x "$out/regression-issue-74839" ]; then
 fi
 # tool_at_version builds a tool of its own module at the version its go.mod
 # pins, when the stamp next to the binary names another, or when the
-# module's own source (its plugin list, say) changed since: a second stamp
-# holds its hash.
+# module's own source (its plugin list, say), go.mod or go.sum changed
+# since: a second stamp holds their hash.
 tool_at_version() { # name version module-dir package
-	src=$(cat "$3"/*.go | sha256sum | cut -c1-16)
+	src=$(cat "$3"/*.go "$3"/go.mod "$3"/go.sum | sha256sum | cut -c1-16)
 	if [ -x "$out/$1" ] && [ "$(cat "$out/$1.version" 2>/dev/null)" = "$2" ] &&
 		[ "$(cat "$out/$1.source" 2>/dev/null)" = "$src" ]; then return; fi
 	echo "kube tools: building $1 $2 into $out"
@@ -78,6 +84,7 @@ tool_at_version() { # name version module-dir package
 }
 tool_at_version crictl "$crictl_version" "$root/tools/cri" sigs.k8s.io/cri-tools/cmd/crictl
 tool_at_version coredns "$coredns_version" "$root/tools/coredns" .
+echo "$modsum" > "$out/go.modsum"
 # build/kube/current names the version in use, for the lab (twillctl lab up
 # --kubernetes finds its binaries there next to bin/).
 ln -sfn "$version" "$(dirname "$out")/current" 2>/dev/null || true
