@@ -35,9 +35,10 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 	tick := time.NewTicker(d.o.Resync)
 	defer tick.Stop()
 	var (
-		retry  *time.Timer
-		retryC <-chan time.Time
-		bo     = backoff.Backoff{Min: 200 * time.Millisecond, Max: 30 * time.Second}
+		retry    *time.Timer
+		retryC   <-chan time.Time
+		bo       = backoff.Backoff{Min: 200 * time.Millisecond, Max: 30 * time.Second}
+		lastFull time.Time
 	)
 	for {
 		d.heartbeat.Store(time.Now().UnixNano())
@@ -46,7 +47,9 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 			return nil
 		case <-d.poke:
 		case <-tick.C:
-			d.fullDue.Store(true)
+			if d.fullResyncDue(lastFull) {
+				d.fullDue.Store(true)
+			}
 		case <-retryC:
 			d.fullDue.Store(true)
 		}
@@ -82,6 +85,9 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 		}
 		bo.Reset()
 		retryC = nil
+		if full {
+			lastFull = start
+		}
 		if !d.ready.Load() {
 			if err := d.becomeReady(ctx); err != nil {
 				return err
@@ -89,6 +95,13 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 			d.log.Info("ready", "peers", peers, "took_reconcile", took.Round(time.Millisecond), "since_start", time.Since(d.started).Round(time.Millisecond))
 		}
 	}
+}
+
+// fullResyncDue says whether a tick of the loop, every Resync, is a full
+// reconcile's: each one is until the kernel watches run, then one every
+// WatchedResync (the watches ask for one when they see drift).
+func (d *Daemon) fullResyncDue(lastFull time.Time) bool {
+	return !d.watched.Load() || time.Since(lastFull) >= d.o.WatchedResync-d.o.Resync/2
 }
 
 // reconcileOnce hands the backend what changed since the last time when

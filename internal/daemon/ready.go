@@ -71,7 +71,12 @@ func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, cfg *subnet.
 	// unchanged, and the kernel flushed its routes without a word.
 	watching := make(chan struct{})
 	w, isWatcher := nw.(backend.KernelWatcher)
-	checked := kernelsync.AllChecked(1+btoi(isWatcher), sync.OnceFunc(func() { close(watching) }))
+	checked := kernelsync.AllChecked(1+btoi(isWatcher), sync.OnceFunc(func() {
+		// Only a backend that watches its own objects lets the safety net
+		// run less often.
+		d.watched.Store(isWatcher)
+		close(watching)
+	}))
 	if isWatcher {
 		// Watching starts after the first reconcile, so that the watcher
 		// does not decode thousands of events about our own initial

@@ -97,6 +97,7 @@ type options struct {
 	iptablesResync    time.Duration
 	netfilter         string
 	resync            time.Duration
+	resyncWatched     time.Duration
 	logLevel          string
 }
 
@@ -151,7 +152,8 @@ for example TWILLD_ETCD_ENDPOINTS.`,
 	f.IntVar(&o.healthzPort, "healthz-port", 0, "port for /healthz, /readyz and /metrics (0 disables)")
 	f.StringVar(&o.netfilter, "netfilter", "auto", "how the masquerade and forward rules are written: iptables (TWILL-* chains, through the iptables binaries), nftables (table inet twill, over netlink, no binaries) or auto (see Documentation/configuration.md)")
 	f.DurationVar(&o.iptablesResync, "iptables-resync", 5*time.Second, "period of the iptables rules check with iptables-legacy (iptables-nft announces changes, which trigger the check)")
-	f.DurationVar(&o.resync, "resync", 30*time.Second, "period of the full reconcile that repairs drift")
+	f.DurationVar(&o.resync, "resync", 30*time.Second, "period of the full reconcile that repairs drift, until the backend's kernel watches run")
+	f.DurationVar(&o.resyncWatched, "resync-watched", 5*time.Minute, "period of the full reconcile while the backend's kernel watches run (they trigger one as soon as they see drift); at least --resync")
 	cmd.PersistentFlags().StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 
 	cmd.AddCommand(newCleanupCommand(&o), newInstallCNICommand(), newRotateKeyCommand(), &cobra.Command{
@@ -314,6 +316,7 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 		Netfilter:       mode,
 		IPTablesResync:  o.iptablesResync,
 		Resync:          o.resync,
+		WatchedResync:   o.resyncWatched,
 		HealthAddr:      health,
 		Ready:           o.ready,
 		// What flannel left on a node switched from it.
