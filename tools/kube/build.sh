@@ -9,11 +9,12 @@
 # at their own versions, named in stamp files next to them. A second run
 # with the same versions does nothing.
 #
-# The first build on a machine with an empty Go build cache takes about 20
+# The first build on a machine with an empty Go build cache takes about 15-20
 # minutes on 2 cores (seen on a fresh machine, 2026-11-26: 13 for the Go
 # modules and the six binaries, 7 for e2e.test and agnhost before e2e.test
-# was built without vet, 3.5 for crictl and CoreDNS); later builds of a new
-# version reuse most of the cache.
+# was built without vet, 3.5 for crictl and CoreDNS before their modules
+# shared the Kubernetes build's versions, tools/modalign; seconds since);
+# later builds of a new version reuse most of the cache.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
