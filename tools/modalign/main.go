@@ -9,7 +9,7 @@
 // files, the six modules picked different versions of client-go, grpc,
 // protobuf or golang.org/x/net, and a fresh machine compiled about 130 MB
 // of Go source (client-go, k8s.io/api, ...) once more for each (see
-// Documentation/benchmarks.md, "A fresh machine").
+// Documentation/benchmarks.md, "One compile of each dependency").
 //
 // With no flag it checks (make lint runs it) and names each module whose
 // versions differ; with -w it raises every lower one to the highest
@@ -95,7 +95,7 @@ func collect() (map[string]map[string]used, error) {
 		m := map[string]used{}
 		for _, line := range strings.Split(out, "\n") {
 			f := strings.Fields(line)
-			if len(f) != 3 || f[1] == "-" || f[1] == "r" { // the main module, a local replacement
+			if len(f) != 3 { // the main module, or one replaced by a directory: no version
 				continue
 			}
 			m[f[0]] = used{version: f[1], replaced: f[2] == "r"}
@@ -163,12 +163,12 @@ func apply(dir string, uses map[string]used, raise map[string]string) error {
 		for path, v := range get {
 			args = append(args, path+"@"+v)
 		}
-		out, err := goCmd(dir, args...)
+		_, err := goCmd(dir, args...)
 		if err == nil {
 			return nil
 		}
 		bumped := false
-		for _, m := range requiresRE.FindAllStringSubmatch(out+err.Error(), -1) {
+		for _, m := range requiresRE.FindAllStringSubmatch(err.Error(), -1) {
 			if v, ok := get[m[1]]; ok && semver.Compare(m[2], v) > 0 {
 				get[m[1]], bumped = m[2], true
 			}
