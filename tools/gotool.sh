@@ -9,7 +9,8 @@
 #
 # $<CACHE>_BIN_DIR (cache upper-cased) overrides the output directory;
 # $GOTOOL_MODFILE, when set, is the go.mod the build reads instead of the
-# module's own (go build -modfile).
+# module's own (go build -modfile); $GOTOOL_STAMP_FILE names one more file
+# whose change rebuilds the binary.
 set -euo pipefail
 label=$1 dir=$2 module=$3 cache=$4 bin=$5 pkg=$6 cgo=$7 extra=${8:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,8 +22,9 @@ fi
 override="$(echo "$cache" | tr '[:lower:]' '[:upper:]')_BIN_DIR"
 out=${!override:-$root/build/$cache/$version}
 # The binary is built again when the module's go.mod or go.sum changed
-# since (tools/modalign raises a dependency, say): a stamp holds their hash.
-modsum=$(cat "$dir/go.mod" "$dir/go.sum" | sha256sum | cut -c1-16)
+# since (tools/modalign raises a dependency, say), or $GOTOOL_STAMP_FILE
+# did: a stamp holds their hash.
+modsum=$(cat "$dir/go.mod" "$dir/go.sum" ${GOTOOL_STAMP_FILE:+"$GOTOOL_STAMP_FILE"} | sha256sum | cut -c1-16)
 if [ ! -x "$out/$bin" ] || [ "$(cat "$out/$bin.modsum" 2>/dev/null)" != "$modsum" ]; then
 	echo "$label: building $bin $version into $out (the first time takes minutes)"
 	mkdir -p "$out"

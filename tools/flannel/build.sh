@@ -13,24 +13,20 @@
 # in this tree.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-version=$(awk '$1 == "require" && $2 == "github.com/flannel-io/flannel" {print $3}' "$here/go.mod")
-out=${FLANNEL_BIN_DIR:-$here/../../build/flannel/$version}
-modsum=$(cat "$here/go.mod" "$here/go.sum" | sha256sum | cut -c1-16)
-if [ ! -x "$out/flanneld" ] || [ "$(cat "$out/flanneld.modsum" 2>/dev/null)" != "$modsum" ]; then
-	src=$(cd "$here" && GOFLAGS=-mod=mod go mod download -json "github.com/flannel-io/flannel@$version" | awk -F'"' '$2 == "Dir" {print $4}')
-	if [ ! -d "$src/pkg/backend/udp" ]; then
-		echo "flannel: no pkg/backend/udp in flannel's module ($src)" >&2
-		exit 1
-	fi
-	tmp=$(mktemp -d)
-	trap 'chmod -R u+w "$tmp"; rm -rf "$tmp"' EXIT
-	cp -r "$src" "$tmp/flannel"
-	chmod -R u+w "$tmp/flannel"
-	cp "$here/udpnocgo/udp_nocgo.go" "$tmp/flannel/pkg/backend/udp/"
-	cp "$here/go.mod" "$here/go.sum" "$tmp/"
-	(cd "$here" && go mod edit -modfile "$tmp/go.mod" -replace "github.com/flannel-io/flannel=$tmp/flannel")
-	export GOTOOL_MODFILE=$tmp/go.mod
+# The copy is made on every run (flannel's module is 4 MB); gotool.sh
+# decides whether to build, and the stand-in is part of its stamp.
+src=$(cd "$here" && GOFLAGS=-mod=mod go mod download -json "$(awk '$1 == "require" && $2 == "github.com/flannel-io/flannel" {print $2 "@" $3}' "$here/go.mod")" | awk -F'"' '$2 == "Dir" {print $4}')
+if [ ! -d "$src/pkg/backend/udp" ]; then
+	echo "flannel: no pkg/backend/udp in flannel's module ($src)" >&2
+	exit 1
 fi
-bash "$here/../gotool.sh" flannel "$here" github.com/flannel-io/flannel \
+tmp=$(mktemp -d)
+trap 'chmod -R u+w "$tmp"; rm -rf "$tmp"' EXIT
+cp -r "$src" "$tmp/flannel"
+chmod -R u+w "$tmp/flannel"
+cp "$here/udpnocgo/udp_nocgo.go" "$tmp/flannel/pkg/backend/udp/"
+cp "$here/go.mod" "$here/go.sum" "$tmp/"
+(cd "$here" && go mod edit -modfile "$tmp/go.mod" -replace "github.com/flannel-io/flannel=$tmp/flannel")
+GOTOOL_MODFILE=$tmp/go.mod GOTOOL_STAMP_FILE=$here/udpnocgo/udp_nocgo.go bash "$here/../gotool.sh" flannel "$here" github.com/flannel-io/flannel \
 	flannel flanneld github.com/flannel-io/flannel 0 \
 	"-X github.com/flannel-io/flannel/pkg/version.Version={version}"
