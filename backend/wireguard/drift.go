@@ -40,43 +40,55 @@ func (n *Network) pollDevices(ctx context.Context, poke func()) error {
 // device that tells its generation is read back only when it changed.
 func (n *Network) drifted(ctx context.Context) bool {
 	for _, t := range n.b.tunnels {
-		n.mu.Lock()
-		rec, ok := n.last[t.name]
-		var gen uint64
-		if ok {
-			gen = rec.gen
-		}
-		n.mu.Unlock()
-		if !ok {
-			continue
-		}
-		link, err := n.b.devices.k.LinkByName(t.name)
-		if err != nil || !link.Up || link.MTU != t.mtu {
-			return true
-		}
-		dev, err := n.b.devices.open(t.name, n.b.devices.Impl(t.name))
-		if err != nil {
-			return true
-		}
-		now := generation(ctx, dev)
-		if gen != 0 && now == gen {
-			continue
-		}
-		have, err := dev.Get(ctx)
-		if err != nil {
-			return true
-		}
-		n.mu.Lock()
-		_, c := plan(have, n.key, t.port, n.last[t.name].peers, n.sh)
-		if c == 0 && n.last[t.name] == rec {
-			rec.gen = now // changed, but to what twilld wants: trust it again
-		}
-		n.mu.Unlock()
-		if c > 0 {
+		if n.deviceDrifted(ctx, t) {
 			return true
 		}
 	}
 	return false
+}
+
+// deviceDrifted is drifted for one device. It holds opMu: the record and
+// the device's generation must be read between two changes of twilld's
+// own (read beside a lease event, the generation had moved past the
+// record's, and the device read back before the event was set against
+// the record after it: a drift that was not, and a full reconcile of
+// every peer, every poll while events came).
+func (n *Network) deviceDrifted(ctx context.Context, t tunnel) bool {
+	n.opMu.Lock()
+	defer n.opMu.Unlock()
+	n.mu.Lock()
+	rec, ok := n.last[t.name]
+	var gen uint64
+	if ok {
+		gen = rec.gen
+	}
+	n.mu.Unlock()
+	if !ok {
+		return false
+	}
+	link, err := n.b.devices.k.LinkByName(t.name)
+	if err != nil || !link.Up || link.MTU != t.mtu {
+		return true
+	}
+	dev, err := n.b.devices.open(t.name, n.b.devices.Impl(t.name))
+	if err != nil {
+		return true
+	}
+	now := generation(ctx, dev)
+	if gen != 0 && now == gen {
+		return false
+	}
+	have, err := dev.Get(ctx)
+	if err != nil {
+		return true
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	_, c := plan(have, n.key, t.port, rec.peers, n.sh)
+	if c == 0 && n.last[t.name] == rec {
+		rec.gen = now // changed, but to what twilld wants: trust it again
+	}
+	return c > 0
 }
 
 // Drift compares the devices and routes with what peers call for,
