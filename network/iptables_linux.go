@@ -159,8 +159,20 @@ func (c *Chains) syncChain(ipt IPTables, v6 bool, j Jump, rules []Rule) error {
 		if c.observed == nil {
 			c.observed = map[string][]string{}
 		}
-		c.observed[key] = got
+		// The listing is what the next check compares with. One that is
+		// not the rules just written (a flush or a delete between the
+		// write and the listing) would make that change look like
+		// twill's own: it is not kept, and the next check writes afresh.
+		written := listedRules(got, j.To)
+		if written == len(rules) {
+			c.observed[key] = got
+		} else {
+			delete(c.observed, key)
+		}
 		c.mu.Unlock()
+		if written != len(rules) {
+			return fmt.Errorf("chain %s/%s changed while twill wrote it (%d rules listed after writing %d); rewriting it at the next check", j.Table, j.To, written, len(rules))
+		}
 	}
 	jump := []string{"-m", "comment", "--comment", "twill", "-j", j.To}
 	ok, err := ipt.Exists(j.Table, j.From, jump...)
@@ -177,6 +189,17 @@ func (c *Chains) syncChain(ipt IPTables, v6 bool, j Jump, rules []Rule) error {
 		}
 	}
 	return nil
+}
+
+// listedRules counts the rules of chain in an `iptables -S chain` listing.
+func listedRules(listing []string, chain string) int {
+	n := 0
+	for _, l := range listing {
+		if strings.HasPrefix(l, "-A "+chain+" ") {
+			n++
+		}
+	}
+	return n
 }
 
 // UsesNFTables reports whether the iptables binary of the family writes
