@@ -199,7 +199,11 @@ type Options struct {
 	// FullSyncEvery bounds how long a Network may trust its own record of
 	// the kernel before reading the kernel back.
 	FullSyncEvery time.Duration
-	Metrics       *Metrics
+	// WatchedSyncEvery is that bound while a kernel watch follows the
+	// objects (kernelsync's Watch: every change behind twill's back then
+	// reaches the record as it happens); zero keeps FullSyncEvery.
+	WatchedSyncEvery time.Duration
+	Metrics          *Metrics
 	// KeyRotations delivers on-demand requests to replace the node's key
 	// pair (twilld: SIGUSR1), for backends that have one; nil never does.
 	KeyRotations <-chan struct{}

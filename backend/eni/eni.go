@@ -170,7 +170,7 @@ func (b *Backend) Attach(ctx context.Context, lease subnet.Lease) (backend.Netwo
 	}
 	n := &Network{
 		b: b, set: b.set, link: b.link, eni: b.eni, log: b.log, metrics: b.opts.Metrics, lease: lease,
-		routes:  &kernelsync.RouteSync{NL: b.k, Table: b.set.Table, FullSyncEvery: b.opts.FullSyncEvery, Log: b.log},
+		routes:  &kernelsync.RouteSync{NL: b.k, Table: b.set.Table, FullSyncEvery: b.opts.FullSyncEvery, WatchedSyncEvery: b.opts.WatchedSyncEvery, Log: b.log},
 		rules:   &kernelsync.RuleSync{NL: b.k, FullSyncEvery: b.opts.FullSyncEvery},
 		refused: &kernelsync.RefusedPeers{Log: b.log, Message: "refusing peers whose ENI data cannot be routed"},
 	}

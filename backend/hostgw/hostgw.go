@@ -73,7 +73,7 @@ func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Network
 		ext:         b.opts.ExtIface,
 		log:         b.log,
 		metrics:     b.opts.Metrics,
-		routes:      &kernelsync.RouteSync{NL: b.opts.Netlink, FullSyncEvery: b.opts.FullSyncEvery, Log: b.log},
+		routes:      &kernelsync.RouteSync{NL: b.opts.Netlink, FullSyncEvery: b.opts.FullSyncEvery, WatchedSyncEvery: b.opts.WatchedSyncEvery, Log: b.log},
 		unreachable: map[string]string{},
 		refused:     &kernelsync.RefusedPeers{Log: b.log, Message: "refusing peers whose public IP is not on-link: host-gw needs all nodes on one L2 segment; use vxlan (or DirectRouting) across routers"},
 	}, nil

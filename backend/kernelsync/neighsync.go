@@ -19,6 +19,9 @@ type NeighSync struct {
 	NL            nl.NeighTable
 	FDB           bool
 	FullSyncEvery time.Duration
+	// WatchedSyncEvery, when longer, replaces FullSyncEvery while Watch
+	// follows the entries (subscribed, and the record verified).
+	WatchedSyncEvery time.Duration
 
 	link atomic.Int64 // the device's index
 	once sync.Once
@@ -35,7 +38,7 @@ type neighKey struct {
 func (s *NeighSync) engine() *ownedSet[neighKey, nl.Neigh] {
 	s.once.Do(func() {
 		s.set.kind = neighKind{s: s}
-		s.set.fullSyncEvery = s.FullSyncEvery
+		s.set.fullSyncEvery, s.set.watchedSyncEvery = s.FullSyncEvery, s.WatchedSyncEvery
 	})
 	return &s.set
 }
@@ -130,7 +133,7 @@ func (s *NeighSync) Watch(ctx context.Context, log *slog.Logger, poke, checked f
 	if s.FDB {
 		what = "fdb"
 	}
-	return watchRecord(ctx, log, what, subscribe, s.Verify, s.Observe, poke, checked)
+	return watchRecord(ctx, log, what, subscribe, s.Verify, s.Observe, s.engine().watched.Store, poke, checked)
 }
 
 // NeighChange is a planned change of a NeighSync.

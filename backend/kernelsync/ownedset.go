@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twill-net/twill/nl"
@@ -28,7 +29,12 @@ import (
 type ownedSet[K comparable, V any] struct {
 	kind          objectKind[K, V]
 	fullSyncEvery time.Duration
-	now           func() time.Time
+	// watchedSyncEvery replaces fullSyncEvery, when longer, while a kernel
+	// watch follows the objects (watched): every change behind twill's
+	// back then reaches Observe as it happens.
+	watchedSyncEvery time.Duration
+	watched          atomic.Bool
+	now              func() time.Time
 
 	mu       sync.Mutex
 	known    map[K]V        // guarded by mu; nil until read from the kernel
@@ -155,6 +161,16 @@ func (s *ownedSet[K, V]) init() {
 	}
 }
 
+// recordExpired reports whether the record is older than it may be
+// trusted. Called with mu held.
+func (s *ownedSet[K, V]) recordExpired() bool {
+	every := s.fullSyncEvery
+	if s.watched.Load() && s.watchedSyncEvery > every {
+		every = s.watchedSyncEvery
+	}
+	return every > 0 && s.now().Sub(s.lastDump) >= every
+}
+
 // upsert records v as desired (stamping it seen, and set when it is new or
 // changed) and returns its key.
 func (s *ownedSet[K, V]) upsert(v V, gen uint64) K {
@@ -179,7 +195,7 @@ func (s *ownedSet[K, V]) diff(keys []K, dropped map[K]bool, gen uint64) (*change
 	c := &change[K, V]{s: s, dropped: dropped, gen: gen}
 	s.mu.Lock()
 	known := s.known
-	stale := known == nil || (s.fullSyncEvery > 0 && s.now().Sub(s.lastDump) >= s.fullSyncEvery)
+	stale := known == nil || s.recordExpired()
 	s.mu.Unlock()
 	if stale {
 		have, err := s.kind.list()

@@ -24,6 +24,9 @@ type RouteSync struct {
 	NL            nl.RouteTable
 	Table         int // 0 means main
 	FullSyncEvery time.Duration
+	// WatchedSyncEvery, when longer, replaces FullSyncEvery while Watch
+	// follows the routes (subscribed, and the record verified).
+	WatchedSyncEvery time.Duration
 	// Log, when set, gets one warning per change of the destinations
 	// routes of anyone else's hold too (see Shadowed).
 	Log *slog.Logger
@@ -38,7 +41,7 @@ func (s *RouteSync) engine() *ownedSet[nl.Key, nl.Route] {
 	s.once.Do(func() {
 		s.foreign = &foreignRoutes{dsts: map[netip.Prefix]int{}}
 		s.set.kind = routeKind{nl: s.NL, table: tableOrMain(s.Table), foreign: s.foreign}
-		s.set.fullSyncEvery = s.FullSyncEvery
+		s.set.fullSyncEvery, s.set.watchedSyncEvery = s.FullSyncEvery, s.WatchedSyncEvery
 	})
 	return &s.set
 }
@@ -183,7 +186,7 @@ func (s *RouteSync) Watch(ctx context.Context, log *slog.Logger, poke, checked f
 	if w, ok := s.NL.(nl.RouteWatcher); ok {
 		subscribe = w.WatchRoutes
 	}
-	return watchRecord(ctx, log.With("table", tableOrMain(s.Table)), "route", subscribe, s.Verify, s.Observe, poke, checked)
+	return watchRecord(ctx, log.With("table", tableOrMain(s.Table)), "route", subscribe, s.Verify, s.Observe, s.engine().watched.Store, poke, checked)
 }
 
 // routeKind is the engine's view of routes.

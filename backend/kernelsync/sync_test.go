@@ -1,8 +1,10 @@
 package kernelsync
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -204,6 +206,66 @@ func TestRouteSyncFullSyncEveryReadsTheKernel(t *testing.T) {
 		t.Fatalf("after FullSyncEvery: %+v, %v; want a dump and one repair", st, err)
 	}
 	want(t, "main table", routes(t, k, 0), []string{"10.244.1.0/24 via 192.168.1.11 dev#1 proto twill"})
+}
+
+// TestRouteSyncWatchedTrustsItsRecordLonger: while Watch follows the
+// routes, a lease event after FullSyncEvery of quiet does not read every
+// route back (the watch would have told of any change); it does after
+// WatchedSyncEvery, and after FullSyncEvery once the watch has stopped.
+func TestRouteSyncWatchedTrustsItsRecordLonger(t *testing.T) {
+	k := &nlfake.Kernel{}
+	eth := k.AddLink("eth0", 1500, true)
+	now := time.Unix(1000, 0)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	s := &RouteSync{NL: k, FullSyncEvery: 30 * time.Second, WatchedSyncEvery: 5 * time.Minute}
+	s.set.now = clock
+	r := func(i int) nl.Route {
+		return nl.Route{Dst: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 24), Gw: ip("192.168.1.11"), LinkIndex: eth.Index}
+	}
+	if _, err := s.Sync(emitRoutes(r(1))); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	checked := make(chan struct{})
+	stopped := make(chan error, 1)
+	go func() {
+		var once sync.Once
+		stopped <- s.Watch(ctx, slog.New(slog.NewTextHandler(io.Discard, nil)), func() {}, func() { once.Do(func() { close(checked) }) })
+	}()
+	select {
+	case <-checked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch made no first check within 10s")
+	}
+	update := func(i int) SyncStats {
+		t.Helper()
+		st, err := s.Update([]nl.Route{r(i)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	advance(31 * time.Second)
+	if update(2).Dumped {
+		t.Error("watched: a lease event after FullSyncEvery of quiet read the kernel back")
+	}
+	advance(5 * time.Minute)
+	if !update(3).Dumped {
+		t.Error("watched: a lease event after WatchedSyncEvery trusted the record")
+	}
+	cancel()
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	advance(31 * time.Second)
+	if !update(4).Dumped {
+		t.Error("the watch stopped: a lease event after FullSyncEvery trusted the record")
+	}
+	want(t, "main table", routes(t, k, 0), []string{
+		"10.244.1.0/24 via 192.168.1.11 dev#1 proto twill", "10.244.2.0/24 via 192.168.1.11 dev#1 proto twill",
+		"10.244.3.0/24 via 192.168.1.11 dev#1 proto twill", "10.244.4.0/24 via 192.168.1.11 dev#1 proto twill"})
 }
 
 func TestRouteSyncFailureIsRetriedFromTheKernel(t *testing.T) {

@@ -65,7 +65,7 @@ func newNetwork(b *Backend, lease subnet.Lease, key wgtypes.Key) *Network {
 		b: b, local: lease, sh: sh, key: key, last: map[string]*record{}, greeting: map[string]map[wgtypes.Key]greeting{},
 		poll:    pollEvery,
 		nudge:   sendNudge,
-		routes:  &kernelsync.RouteSync{NL: b.devices.k, FullSyncEvery: b.opts.FullSyncEvery, Log: b.log},
+		routes:  &kernelsync.RouteSync{NL: b.devices.k, FullSyncEvery: b.opts.FullSyncEvery, WatchedSyncEvery: b.opts.WatchedSyncEvery, Log: b.log},
 		refused: &kernelsync.RefusedPeers{Log: b.log, Message: "refusing peers with unusable wireguard backend data (no or a shared public key, no public IP of the tunnel's family)"},
 	}
 }

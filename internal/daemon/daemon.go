@@ -304,7 +304,7 @@ func (d *Daemon) prepare(ctx context.Context, cfg *subnet.Config) (backend.Exter
 		d.log.Info("using external interface", "iface", ext.Link.Name, "addr", ext.Addr, "public_ip", ext.PublicIP, "mtu", ext.Link.MTU)
 		be, err := d.o.Registry.New(cfg.BackendType, backend.Options{
 			Logger: d.log, Netlink: d.o.Netlink, ExtIface: ext, Config: cfg, StateDir: d.o.StateDir,
-			FullSyncEvery: d.o.Resync, KeyRotations: d.o.KeyRotations,
+			FullSyncEvery: d.o.Resync, WatchedSyncEvery: d.watchedSyncEvery(), KeyRotations: d.o.KeyRotations,
 			Metrics: &backend.Metrics{DriftRepairs: d.metrics.driftRepairs, PeersUnroutable: d.metrics.unroutable, Registerer: d.metrics.reg},
 		})
 		if err != nil {

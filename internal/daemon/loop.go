@@ -101,7 +101,17 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 // reconcile's: each one is until the kernel watches run, then one every
 // WatchedResync (the watches ask for one when they see drift).
 func (d *Daemon) fullResyncDue(lastFull time.Time) bool {
-	return !d.watched.Load() || time.Since(lastFull) >= d.o.WatchedResync-d.o.Resync/2
+	return !d.watched.Load() || time.Since(lastFull) >= d.watchedSyncEvery()
+}
+
+// watchedSyncEvery is how long a backend whose kernel watch runs may
+// trust its record of the kernel: the period of fullResyncDue, so that
+// each watched full reconcile reads the kernel back, and a lease event
+// between two of them does not. (The record trusted for Resync alone,
+// the first lease event after Resync of quiet read every object back:
+// tens of milliseconds at 50,000 peers.)
+func (d *Daemon) watchedSyncEvery() time.Duration {
+	return d.o.WatchedResync - d.o.Resync/2
 }
 
 // reconcileOnce hands the backend what changed since the last time when

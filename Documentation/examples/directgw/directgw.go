@@ -57,7 +57,7 @@ func (b *Backend) Prepare(context.Context) (subnet.LeaseAttrs, error) {
 
 // Attach returns the Network; RouteSync does the level-triggered work.
 func (b *Backend) Attach(context.Context, subnet.Lease) (backend.Network, error) {
-	return &network{b: b, routes: &kernelsync.RouteSync{NL: b.opts.Netlink, Table: b.cfg.Table, FullSyncEvery: b.opts.FullSyncEvery, Log: b.opts.Logger}}, nil
+	return &network{b: b, routes: &kernelsync.RouteSync{NL: b.opts.Netlink, Table: b.cfg.Table, FullSyncEvery: b.opts.FullSyncEvery, WatchedSyncEvery: b.opts.WatchedSyncEvery, Log: b.opts.Logger}}, nil
 }
 
 type network struct {
