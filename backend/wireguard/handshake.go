@@ -100,10 +100,8 @@ func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
 	if pending == 0 {
 		return
 	}
-	// The device is read without opMu: reading a device of thousands of
-	// peers takes tens of milliseconds, every greetEvery while peers are
-	// followed, and lease events must not wait for it. What is put back
-	// is decided again under opMu, from the record as it is then.
+	n.opMu.Lock()
+	defer n.opMu.Unlock()
 	dev, err := n.b.devices.open(t.name, n.b.devices.Impl(t.name))
 	if err != nil {
 		return
@@ -122,15 +120,15 @@ func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
 		heard[p.PublicKey] = p.ReceiveBytes > 0
 	}
 	var (
-		back  []wgtypes.Key
+		cfg   wgtypes.Config
 		again []netip.Addr
 	)
 	n.mu.Lock()
 	rec := n.last[t.name]
 	for k, g := range n.greeting[t.name] {
-		wanted := false
+		p, wanted := peer{}, false
 		if rec != nil {
-			_, wanted = rec.peers[k]
+			p, wanted = rec.peers[k]
 		}
 		if shook[k] || !wanted || now.Sub(g.since) > greetFor {
 			delete(n.greeting[t.name], k)
@@ -140,7 +138,7 @@ func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
 		case greetWait:
 			continue
 		case greetPutBack:
-			back = append(back, k)
+			cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: k, Remove: true}, peerConfig(p, n.sh))
 		}
 		g.last, g.nudged = now, true
 		n.greeting[t.name][k] = g
@@ -150,8 +148,8 @@ func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
 	if len(again) == 0 {
 		return
 	}
-	if len(back) > 0 {
-		n.putBack(ctx, t, dev, back)
+	if len(cfg.Peers) > 0 {
+		n.putBack(ctx, t, dev, cfg, rec)
 	}
 	for _, a := range again {
 		n.nudge(a)
@@ -186,27 +184,8 @@ func greetNext(g greeting, heard bool, now time.Time) int {
 	return greetWait
 }
 
-// putBack takes the peers with keys back out of t's device and puts them
-// back, as the record has them: a lease event between followOnce's read
-// and now may have removed or changed one.
-func (n *Network) putBack(ctx context.Context, t tunnel, dev Device, keys []wgtypes.Key) {
-	n.opMu.Lock()
-	defer n.opMu.Unlock()
-	var cfg wgtypes.Config
-	n.mu.Lock()
-	rec := n.last[t.name]
-	for _, k := range keys {
-		if rec == nil {
-			break
-		}
-		if p, wanted := rec.peers[k]; wanted {
-			cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: k, Remove: true}, peerConfig(p, n.sh))
-		}
-	}
-	n.mu.Unlock()
-	if len(cfg.Peers) == 0 {
-		return
-	}
+// putBack applies cfg (peers taken out and put back) to t's device.
+func (n *Network) putBack(ctx context.Context, t tunnel, dev Device, cfg wgtypes.Config, rec *record) {
 	if err := dev.Set(ctx, cfg); err != nil {
 		n.b.log.Debug("putting back peers without a handshake failed", "device", t.name, "err", err)
 		return
