@@ -143,35 +143,8 @@ func (c *Chains) syncChain(ipt IPTables, v6 bool, j Jump, rules []Rule) error {
 			c.Logger.Info("iptables chain drifted; rewriting", "table", j.Table, "chain", j.To)
 			c.repaired()
 		}
-		if err := ipt.ClearChain(j.Table, j.To); err != nil {
-			return fmt.Errorf("flushing chain %s/%s: %w", j.Table, j.To, err)
-		}
-		for _, r := range rules {
-			if err := ipt.Append(r.Table, r.Chain, r.Spec()...); err != nil {
-				return fmt.Errorf("adding rule to %s/%s (%s): %w", r.Table, r.Chain, strings.Join(r.Spec(), " "), err)
-			}
-		}
-		got, err = ipt.List(j.Table, j.To)
-		if err != nil {
-			return fmt.Errorf("listing chain %s/%s: %w", j.Table, j.To, err)
-		}
-		c.mu.Lock()
-		if c.observed == nil {
-			c.observed = map[string][]string{}
-		}
-		// The listing is what the next check compares with. One that is
-		// not the rules just written (a flush or a delete between the
-		// write and the listing) would make that change look like
-		// twill's own: it is not kept, and the next check writes afresh.
-		written := listedRules(got, j.To)
-		if written == len(rules) {
-			c.observed[key] = got
-		} else {
-			delete(c.observed, key)
-		}
-		c.mu.Unlock()
-		if written != len(rules) {
-			return fmt.Errorf("chain %s/%s changed while twill wrote it (%d rules listed after writing %d); rewriting it at the next check", j.Table, j.To, written, len(rules))
+		if err := c.rewriteChain(ipt, key, j, rules); err != nil {
+			return err
 		}
 	}
 	jump := []string{"-m", "comment", "--comment", "twill", "-j", j.To}
@@ -189,6 +162,47 @@ func (c *Chains) syncChain(ipt IPTables, v6 bool, j Jump, rules []Rule) error {
 		}
 	}
 	return nil
+}
+
+// rewriteAttempts bounds how often rewriteChain writes a chain that
+// someone else changes while it is written.
+const rewriteAttempts = 3
+
+// rewriteChain writes the chain afresh (ClearChain, then the rules in
+// DesiredRules' order) and records its listing, which the next check
+// compares with. A listing that is not the rules just written (a flush or
+// a delete between the write and the listing) would make that change look
+// like twill's own: the chain is written again, up to rewriteAttempts
+// times, and never recorded so.
+func (c *Chains) rewriteChain(ipt IPTables, key string, j Jump, rules []Rule) error {
+	var listed int
+	for range rewriteAttempts {
+		if err := ipt.ClearChain(j.Table, j.To); err != nil {
+			return fmt.Errorf("flushing chain %s/%s: %w", j.Table, j.To, err)
+		}
+		for _, r := range rules {
+			if err := ipt.Append(r.Table, r.Chain, r.Spec()...); err != nil {
+				return fmt.Errorf("adding rule to %s/%s (%s): %w", r.Table, r.Chain, strings.Join(r.Spec(), " "), err)
+			}
+		}
+		got, err := ipt.List(j.Table, j.To)
+		if err != nil {
+			return fmt.Errorf("listing chain %s/%s: %w", j.Table, j.To, err)
+		}
+		if listed = listedRules(got, j.To); listed == len(rules) {
+			c.mu.Lock()
+			if c.observed == nil {
+				c.observed = map[string][]string{}
+			}
+			c.observed[key] = got
+			c.mu.Unlock()
+			return nil
+		}
+	}
+	c.mu.Lock()
+	delete(c.observed, key)
+	c.mu.Unlock()
+	return fmt.Errorf("chain %s/%s changed each time twill wrote it (%d rules listed after writing %d, %d times)", j.Table, j.To, listed, len(rules), rewriteAttempts)
 }
 
 // listedRules counts the rules of chain in an `iptables -S chain` listing.
