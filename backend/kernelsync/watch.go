@@ -104,11 +104,11 @@ func compareKeys(a, b nl.Key) int {
 // watchRecord is a sync's Watch: it follows the kernel's events through
 // subscribe and pokes when observe says one contradicts the record; every
 // (re)subscription verifies the record against the kernel, pokes if they
-// differ, then calls checked. watching is told true once the record is
+// differ, then calls checked. following is told true once the record is
 // verified under a live subscription, false when the subscription ends.
 // A nil subscribe (the kernel cannot be watched) calls checked at once
 // and waits for ctx.
-func watchRecord[E any](ctx context.Context, log *slog.Logger, what string, subscribe func(context.Context, func(), func(E)) error, verify func() bool, observe func(E) bool, watching func(bool), poke, checked func()) error {
+func watchRecord[E any](ctx context.Context, log *slog.Logger, what string, subscribe func(context.Context, func(), func(E)) error, verify func() bool, observe func(E) bool, following func(bool), poke, checked func()) error {
 	if subscribe == nil {
 		checked()
 		<-ctx.Done()
@@ -119,10 +119,10 @@ func watchRecord[E any](ctx context.Context, log *slog.Logger, what string, subs
 			log.Debug("twill's " + what + " entries changed before the watch began; syncing them")
 			poke()
 		}
-		watching(true)
+		following(true)
 		checked()
 	}, func(ctx context.Context, subscribed func()) error {
-		defer watching(false)
+		defer following(false)
 		return subscribe(ctx, subscribed, func(ev E) {
 			if observe(ev) {
 				poke()
