@@ -151,7 +151,7 @@ type countingSyncer struct {
 func (s countingSyncer) Sync() error { s.n.Add(1); return s.Syncer.Sync() }
 
 // flushedWhileWritten is iptables where someone flushes a chain between
-// twill's writing it and listing it, the first times times.
+// twill's writing it and listing it, at each of its first `times` listings.
 type flushedWhileWritten struct {
 	*iptfake.Tables
 	table, chain string
