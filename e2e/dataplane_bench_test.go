@@ -4,12 +4,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/twill-net/twill/backend/wireguard"
+	twcluster "github.com/twill-net/twill/lab/cluster"
 )
 
 // dataPlaneRun is how long each iperf3 measurement runs.
@@ -25,11 +30,23 @@ const dataPlaneReps = 3
 // node): each pod→pod run is set against the mean of the two node→node
 // runs beside it, so that the machine's load at that moment weighs on
 // both sides of its share. The median share is reported, with the range.
+//
+// The flannel-* cases are the same measure with flanneld itself (the
+// version tools/flannel pins, on etcd) and pods wired as flannel's CNI
+// plugin wires them (bridge and host-local): what a flannel user has
+// today, on the same machine in the same run.
 func BenchmarkDataPlane(b *testing.B) {
 	for _, tc := range []struct{ backend, conf string }{{"host-gw", netConfHostGW}, {"vxlan", netConfVXLAN}, {"wireguard", netConfWireGuard}} {
 		b.Run(tc.backend, func(b *testing.B) {
 			for range b.N {
 				benchDataPlane(b, tc.backend, tc.conf)
+			}
+		})
+	}
+	for _, backend := range []string{"host-gw", "vxlan"} {
+		b.Run("flannel-"+backend, func(b *testing.B) {
+			for range b.N {
+				benchFlannelDataPlane(b, backend)
 			}
 		})
 	}
@@ -47,10 +64,57 @@ func benchDataPlane(b *testing.B, backendType, conf string) {
 	waitFor(b, 10*time.Second, "node1's route to node2's pods", func() bool { return strings.Contains(c.routes(0), peer.String()) })
 	podA, _ := c.addPod(0, "a")
 	podB, ipB := c.addPod(1, "b")
+	if backendType == "wireguard" {
+		// The userspace devices move the packets: each on its node's core.
+		for i, n := range c.topo.Nodes {
+			raw, err := os.ReadFile(wireguard.PIDFile(twcluster.NodeDir(c.dir, n.Name), wireguard.DeviceName))
+			if err != nil {
+				b.Fatal(err)
+			}
+			pinProcess(b, strings.TrimSpace(string(raw)), i)
+		}
+	}
+	measureDataPlane(b, c, backendType, podA, podB, ipB)
+}
+
+// benchFlannelDataPlane is benchDataPlane with flanneld and flannel's pod
+// wiring in twill's place.
+func benchFlannelDataPlane(b *testing.B, backend string) {
+	c := &flannelCluster{cluster: newCluster(b, 2), flanneld: flanneldBinary(b), flannels: map[int]*proc{}}
+	c.put(flannelPrefix+"/config", fmt.Sprintf(`{"Network":"10.50.0.0/16","Backend":{"Type":%q}}`, backend))
+	c.startFlannel(0)
+	c.startFlannel(1)
+	podA, podB := c.addPod(0, "a", false), c.addPod(1, "b", false)
+	waitFor(b, 10*time.Second, "the pod on node1 to reach the pod on node2", func() bool { return ping(podA.ns, podB.ip) == nil })
+	measureDataPlane(b, c.cluster, "flannel "+backend, podA.ns, podB.ns, podB.ip)
+}
+
+// measureDataPlane runs the paired iperf3 measures of BenchmarkDataPlane
+// between c's first two nodes and between pods podA (on node1) and podB
+// (on node2, at ipB), and reports them.
+//
+// Each node has a core of its own, as each host has its own CPUs: the
+// iperf3 processes of node1 and its pod run on core 0, node2's on core 1,
+// and each node's eth0 hands the packets it receives to its node's core
+// (RPS), as a host's NIC raises its interrupts on that host. Otherwise
+// the veth under eth0 would do the receiving node's kernel work on the
+// sender's core, and the scheduler would spread both nodes over both
+// cores differently from run to run.
+func measureDataPlane(b *testing.B, c *cluster, what, podA, podB string, ipB netip.Addr) {
+	if runtime.NumCPU() < 2 {
+		b.Fatalf("the data-plane benchmark gives each of its two nodes a core: this machine has %d", runtime.NumCPU())
+	}
 	nodeA, nodeB, ipNodeB := c.topo.Nodes[0].NS, c.topo.Nodes[1].NS, c.topo.Nodes[1].Addr.Addr()
-	nodeSrv := start(b, nodeB, filepath.Join(c.dir, "iperf-node.log"), "iperf3", "-s", "-p", "5201")
+	for i := range 2 {
+		mask := fmt.Sprintf("%x", 1<<i)
+		cmd := exec.Command("ip", "netns", "exec", c.topo.Nodes[i].NS, "sh", "-c", "echo "+mask+" > /sys/class/net/eth0/queues/rx-0/rps_cpus")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("steering node%d's eth0 to core %d: %v: %s", i+1, i, err, out)
+		}
+	}
+	nodeSrv := start(b, nodeB, filepath.Join(c.dir, "iperf-node.log"), "taskset", "-c", "1", "iperf3", "-s", "-p", "5201")
 	defer nodeSrv.Stop(b)
-	podSrv := start(b, podB, filepath.Join(c.dir, "iperf-pod.log"), "iperf3", "-s", "-p", "5201")
+	podSrv := start(b, podB, filepath.Join(c.dir, "iperf-pod.log"), "taskset", "-c", "1", "iperf3", "-s", "-p", "5201")
 	defer podSrv.Stop(b)
 
 	b.ResetTimer()
@@ -70,7 +134,7 @@ func benchDataPlane(b *testing.B, backendType, conf string) {
 		b.ReportMetric(lo, fmt.Sprintf("pod-share-%dstream-min-%%", streams))
 		b.ReportMetric(hi, fmt.Sprintf("pod-share-%dstream-max-%%", streams))
 		b.Logf("%s, %d stream(s): node→node %s Gbit/s, pod→pod %s Gbit/s: share median %.0f%% (%.0f–%.0f%% over %d paired runs)",
-			backendType, streams, gbps(nodes), gbps(pods), share, lo, hi, len(shares))
+			what, streams, gbps(nodes), gbps(pods), share, lo, hi, len(shares))
 	}
 }
 
@@ -92,12 +156,12 @@ func gbps(xs []float64) string {
 	return strings.Join(out, " ")
 }
 
-// iperf runs one iperf3 client in ns against server for dataPlaneRun with
+// iperf runs one iperf3 client in ns, on core 0, against server for dataPlaneRun with
 // the given number of parallel streams and returns the bits per second the
 // server received.
 func iperf(b *testing.B, ns string, server netip.Addr, streams int) float64 {
 	b.Helper()
-	args := []string{"netns", "exec", ns, "iperf3", "-c", server.String(), "-p", "5201", "-J", "--connect-timeout", "1000",
+	args := []string{"netns", "exec", ns, "taskset", "-c", "0", "iperf3", "-c", server.String(), "-p", "5201", "-J", "--connect-timeout", "1000",
 		"-t", fmt.Sprint(int(dataPlaneRun.Seconds())), "-P", fmt.Sprint(streams)}
 	var res struct {
 		End struct {
@@ -120,6 +184,14 @@ func iperf(b *testing.B, ns string, server netip.Addr, streams int) float64 {
 	}
 	b.Fatalf("iperf3 from %s to %s: no throughput measured (%v):\n%s", ns, server, err, out)
 	return 0
+}
+
+// pinProcess puts every thread of process pid on core.
+func pinProcess(b *testing.B, pid string, core int) {
+	b.Helper()
+	if out, err := exec.Command("taskset", "-a", "-p", "-c", fmt.Sprint(core), pid).CombinedOutput(); err != nil {
+		b.Fatalf("taskset -a -p -c %d %s: %v: %s", core, pid, err, out)
+	}
 }
 
 func TestMedianF(t *testing.T) {
