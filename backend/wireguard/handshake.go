@@ -90,14 +90,11 @@ func (n *Network) followHandshakes(ctx context.Context) error {
 	})
 }
 
-// followOnce checks one device's fresh peers: those with a handshake, or
-// followed for greetFor, are done; the others are nudged, or put back and
-// nudged, as greetNext says.
+// followOnce checks one device's fresh peers when one is due (see
+// greetingDue): those with a handshake, or followed for greetFor, are
+// done; the others are nudged, or put back and nudged, as greetNext says.
 func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
-	n.mu.Lock()
-	pending := len(n.greeting[t.name])
-	n.mu.Unlock()
-	if pending == 0 {
+	if !n.greetingDue(t.name, now) {
 		return
 	}
 	n.opMu.Lock()
@@ -154,6 +151,22 @@ func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
 	for _, a := range again {
 		n.nudge(a)
 	}
+}
+
+// greetingDue reports whether a fresh peer of device dev is due now: to
+// be nudged, put back, or given up on, were it still without a
+// handshake. Only then does followOnce read the device, which costs a
+// read of every peer and holds back lease events while it runs: a
+// handshake done in between is seen at the next due moment.
+func (n *Network) greetingDue(dev string, now time.Time) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, g := range n.greeting[dev] {
+		if now.Sub(g.since) > greetFor || greetNext(g, false, now) != greetWait {
+			return true
+		}
+	}
+	return false
 }
 
 // What followOnce does next about a peer without a handshake.

@@ -115,6 +115,37 @@ func TestYieldsFirstHandshakeToTheLead(t *testing.T) {
 	}
 }
 
+// The follower reads the device (every peer, holding lease events back)
+// only when a fresh peer is due: to be nudged, put back or given up on.
+func TestGreetingDue(t *testing.T) {
+	t0 := time.Now()
+	lead := greeting{since: t0, last: t0, lead: true, nudged: true}
+	led := greeting{since: t0, last: t0}
+	ledNudged := greeting{since: t0, last: t0.Add(yieldFor), nudged: true}
+	for _, tc := range []struct {
+		name string
+		g    greeting
+		at   time.Duration
+		want bool
+	}{
+		{"lead, before retryGreeting", lead, retryGreeting - time.Millisecond, false},
+		{"lead, at retryGreeting", lead, retryGreeting, true},
+		{"led, before yieldFor", led, yieldFor - time.Millisecond, false},
+		{"led, at yieldFor", led, yieldFor, true},
+		{"led and nudged, before retryGreeting", ledNudged, yieldFor + retryGreeting - time.Millisecond, false},
+		{"led and nudged, at retryGreeting", ledNudged, yieldFor + retryGreeting, true},
+		{"past greetFor", greeting{since: t0, last: t0.Add(greetFor), lead: true}, greetFor + time.Millisecond, true},
+	} {
+		n := &Network{greeting: map[string]map[wgtypes.Key]greeting{DeviceName: {{1}: tc.g}}}
+		if got := n.greetingDue(DeviceName, t0.Add(tc.at)); got != tc.want {
+			t.Errorf("%s: due %v, want %v", tc.name, got, tc.want)
+		}
+		if n.greetingDue(DeviceNameV6, t0.Add(tc.at)) {
+			t.Errorf("%s: due on a device with no fresh peer", tc.name)
+		}
+	}
+}
+
 func addrs(as []netip.Addr) string {
 	s := make([]string, len(as))
 	for i, a := range as {
