@@ -314,6 +314,16 @@ func (u userspaceDevice) Get(ctx context.Context) (*wgtypes.Device, error) { ret
 // Generation is twill-wg's count of changes (see userspace.GenerationQuery).
 func (u userspaceDevice) Generation(ctx context.Context) (uint64, error) { return u.c.Generation(ctx) }
 
+// Peers reads some of twill-wg's peers (see userspace.PeersQuery).
+func (u userspaceDevice) Peers(ctx context.Context, keys []wgtypes.Key) ([]wgtypes.Peer, error) {
+	return u.c.Peers(ctx, keys)
+}
+
+// peerReader is a Device that reads some of its peers without the others.
+type peerReader interface {
+	Peers(ctx context.Context, keys []wgtypes.Key) ([]wgtypes.Peer, error)
+}
+
 // generationer is a Device that tells how many times it was changed.
 type generationer interface {
 	Generation(ctx context.Context) (uint64, error)

@@ -8,6 +8,8 @@ import (
 	"sync"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/twill-net/twill/backend/wireguard/uapi"
 )
 
 // fakeDevice models a WireGuard device's configuration as the kernel and
@@ -18,6 +20,8 @@ type fakeDevice struct {
 	key   wgtypes.Key
 	port  int
 	peers map[wgtypes.Key]wgtypes.Peer
+	// old: the device is a twill-wg from before the peers query.
+	old bool
 }
 
 var _ Device = (*fakeDevice)(nil)
@@ -31,6 +35,24 @@ func (f *fakeDevice) Get(context.Context) (*wgtypes.Device, error) {
 		d.Peers = append(d.Peers, p)
 	}
 	return d, nil
+}
+
+// Peers answers twill-wg's peers query: the peers asked for that the
+// device has.
+func (f *fakeDevice) Peers(_ context.Context, keys []wgtypes.Key) ([]wgtypes.Peer, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.old {
+		return nil, fmt.Errorf("fake: %w", uapi.ErrNoPeersQuery)
+	}
+	var ps []wgtypes.Peer
+	for _, k := range keys {
+		if p, ok := f.peers[k]; ok {
+			p.AllowedIPs = slices.Clone(p.AllowedIPs)
+			ps = append(ps, p)
+		}
+	}
+	return ps, nil
 }
 
 func (f *fakeDevice) Set(_ context.Context, cfg wgtypes.Config) error {

@@ -3,11 +3,15 @@ package wireguard
 import (
 	"bytes"
 	"context"
+	"errors"
+	"maps"
 	"net/netip"
+	"slices"
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
+	"github.com/twill-net/twill/backend/wireguard/uapi"
 	"github.com/twill-net/twill/internal/tick"
 )
 
@@ -103,16 +107,19 @@ func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
 	if err != nil {
 		return
 	}
-	have, err := dev.Get(ctx)
+	n.mu.Lock()
+	keys := slices.Collect(maps.Keys(n.greeting[t.name]))
+	n.mu.Unlock()
+	have, err := n.followedPeers(ctx, t.name, dev, keys)
 	if err != nil {
 		return
 	}
 	// heard: the peer sent anything authenticated (a handshake
 	// initiation counts): this side has answered it, and waits for its
 	// data.
-	shook := make(map[wgtypes.Key]bool, len(have.Peers))
-	heard := make(map[wgtypes.Key]bool, len(have.Peers))
-	for _, p := range have.Peers {
+	shook := make(map[wgtypes.Key]bool, len(have))
+	heard := make(map[wgtypes.Key]bool, len(have))
+	for _, p := range have {
 		shook[p.PublicKey] = !p.LastHandshakeTime.IsZero()
 		heard[p.PublicKey] = p.ReceiveBytes > 0
 	}
@@ -167,6 +174,29 @@ func (n *Network) greetingDue(dev string, now time.Time) bool {
 		}
 	}
 	return false
+}
+
+// followedPeers reads the peers with the given keys from device name:
+// only those from a device that can (twill-wg), else the whole device.
+// The caller holds opMu.
+func (n *Network) followedPeers(ctx context.Context, name string, dev Device, keys []wgtypes.Key) ([]wgtypes.Peer, error) {
+	if pr, ok := dev.(peerReader); ok && !n.noPeersQuery[name] {
+		ps, err := pr.Peers(ctx, keys)
+		if !errors.Is(err, uapi.ErrNoPeersQuery) {
+			return ps, err
+		}
+		if n.noPeersQuery == nil {
+			n.noPeersQuery = map[string]bool{}
+		}
+		n.noPeersQuery[name] = true
+		n.b.log.Info("the device does not answer a peers query (a twill-wg older than this twilld): following first handshakes by reading every peer",
+			"device", name)
+	}
+	d, err := dev.Get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return d.Peers, nil
 }
 
 // What followOnce does next about a peer without a handshake.

@@ -70,6 +70,32 @@ func TestFollowsFirstHandshakes(t *testing.T) {
 	}
 }
 
+// A twill-wg from before the peers query (a keeper not yet updated) is
+// followed by reading every peer: the peer without a handshake is put back
+// and nudged again all the same.
+func TestFollowsFirstHandshakesOnAnOlderTwillWG(t *testing.T) {
+	ctx := context.Background()
+	n := newNode(t, `{"Type":"wireguard","Mode":"auto"}`, t.TempDir(), lease("10.244.1.0/24", "", "192.168.1.1", "", wgtypes.Key{}))
+	dev := n.devs.dev(DeviceName)
+	dev.old = true
+	k2 := keyAbove(t, n.pub, true)
+	if err := n.nw.Reconcile(ctx, []subnet.Lease{lease("10.244.2.0/24", "", "192.168.1.2", "", k2)}); err != nil {
+		t.Fatal(err)
+	}
+	dev.mu.Lock()
+	p2 := dev.peers[k2]
+	p2.TransmitBytes = 148 // a mark: a peer put back is a new one
+	dev.peers[k2] = p2
+	dev.mu.Unlock()
+	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), time.Now().Add(retryGreeting+time.Millisecond))
+	dev.mu.Lock()
+	putBack := dev.peers[k2].TransmitBytes == 0
+	dev.mu.Unlock()
+	if addrs(n.nudged) != "10.244.2.0 10.244.2.0" || !putBack {
+		t.Fatalf("nudged %v, want node2's device address twice; put back: %v", n.nudged, putBack)
+	}
+}
+
 // A peer whose key is below the node's leads: the node waits yieldFor
 // before it nudges, and only if nothing came from the peer (the lead's
 // handshake was dropped); a peer that sent a handshake is left to the

@@ -35,6 +35,9 @@ type Network struct {
 	// opMu serializes the changes made to the devices: Reconcile's and
 	// Update's, and followHandshakes'.
 	opMu sync.Mutex
+	// noPeersQuery: the devices that did not answer a peers query
+	// (guarded by opMu).
+	noPeersQuery map[string]bool
 
 	mu sync.Mutex
 	// guarded by mu:

@@ -65,6 +65,40 @@ func (c *Client) Get(ctx context.Context) (*wgtypes.Device, error) {
 	return d, nil
 }
 
+// Peers reads the peers with the given keys (those the device has) from
+// a twill-wg device (see userspace.PeersQuery), without its device
+// fields. Other devices close the connection unanswered: that is
+// ErrNoPeersQuery.
+func (c *Client) Peers(ctx context.Context, keys []wgtypes.Key) ([]wgtypes.Peer, error) {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	var req strings.Builder
+	req.WriteString("twill_peers=1\n")
+	for _, k := range keys {
+		req.WriteString("public_key=" + hex.EncodeToString(k[:]) + "\n")
+	}
+	req.WriteString("\n")
+	if _, err := io.WriteString(conn, req.String()); err != nil {
+		return nil, fmt.Errorf("reading peers of %s: %w", c.Path, err)
+	}
+	br := bufio.NewReader(conn)
+	if _, err := br.Peek(1); errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("reading peers of %s: %w", c.Path, ErrNoPeersQuery)
+	}
+	d, err := ParseGet(br)
+	if err != nil {
+		return nil, fmt.Errorf("reading peers of %s: %w", c.Path, err)
+	}
+	return d.Peers, nil
+}
+
+// ErrNoPeersQuery is returned (wrapped) by a device that does not answer
+// Peers: wireguard-go itself, or a twill-wg from before the query.
+var ErrNoPeersQuery = errors.New("the device does not answer a peers query")
+
 // Generation asks a twill-wg device how many times its configuration may
 // have changed (see userspace.GenerationQuery); other devices answer with
 // an error.

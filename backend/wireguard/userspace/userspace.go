@@ -124,8 +124,22 @@ func Run(ctx context.Context, o Options) error {
 // 2.6% of a core).
 const GenerationQuery = "twill_generation=1\n"
 
-// serve answers one connection: the generation query here, anything else
-// by wireguard-go; whatever is not a get counts as a change.
+// PeersQuery asks a twill-wg device for some of its peers: the request
+// goes on with one "public_key=<hex>" line per peer and a blank line, and
+// the device answers as the userspace API's get does, with those of the
+// peers it has and no device fields. twilld's follower of first
+// handshakes asks for the peers it follows: a get of every peer (20 ms at
+// 5,000) held back the lease events behind it, on twilld's side and on
+// wireguard-go's, which holds its configuration lock while it writes a
+// get's answer to the socket.
+const PeersQuery = "twill_peers=1\n"
+
+// maxPeersAsked bounds a peers query's key lines.
+const maxPeersAsked = 1 << 16
+
+// serve answers one connection: the generation and peers queries here,
+// anything else by wireguard-go; whatever is not a get or a query counts
+// as a change.
 func serve(dev *device.Device, c net.Conn, gen *atomic.Uint64) {
 	r := bufio.NewReader(c)
 	line, err := r.ReadString('\n')
@@ -138,10 +152,55 @@ func serve(dev *device.Device, c net.Conn, gen *atomic.Uint64) {
 		fmt.Fprintf(c, "generation=%d\nerrno=0\n\n", gen.Load())
 		return
 	}
+	if line == PeersQuery {
+		defer c.Close()
+		servePeers(dev, r, c)
+		return
+	}
 	if line != "get=1\n" {
 		gen.Add(1)
 	}
 	dev.IpcHandle(&replayConn{Conn: c, r: io.MultiReader(strings.NewReader(line), r)})
+}
+
+// servePeers answers a peers query whose first line was read from r: the
+// device's get, taken into memory (so that wireguard-go's lock is not held
+// while the socket drains), with only the peers asked for. A malformed
+// request is answered with errno=22 (EINVAL).
+func servePeers(dev *device.Device, r *bufio.Reader, w io.Writer) {
+	want := map[string]bool{}
+	for n := 0; ; n++ {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return
+		}
+		if line == "\n" {
+			break
+		}
+		key, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), "public_key=")
+		if !ok || n >= maxPeersAsked {
+			fmt.Fprint(w, "errno=22\n\n")
+			return
+		}
+		want[key] = true
+	}
+	var all strings.Builder
+	if err := dev.IpcGetOperation(&all); err != nil {
+		fmt.Fprint(w, "errno=1\n\n")
+		return
+	}
+	out := bufio.NewWriter(w)
+	keep := false
+	for line := range strings.Lines(all.String()) {
+		if key, ok := strings.CutPrefix(line, "public_key="); ok {
+			keep = want[strings.TrimSuffix(key, "\n")]
+		}
+		if keep {
+			out.WriteString(line)
+		}
+	}
+	out.WriteString("errno=0\n\n")
+	out.Flush()
 }
 
 // replayConn is a connection whose first bytes were already read.

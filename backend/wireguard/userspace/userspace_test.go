@@ -2,16 +2,21 @@ package userspace
 
 import (
 	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.zx2c4.com/wireguard/device"
 	"golang.zx2c4.com/wireguard/tun/tuntest"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
@@ -89,5 +94,104 @@ func TestServesTheUserspaceAPI(t *testing.T) {
 	}
 	if _, err := c.Get(context.Background()); err == nil {
 		t.Fatal("the socket still answers after the device stopped")
+	}
+}
+
+// A peers query reads back the peers asked for and no others, with no
+// device fields (the private key stays in the device); a malformed one is
+// refused; a device that does not know the query (wireguard-go's own
+// socket) is told apart from a failure.
+func TestAnswersAPeersQuery(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "wg.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	go func() {
+		_ = Run(ctx, Options{Logger: log, Name: "wgtest", Socket: sock, TUN: tuntest.NewChannelTUN().TUN(), Bind: &DiscardBind{}})
+	}()
+	c := &uapi.Client{Path: sock}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := c.Get(ctx); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the device never served its socket")
+		}
+	}
+	priv, _ := wgtypes.GeneratePrivateKey()
+	var peers []wgtypes.PeerConfig
+	var keys []wgtypes.Key
+	for i := range 3 {
+		k, _ := wgtypes.GeneratePrivateKey()
+		keys = append(keys, k.PublicKey())
+		_, ipnet, _ := net.ParseCIDR(fmt.Sprintf("10.244.%d.0/24", i+2))
+		peers = append(peers, wgtypes.PeerConfig{PublicKey: k.PublicKey(), AllowedIPs: []net.IPNet{*ipnet},
+			Endpoint: net.UDPAddrFromAddrPort(netip.MustParseAddrPort(fmt.Sprintf("127.0.0.1:%d", 52000+i)))})
+	}
+	if err := c.Set(ctx, wgtypes.Config{PrivateKey: &priv, Peers: peers}); err != nil {
+		t.Fatal(err)
+	}
+	g1, err := c.Generation(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unknown, _ := wgtypes.GeneratePrivateKey()
+	got, err := c.Peers(ctx, []wgtypes.Key{keys[2], unknown.PublicKey(), keys[0]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	for _, p := range got {
+		seen = append(seen, p.Endpoint.String()+" "+p.AllowedIPs[0].String())
+	}
+	slices.Sort(seen)
+	if want := []string{"127.0.0.1:52000 10.244.2.0/24", "127.0.0.1:52002 10.244.4.0/24"}; !slices.Equal(seen, want) {
+		t.Fatalf("peers query answered %v, want %v", seen, want)
+	}
+	if g2, err := c.Generation(ctx); err != nil || g2 != g1 {
+		t.Fatalf("a peers query moved the generation: %d -> %d (%v)", g1, g2, err)
+	}
+	raw := func(req string) string {
+		conn, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(conn, req); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(conn)
+		return string(b)
+	}
+	if out := raw("twill_peers=1\npublic_key=" + hex.EncodeToString(keys[1][:]) + "\n\n"); strings.Contains(out, "private_key") || !strings.HasSuffix(out, "errno=0\n\n") {
+		t.Fatalf("peers query answered %q: want the peer alone, no device fields", out)
+	}
+	if out := raw("twill_peers=1\nprivate_key=00\n\n"); out != "errno=22\n\n" {
+		t.Fatalf("a malformed peers query answered %q, want errno=22", out)
+	}
+
+	// wireguard-go's own socket: it closes the connection on a query it
+	// does not know.
+	plain := filepath.Join(dir, "plain.sock")
+	l, err := net.Listen("unix", plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	dev := device.NewDevice(tuntest.NewChannelTUN().TUN(), &DiscardBind{}, device.NewLogger(device.LogLevelSilent, ""))
+	defer dev.Close()
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go dev.IpcHandle(conn)
+		}
+	}()
+	if _, err := (&uapi.Client{Path: plain}).Peers(ctx, keys); !errors.Is(err, uapi.ErrNoPeersQuery) {
+		t.Fatalf("wireguard-go's socket: %v, want ErrNoPeersQuery", err)
 	}
 }
