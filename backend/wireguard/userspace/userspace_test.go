@@ -35,17 +35,7 @@ func TestServesTheUserspaceAPI(t *testing.T) {
 	go func() {
 		done <- Run(ctx, Options{Logger: log, Name: "wgtest", Socket: sock, PIDFile: pidf, TUN: tuntest.NewChannelTUN().TUN(), Bind: &DiscardBind{}})
 	}()
-	c := &uapi.Client{Path: sock}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := c.Get(ctx); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the device never served its socket")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	c := waitServing(t, sock)
 	if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("socket %v %v: want mode 0600", fi, err)
 	}
@@ -97,6 +87,20 @@ func TestServesTheUserspaceAPI(t *testing.T) {
 	}
 }
 
+// waitServing waits for a device to answer a get on sock.
+func waitServing(t *testing.T, sock string) *uapi.Client {
+	t.Helper()
+	c := &uapi.Client{Path: sock}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := c.Get(context.Background()); err == nil {
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the device never served its socket")
+		}
+	}
+}
+
 // A peers query reads back the peers asked for and no others, with no
 // device fields (the private key stays in the device); a malformed one is
 // refused; a device that does not know the query (wireguard-go's own
@@ -110,15 +114,7 @@ func TestAnswersAPeersQuery(t *testing.T) {
 	go func() {
 		_ = Run(ctx, Options{Logger: log, Name: "wgtest", Socket: sock, TUN: tuntest.NewChannelTUN().TUN(), Bind: &DiscardBind{}})
 	}()
-	c := &uapi.Client{Path: sock}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if _, err := c.Get(ctx); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the device never served its socket")
-		}
-	}
+	c := waitServing(t, sock)
 	priv, _ := wgtypes.GeneratePrivateKey()
 	var peers []wgtypes.PeerConfig
 	var keys []wgtypes.Key
