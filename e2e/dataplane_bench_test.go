@@ -156,9 +156,9 @@ func gbps(xs []float64) string {
 	return strings.Join(out, " ")
 }
 
-// iperf runs one iperf3 client in ns, on core 0, against server for dataPlaneRun with
-// the given number of parallel streams and returns the bits per second the
-// server received.
+// iperf runs one iperf3 client in ns, on core 0, against server for
+// dataPlaneRun with the given number of parallel streams and returns the
+// bits per second the server received.
 func iperf(b *testing.B, ns string, server netip.Addr, streams int) float64 {
 	b.Helper()
 	args := []string{"netns", "exec", ns, "taskset", "-c", "0", "iperf3", "-c", server.String(), "-p", "5201", "-J", "--connect-timeout", "1000",

@@ -162,8 +162,8 @@ func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
 
 // greetingDue reports whether a fresh peer of device dev is due now: to
 // be nudged, put back, or given up on, were it still without a
-// handshake. Only then does followOnce read the device, which costs a
-// read of every peer and holds back lease events while it runs: a
+// handshake. Only then does followOnce read the device, which holds back
+// lease events while it runs (wireguard-go reads every peer for it): a
 // handshake done in between is seen at the next due moment.
 func (n *Network) greetingDue(dev string, now time.Time) bool {
 	n.mu.Lock()
