@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
@@ -81,11 +82,20 @@ func (c *Client) Peers(ctx context.Context, keys []wgtypes.Key) ([]wgtypes.Peer,
 		req.WriteString("public_key=" + hex.EncodeToString(k[:]) + "\n")
 	}
 	req.WriteString("\n")
+	// A device that does not know the query closes the connection without
+	// a word: an end, or a reset when it left some of the request unread
+	// (a broken pipe if that was before all of it was written).
+	closed := func(err error) bool {
+		return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+	}
 	if _, err := io.WriteString(conn, req.String()); err != nil {
+		if closed(err) {
+			err = ErrNoPeersQuery
+		}
 		return nil, fmt.Errorf("reading peers of %s: %w", c.Path, err)
 	}
 	br := bufio.NewReader(conn)
-	if _, err := br.Peek(1); errors.Is(err, io.EOF) {
+	if _, err := br.Peek(1); closed(err) {
 		return nil, fmt.Errorf("reading peers of %s: %w", c.Path, ErrNoPeersQuery)
 	}
 	d, err := ParseGet(br)
