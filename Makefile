@@ -139,8 +139,15 @@ etcd-tools: ## Build etcdctl from the Go module proxy, for Documentation/etcd.md
 # so -parallel is well above the number of parallel tests (about 60): a
 # test waiting for its lane never holds up another, and a waiting test
 # costs only its goroutine.
+# tools/hostguard runs the tiers and fails make test if the machine's own
+# paths, sysctls, links, rules, routes or nftables tables changed meanwhile,
+# naming the step and the tests that were running when it first saw it.
 .PHONY: test
-test: setup-base ## Everything this machine can run, as root: lint, coverage, unit, privileged, e2e (listed test by test), fuzz seeds, benchmarks once
+test: setup-base ## Everything this machine can run, as root: lint, coverage, unit, privileged, e2e (listed test by test), fuzz seeds, benchmarks once; fails if the machine itself changed
+	$(GO) run ./tools/hostguard -- $(MAKE) --no-print-directory test-tiers
+
+.PHONY: test-tiers
+test-tiers:
 	bash tools/overlap.sh build/setup-tools.log '$(MAKE) --no-print-directory setup-tools' '$(MAKE) --no-print-directory lint cover test-packages'
 	$(RACE) -vet=off -count=1 -timeout 60m -v -parallel 256 ./e2e/
 	$(MAKE) --no-print-directory bench-smoke

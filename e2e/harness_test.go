@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -50,6 +51,30 @@ func binaries(t testing.TB) string {
 		"github.com/twill-net/twill/cmd/twillctl", "github.com/twill-net/twill/cmd/twill-lab", "github.com/twill-net/twill/cmd/twill", "github.com/twill-net/twill/cmd/twill-wg")
 }
 
+// privatePaths gives a twilld command line the state directory and
+// subnet.env of its own that it lacks. No test may run twilld on the
+// machine's /var/lib/twill or /run/twill: a fresh machine's make test failed
+// when one did (the Kubernetes lab beside it saw the machine change), and on
+// a warm machine the change hides.
+func privatePaths(t testing.TB, args []string) []string {
+	t.Helper()
+	var dir string
+	for _, flag := range []string{"--state-dir", "--subnet-file"} {
+		if slices.ContainsFunc(args, func(a string) bool { return a == flag || strings.HasPrefix(a, flag+"=") }) {
+			continue
+		}
+		if dir == "" {
+			dir = t.TempDir()
+		}
+		path := filepath.Join(dir, "state")
+		if flag == "--subnet-file" {
+			path = filepath.Join(dir, "subnet.env")
+		}
+		args = append(args, flag, path)
+	}
+	return args
+}
+
 // proc is a process the test started inside a namespace; it is stopped by
 // PID at cleanup.
 type proc struct {
@@ -67,6 +92,9 @@ func start(t testing.TB, ns, logPath string, name string, args ...string) *proc 
 // startEnv is start with extra environment variables for the process.
 func startEnv(t testing.TB, env []string, nsName, logPath string, name string, args ...string) *proc {
 	t.Helper()
+	if filepath.Base(name) == "twilld" {
+		args = privatePaths(t, args)
+	}
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)

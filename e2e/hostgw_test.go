@@ -231,7 +231,7 @@ func TestCleanup(t *testing.T) {
 	if !strings.Contains(c.routes(0), peer.String()) {
 		t.Fatal("SIGTERM removed routes; a normal stop must leave the data plane")
 	}
-	if out, err := topology.Exec(ns, c.bin+"/twilld", "cleanup", "--subnet-file", c.subnetFile(0)); err != nil {
+	if out, err := topology.Exec(ns, c.bin+"/twilld", "cleanup", "--subnet-file", c.subnetFile(0), "--state-dir", filepath.Dir(c.subnetFile(0))); err != nil {
 		t.Fatalf("cleanup: %v\n%s", err, out)
 	}
 	if strings.Contains(c.routes(0), "proto 167") {

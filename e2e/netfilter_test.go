@@ -163,7 +163,8 @@ func TestNetfilterModes(t *testing.T) {
 			if out, err := status(); err == nil || !contains(out, "netfilter  DRIFT ("+mode+")", "missing", "pod to outside") {
 				t.Errorf("status after `%s`: %v, want exit 1 and the missing rule\n%s", strings.Join(breakIt, " "), err, out)
 			}
-			if out, err := topology.Exec(ns0, c.bin+"/twilld", "cleanup", "--subnet-file", c.subnetFile(0)); err != nil {
+			if out, err := topology.Exec(ns0, c.bin+"/twilld", "cleanup", "--subnet-file", c.subnetFile(0),
+				"--state-dir", filepath.Dir(c.subnetFile(0))); err != nil {
 				t.Fatalf("cleanup: %v\n%s", err, out)
 			}
 			if ipt, nft := nodeRules(t, ns0); strings.Contains(ipt, "TWILL") || nft != "" {

@@ -3,8 +3,6 @@ package daemon
 import (
 	"context"
 	"errors"
-	"fmt"
-	"os"
 	"time"
 
 	"github.com/twill-net/twill/internal/backoff"
@@ -41,20 +39,4 @@ func (d *Daemon) networkConfig(ctx context.Context) (*subnet.Config, error) {
 			return nil, nil
 		}
 	}
-}
-
-// privateDir makes the state directory (keys, the VTEP MAC) if missing
-// and leaves it readable by its owner alone, 0700, even when it was made
-// looser (a hostPath's DirectoryOrCreate makes 0755). Empty: none.
-func privateDir(dir string) error {
-	if dir == "" {
-		return nil
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("--state-dir %s: %w", dir, err)
-	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return fmt.Errorf("--state-dir %s: %w", dir, err)
-	}
-	return nil
 }

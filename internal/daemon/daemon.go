@@ -205,7 +205,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 }
 
 func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
-	if err := privateDir(d.o.StateDir); err != nil {
+	if err := privateDir(d.o.StateDir, d.log); err != nil {
 		return err
 	}
 	if p, ok := d.o.Subnets.(LeasePrefetcher); ok {
