@@ -16,10 +16,14 @@ RACE := CGO_ENABLED=1 $(GO) test -race
 # only in tests, to alter twill's table and to watch for execs): the Kubernetes
 # lab's nodes run Debian's containerd and runc, with the CNI plugins a node
 # provides next to twill (loopback, portmap) from containernetworking-plugins.
-APT_PACKAGES := iproute2 iptables nftables strace iputils-ping iperf3 ethtool containerd runc containernetworking-plugins util-linux openssl
+# make test-kernels boots Debian's kernels under qemu's emulator with a
+# busybox initramfs (qemu-system-x86, busybox-static, kmod for depmod and the
+# VM's modprobe, cpio).
+APT_PACKAGES := iproute2 iptables nftables strace iputils-ping iperf3 ethtool containerd runc containernetworking-plugins util-linux openssl \
+	qemu-system-x86 busybox-static kmod cpio
 # A file each package provides, to check before installing.
 APT_FILES := /usr/sbin/ip /usr/sbin/iptables /usr/sbin/nft /usr/bin/strace /usr/bin/ping /usr/bin/iperf3 /usr/sbin/ethtool /usr/bin/containerd /usr/sbin/runc \
-	/usr/lib/cni/portmap /usr/bin/nsenter /usr/bin/openssl
+	/usr/lib/cni/portmap /usr/bin/nsenter /usr/bin/openssl /usr/bin/qemu-system-x86_64 /bin/busybox /usr/bin/kmod /usr/bin/cpio
 
 .DEFAULT_GOAL := help
 # The lab and the tests need root (network namespaces).
@@ -150,7 +154,12 @@ test: setup-base ## Everything this machine can run, as root: lint, coverage, un
 test-tiers:
 	bash tools/overlap.sh build/setup-tools.log '$(MAKE) --no-print-directory setup-tools' '$(MAKE) --no-print-directory lint cover test-packages'
 	$(RACE) -vet=off -count=1 -timeout 60m -v -parallel 256 ./e2e/
+	$(MAKE) --no-print-directory test-kernels
 	$(MAKE) --no-print-directory bench-smoke
+
+.PHONY: test-kernels
+test-kernels: build ## Boot each kernel of tools/kernels/kernels.list (Debian's 5.10, 6.1, 6.12) under qemu's TCG emulator and run the lab (vxlan, host-gw, kernel WireGuard; IPv4 and dual-stack; nftables and iptables), TestEtcdWireGuard on the kernel device, vxlan's checksum workaround and the policy table inside it (part of make test)
+	bash tools/kernels/matrix.sh
 
 .PHONY: test-packages
 test-packages: ## Every package's tests but e2e's, race detector on, privileged ones included as root (make test's unit tier)

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -80,6 +82,7 @@ func privatePaths(t testing.TB, args []string) []string {
 type proc struct {
 	cmd  *exec.Cmd
 	Log  string
+	from int64 // the log's size when the process started
 	done chan struct{}
 	err  error
 }
@@ -99,6 +102,10 @@ func startEnv(t testing.TB, env []string, nsName, logPath string, name string, a
 	if err != nil {
 		t.Fatal(err)
 	}
+	var from int64
+	if fi, err := f.Stat(); err == nil {
+		from = fi.Size()
+	}
 	cmd := exec.Command(name, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	if env != nil {
@@ -113,7 +120,7 @@ func startEnv(t testing.TB, env []string, nsName, logPath string, name string, a
 		f.Close()
 		t.Fatalf("starting %s in %s: %v", name, nsName, err)
 	}
-	p := &proc{cmd: cmd, Log: logPath, done: make(chan struct{})}
+	p := &proc{cmd: cmd, Log: logPath, from: from, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		f.Close()
@@ -155,6 +162,17 @@ func (p *proc) Output() string {
 	return string(b)
 }
 
+// OwnOutput is what this process logged, without what earlier processes
+// (a restarted daemon's former self) left in the same log: "ready" in it
+// is this process's.
+func (p *proc) OwnOutput() string {
+	out := p.Output()
+	if int64(len(out)) < p.from {
+		return ""
+	}
+	return out[p.from:]
+}
+
 // waitFor polls cond until it holds or timeout passes, and returns how
 // long it took. It polls every 10ms for the first half second, so that the
 // delays the tests log stay precise, then every 100ms: most conds exec ip
@@ -162,6 +180,7 @@ func (p *proc) Output() string {
 // other tests.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
+	timeout *= waitScale()
 	start := time.Now()
 	for {
 		if cond() {
@@ -177,6 +196,18 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
+}
+
+// WaitScaleEnv multiplies every waitFor bound: make test-kernels sets it
+// in its emulated machines, where everything runs several times slower than
+// on the machine itself. A measured gap is asserted unscaled.
+const WaitScaleEnv = "TWILL_E2E_WAIT_SCALE"
+
+func waitScale() time.Duration {
+	if n, err := strconv.Atoi(os.Getenv(WaitScaleEnv)); err == nil && n > 1 {
+		return time.Duration(n)
+	}
+	return 1
 }
 
 // cluster is a topology with a real etcd in its underlay and twilld in
@@ -408,6 +439,60 @@ func (c *cluster) cni(i int, op, name, podNS string) cnidriver.Outcome {
 		c.t.Fatalf("cni %s %s on node%d: %+v (%v)", op, name, i+1, resp, err)
 	}
 	return resp.Outcomes[0]
+}
+
+// udp sends datagrams of 1,400 bytes from a pod to an echo in another
+// and fails unless most come back intact: with vxlan, the inner UDP
+// checksum is the one the checksum workaround (TXChecksumOffload) is about.
+func (c *cluster) udp(serverNS string, server netip.Addr, clientNS string) {
+	c.t.Helper()
+	var srv *net.UDPConn
+	err := ns.WithNetNSPath("/var/run/netns/"+serverNS, func(ns.NetNS) error {
+		var err error
+		srv, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(server, 0)))
+		return err
+	})
+	if err != nil {
+		c.t.Fatalf("UDP echo in %s: %v", serverNS, err)
+	}
+	defer srv.Close()
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := srv.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			_, _ = srv.WriteToUDPAddrPort(buf[:n], from)
+		}
+	}()
+	var cl *net.UDPConn
+	err = ns.WithNetNSPath("/var/run/netns/"+clientNS, func(ns.NetNS) error {
+		var err error
+		cl, err = net.DialUDP("udp", nil, srv.LocalAddr().(*net.UDPAddr))
+		return err
+	})
+	if err != nil {
+		c.t.Fatalf("UDP from %s: %v", clientNS, err)
+	}
+	defer cl.Close()
+	const sent = 20
+	back := 0
+	payload := bytes.Repeat([]byte("twill-udp-"), 140)
+	buf := make([]byte, 2048)
+	for i := range sent {
+		payload[0] = byte(i)
+		if _, err := cl.Write(payload); err != nil {
+			c.t.Fatalf("UDP to %s: %v", server, err)
+		}
+		_ = cl.SetReadDeadline(time.Now().Add(time.Second))
+		if n, err := cl.Read(buf); err == nil && bytes.Equal(buf[:n], payload) {
+			back++
+		}
+	}
+	if back < sent/2 {
+		c.t.Fatalf("UDP from %s to %s: %d of %d datagrams of %d bytes came back intact", clientNS, server, back, sent, len(payload))
+	}
 }
 
 // tcp runs an iperf3 exchange from client to server's address: a real TCP

@@ -109,7 +109,7 @@ func TestEtcdHostGW(t *testing.T) {
 		}
 		c.startDaemon(1)
 		after := c.env(1)
-		waitFor(t, 5*time.Second, "B logging ready after restart", func() bool { return strings.Contains(c.daemons[1].Output(), "msg=ready") })
+		waitFor(t, 5*time.Second, "B logging ready after restart", func() bool { return strings.Contains(c.daemons[1].OwnOutput(), "msg=ready") })
 		close(stop)
 		n := <-sampled
 		if after.Subnet != before.Subnet {
@@ -265,7 +265,7 @@ func TestCleanup(t *testing.T) {
 	}
 	// node1's twilld, started again, must not route to the released node.
 	d := c.startDaemon(0)
-	waitFor(t, 20*time.Second, "node1's twilld ready again", func() bool { return strings.Contains(d.Output(), "msg=ready") })
+	waitFor(t, 20*time.Second, "node1's twilld ready again", func() bool { return strings.Contains(d.OwnOutput(), "msg=ready") })
 	if strings.Contains(c.routes(0), peer.String()) {
 		t.Errorf("node1 routes to the node that released its lease:\n%s", c.routes(0))
 	}

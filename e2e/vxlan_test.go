@@ -257,7 +257,7 @@ func txChecksum(t *testing.T, c *cluster, i int) string {
 // TestEtcdVXLANChecksumOffload: Backend.TXChecksumOffload "off", the
 // workaround for kernels whose NAT corrupts offloaded vxlan checksums
 // (flannel #1279), turns the offload off on every node's VTEP, pods still
-// talk TCP across it with twilld masquerading, and when an operator turns
+// talk TCP and UDP across it with twilld masquerading, and when an operator turns
 // it back on by hand twilld turns it off again. The default ("auto") on
 // this machine's kernel (5.7 or later) leaves it on.
 func TestEtcdVXLANChecksumOffload(t *testing.T) {
@@ -280,6 +280,7 @@ func TestEtcdVXLANChecksumOffload(t *testing.T) {
 	p1, ip1 := c.addPod(1, "p2")
 	c.tcp(p1, ip1, p0)
 	c.tcp(p0, ip0, p1)
+	c.udp(p1, ip1, p0)
 
 	n0 := c.topo.Nodes[0].NS
 	if out, err := topology.Exec(n0, "ethtool", "-K", "twill.1", "tx-checksum-ip-generic", "on"); err != nil {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -20,12 +21,14 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
+	"golang.zx2c4.com/wireguard/wgctrl"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/twill-net/twill/backend/wireguard"
 	"github.com/twill-net/twill/backend/wireguard/uapi"
+	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	twcluster "github.com/twill-net/twill/lab/cluster"
 	"github.com/twill-net/twill/lab/topology"
 	"github.com/twill-net/twill/subnet"
@@ -55,10 +58,77 @@ func cmdlineMentions(pid int, s string) bool {
 	return err == nil && bytes.Contains(b, []byte(s))
 }
 
-// wgDevice reads node i's userspace WireGuard device through its socket.
+// wgDevice reads node i's WireGuard device: the kernel's over generic
+// netlink in the node's namespace on a kernel that has the module (as
+// twilld then uses it), else twill-wg's through its socket.
 func (c *cluster) wgDevice(i int) (*wgtypes.Device, error) {
-	cl := &uapi.Client{Path: wireguard.Socket(twcluster.NodeDir(c.dir, c.topo.Nodes[i].Name), wireguard.DeviceName)}
-	return cl.Get(context.Background())
+	var d *wgtypes.Device
+	err := c.wgDo(i, func(dev wireguard.Device) error {
+		var err error
+		d, err = dev.Get(context.Background())
+		return err
+	})
+	return d, err
+}
+
+// wgSet configures node i's WireGuard device behind twilld's back.
+func (c *cluster) wgSet(i int, cfg wgtypes.Config) error {
+	return c.wgDo(i, func(dev wireguard.Device) error { return dev.Set(context.Background(), cfg) })
+}
+
+func (c *cluster) wgDo(i int, f func(wireguard.Device) error) error {
+	if !kernelWireGuard(c.t) {
+		return f(&uapi.Client{Path: wireguard.Socket(twcluster.NodeDir(c.dir, c.topo.Nodes[i].Name), wireguard.DeviceName)})
+	}
+	return ns.WithNetNSPath("/var/run/netns/"+c.topo.Nodes[i].NS, func(ns.NetNS) error {
+		cl, err := wgctrl.New()
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		return f(kernelDevice{cl})
+	})
+}
+
+// kernelDevice is a kernel WireGuard device read and set with wgctrl.
+type kernelDevice struct{ cl *wgctrl.Client }
+
+func (k kernelDevice) Get(context.Context) (*wgtypes.Device, error) {
+	return k.cl.Device(wireguard.DeviceName)
+}
+
+func (k kernelDevice) Set(_ context.Context, cfg wgtypes.Config) error {
+	return k.cl.ConfigureDevice(wireguard.DeviceName, cfg)
+}
+
+var (
+	kernelWGOnce sync.Once
+	kernelWG     bool
+)
+
+// kernelWireGuard says whether this kernel makes WireGuard links (it has
+// the module), asked in a namespace of its own: twilld then uses the
+// kernel's device, and the tests assert that it does.
+func kernelWireGuard(t testing.TB) bool {
+	t.Helper()
+	kernelWGOnce.Do(func() {
+		nsName := fmt.Sprintf("tw%s-wgprobe%d", netnstest.RunID(), time.Now().UnixNano()%100000)
+		if out, err := exec.Command("ip", "netns", "add", nsName).CombinedOutput(); err != nil {
+			t.Fatalf("ip netns add %s: %v: %s", nsName, err, out)
+		}
+		defer exec.Command("ip", "netns", "del", nsName).Run()
+		kernelWG = exec.Command("ip", "-n", nsName, "link", "add", "wgprobe", "type", "wireguard").Run() == nil
+	})
+	return kernelWG
+}
+
+// wgImpl is the implementation twilld must report: the kernel's where the
+// kernel has WireGuard.
+func wgImpl(t testing.TB) string {
+	if kernelWireGuard(t) {
+		return wireguard.ImplKernel
+	}
+	return wireguard.ImplUserspace
 }
 
 func (c *cluster) wgPeerKeys(i int) map[string]bool {
@@ -164,9 +234,10 @@ func TestEtcdWireGuard(t *testing.T) {
 		})
 		t.Logf("ping %s -> %s answered after %s", path.from, path.to, took.Round(time.Millisecond))
 	}
-	if got := metricLine(t, c.topo.Nodes[0].NS, 9412, "twill_wireguard_device_info"); !strings.Contains(got, `implementation="userspace"`) {
-		t.Errorf("metrics say %q, want the userspace implementation", got)
+	if got := metricLine(t, c.topo.Nodes[0].NS, 9412, "twill_wireguard_device_info"); !strings.Contains(got, `implementation="`+wgImpl(t)+`"`) {
+		t.Errorf("metrics say %q, want the %s implementation", got, wgImpl(t))
 	}
+	t.Logf("WireGuard device: %s", wgImpl(t))
 	echo := echoServer(t, podB, addrB)
 
 	t.Run("nothing of the pods crosses the underlay in clear", func(t *testing.T) {
@@ -213,7 +284,7 @@ func TestEtcdWireGuard(t *testing.T) {
 		for _, i := range []int{0, 1} {
 			c.daemons[i].Stop(t)
 			c.startDaemon(i, "--healthz-port", "9412")
-			waitFor(t, 10*time.Second, "ready after the restart", func() bool { return strings.Contains(c.daemons[i].Output(), "msg=ready") })
+			waitFor(t, 10*time.Second, "ready after the restart", func() bool { return strings.Contains(c.daemons[i].OwnOutput(), "msg=ready") })
 		}
 		time.Sleep(time.Second)
 		gap, failed, total := p.stop()
@@ -251,17 +322,45 @@ func TestEtcdWireGuard(t *testing.T) {
 	})
 
 	t.Run("a hand-removed peer comes back within 5s", func(t *testing.T) {
-		cl := &uapi.Client{Path: wireguard.Socket(twcluster.NodeDir(c.dir, c.topo.Nodes[0].Name), wireguard.DeviceName)}
 		k, err := wgtypes.ParseKey(keys[1])
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := cl.Set(context.Background(), wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: k, Remove: true}}}); err != nil {
+		if err := c.wgSet(0, wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: k, Remove: true}}}); err != nil {
 			t.Fatal(err)
 		}
 		took := waitFor(t, 5*time.Second, "node2's peer back on node1", func() bool { return c.wgPeerKeys(0)[keys[1]] })
 		if err := ping(podA, addrB); err != nil {
 			t.Fatal(err)
+		}
+		t.Logf("back in %s", took.Round(time.Millisecond))
+	})
+
+	t.Run("a settled device is left alone", func(t *testing.T) {
+		// Read back as the device reports it (the kernel's and
+		// wireguard-go's differ in how they report endpoints, keepalives
+		// and allowed IPs), what twilld applied must compare equal to what
+		// it wants: else every poll (2 s) rewrites the device, and counts a
+		// drift repair that was none.
+		before := metricLine(t, c.topo.Nodes[0].NS, 9412, "twill_drift_repairs_total")
+		logged := strings.Count(c.daemons[0].Output(), "repaired WireGuard peers")
+		time.Sleep(5 * time.Second)
+		if after := metricLine(t, c.topo.Nodes[0].NS, 9412, "twill_drift_repairs_total"); after != before {
+			t.Errorf("node1 repaired drift on a settled %s device: %q, then %q", wgImpl(t), before, after)
+		}
+		if n := strings.Count(c.daemons[0].Output(), "repaired WireGuard peers"); n != logged {
+			t.Errorf("node1 logged %d repairs of a settled %s device", n-logged, wgImpl(t))
+		}
+	})
+
+	t.Run("a deleted device comes back with its peers within 5s", func(t *testing.T) {
+		if out, err := exec.Command("ip", "-n", c.topo.Nodes[0].NS, "link", "del", wireguard.DeviceName).CombinedOutput(); err != nil {
+			t.Fatalf("ip link del %s: %v: %s", wireguard.DeviceName, err, out)
+		}
+		took := waitFor(t, 5*time.Second, "node1's device back, holding node2's key", func() bool { return c.wgPeerKeys(0)[keys[1]] })
+		waitFor(t, 5*time.Second, "a ping from node1's pod to node2's over the new device", func() bool { return ping(podA, addrB) == nil })
+		if got := metricLine(t, c.topo.Nodes[0].NS, 9412, "twill_wireguard_device_info"); !strings.Contains(got, `implementation="`+wgImpl(t)+`"`) {
+			t.Errorf("after the device was made anew, metrics say %q, want %s", got, wgImpl(t))
 		}
 		t.Logf("back in %s", took.Round(time.Millisecond))
 	})

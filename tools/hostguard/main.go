@@ -1,7 +1,8 @@
 // Command hostguard runs a command (make test's tiers) and fails if the
 // machine it runs on changed meanwhile: the paths twill, the lab, kubelet
 // and containerd would write on a host, machine-wide sysctls, the host
-// network namespace's links, rules, IPv4 routes and nftables tables.
+// network namespace's links, rules, IPv4 routes and nftables tables, and
+// whether the WireGuard module is loaded.
 //
 // A warm machine hides such a change (the directory "always" exists), so a
 // fresh one shows it in whichever test happens to look. hostguard looks for
@@ -243,6 +244,11 @@ func snapshot(full bool) map[string]string {
 			continue
 		}
 		s["sysctl "+k] = strings.TrimSpace(string(b))
+	}
+	// make test-kernels loads WireGuard in its emulated machines, never
+	// on the machine itself.
+	if mods, err := os.ReadFile("/proc/modules"); err == nil {
+		s["module wireguard"] = map[bool]string{true: "loaded", false: "not loaded"}[strings.Contains("\n"+string(mods), "\nwireguard ")]
 	}
 	if links, err := os.ReadDir("/sys/class/net"); err == nil {
 		for _, l := range links {

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# matrix.sh [NAME...]: make test-kernels. Boots each kernel of
+# kernels.list (or those named) under qemu's TCG emulator, two at a time,
+# each with checks.sh and twill's static binaries (bin/, as make build
+# writes them, plus the e2e and policy test binaries), and fails unless
+# every kernel booted and passed every check. Logs: build/kernels/logs/.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+GO=${GO:-go}
+names=("$@")
+[ ${#names[@]} -gt 0 ] || mapfile -t names < <(awk '!/^#/ && NF {print $1}' tools/kernels/kernels.list)
+logs=build/kernels/logs
+mkdir -p "$logs"
+bin=$(mktemp -d /tmp/twill-kernels-bin.XXXXXX)
+trap 'rm -rf "$bin"' EXIT
+cp bin/twill bin/twill-lab bin/twill-wg bin/twillctl bin/twilld bin/twilld-lab "$bin/"
+for pkg in e2e policy; do
+	CGO_ENABLED=0 $GO test -c -trimpath -ldflags '-s -w' -o "$bin/$pkg.test" "./$pkg"
+done
+dirs=()
+for n in "${names[@]}"; do
+	dirs+=("$(tools/kernels/fetch.sh "$n")")
+done
+# Two emulated machines at a time, one vCPU each: the machine's two cores.
+start=$(date +%s)
+pids=() rcs=()
+run() {
+	local i=$1
+	KVM_CPU=${KVM_CPU:-max,cx16=off} tools/kernels/vm.sh "${dirs[$i]}" "$bin" tools/kernels/checks.sh "$logs/${names[$i]}.log" \
+		>"$logs/${names[$i]}.out" 2>&1
+}
+fail=0
+for ((i = 0; i < ${#names[@]}; i += 2)); do
+	pids=()
+	for j in $i $((i + 1)); do
+		[ "$j" -lt "${#names[@]}" ] || continue
+		run "$j" &
+		pids+=("$!:$j")
+	done
+	for p in "${pids[@]}"; do
+		j=${p#*:}
+		rc=0
+		wait "${p%%:*}" || rc=$?
+		sed "s/^/${names[$j]}: /" "$logs/${names[$j]}.out" | tr -d '\033' | sed 's/\[[0-9;?]*[a-zA-Z]//g'
+		booted=$(grep -so 'KVM uname -r: .*' "$logs/${names[$j]}.log" | head -1 | sed 's/KVM uname -r: //' | tr -d '\r' || true)
+		summary=$(grep -sE '^KCHECKS ' "$logs/${names[$j]}.log" | tail -1 | tr -d '\r' || true)
+		if [ "$rc" = 0 ]; then
+			echo "test-kernels: ${names[$j]}: booted ${booted:-nothing}: ${summary#KCHECKS }: ok"
+		else
+			echo "test-kernels: ${names[$j]}: booted ${booted:-nothing}: ${summary#KCHECKS }: FAILED (console: $logs/${names[$j]}.log)"
+			fail=1
+		fi
+	done
+done
+echo "test-kernels: ${#names[@]} kernels in $(($(date +%s) - start)) s"
+exit $fail
