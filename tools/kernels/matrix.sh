@@ -22,19 +22,23 @@ for n in "${names[@]}"; do
 	dirs+=("$(tools/kernels/fetch.sh "$n")")
 done
 # Two emulated machines at a time, one vCPU each: the machine's two cores.
+# (vm.sh's 2 GiB each.)
 start=$(date +%s)
 pids=() rcs=()
 run() {
 	local i=$1
-	KVM_CPU=${KVM_CPU:-max,cx16=off} tools/kernels/vm.sh "${dirs[$i]}" "$bin" tools/kernels/checks.sh "$logs/${names[$i]}.log" \
+	KVM_SMP=$2 KVM_CPU=${KVM_CPU:-max,cx16=off} tools/kernels/vm.sh "${dirs[$i]}" "$bin" tools/kernels/checks.sh "$logs/${names[$i]}.log" \
 		>"$logs/${names[$i]}.out" 2>&1
 }
 fail=0
 for ((i = 0; i < ${#names[@]}; i += 2)); do
 	pids=()
+	# A machine alone gets both cores.
+	smp=1
+	[ $((i + 1)) -lt "${#names[@]}" ] || smp=2
 	for j in $i $((i + 1)); do
 		[ "$j" -lt "${#names[@]}" ] || continue
-		run "$j" &
+		run "$j" "$smp" &
 		pids+=("$!:$j")
 	done
 	for p in "${pids[@]}"; do
