@@ -177,7 +177,9 @@ COVER_FLOOR = github.com/twill-net/twill/backend github.com/twill-net/twill/back
 .PHONY: cover
 cover: ## Statement coverage by the unit tier, no root involved, per package: backend/, hostgw, vxlan and the daemon's engine at 80% or more each
 	@mkdir -p build
-	$(GO) test -vet=off -short -count=1 -coverpkg=$(COVER_PKGS) -coverprofile=build/cover.out ./backend/... ./internal/daemon >/dev/null
+	@echo '$(GO) test -vet=off -short -count=1 -coverpkg=... -coverprofile=build/cover.out ./backend/... ./internal/daemon'
+	@$(GO) test -vet=off -short -count=1 -coverpkg=$(COVER_PKGS) -coverprofile=build/cover.out ./backend/... ./internal/daemon >build/cover.log 2>&1 || \
+		{ grep -v -e '^ok ' -e 'no test files' -e 'coverage: 0.0% of statements' build/cover.log; exit 1; }
 	@awk -v floor="$(COVER_FLOOR)" -f tools/cover.awk build/cover.out
 
 .PHONY: test-privileged

@@ -387,3 +387,20 @@ func TestEngine(t *testing.T) {
 		})
 	}
 }
+
+// TestEngineStoppedBeforeReadyIsNoError: a twilld stopped while it waits
+// to become ready (here for a policy table that never syncs; in real life
+// a SIGTERM during start-up) stops cleanly, as a stop after ready does,
+// not with "context canceled" (a container that exits non-zero, a unit
+// that failed).
+func TestEngineStoppedBeforeReadyIsNoError(t *testing.T) {
+	e := startEngineWith(t, hostgw.Type, &wrapped{}, 0, func(e *engine, o *daemon.Options) {
+		o.Policy = func(ctx context.Context, _ []netip.Prefix, _ func()) error { <-ctx.Done(); return nil }
+	})
+	e.node.open()
+	e.waitFor("subnet.env, the last step before ready's wait for the policy", func() bool {
+		_, err := os.Stat(filepath.Join(e.dir, "subnet.env"))
+		return err == nil
+	})
+	// The cleanup stops the daemon and fails the test on an error.
+}

@@ -90,6 +90,9 @@ func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local su
 		}
 		if !d.ready.Load() {
 			if err := d.becomeReady(ctx); err != nil {
+				if ctx.Err() != nil {
+					return nil // stopped while becoming ready: a stop, not a failure
+				}
 				return err
 			}
 			d.log.Info("ready", "peers", peers, "took_reconcile", took.Round(time.Millisecond), "since_start", time.Since(d.started).Round(time.Millisecond))
