@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -58,6 +59,7 @@ type flannelCluster struct {
 	flanneld string
 	flannels map[int]*proc
 	pods     []*flPod
+	twillNet string // twill's network name in its conflist: "twill" unless a test sets flannel's
 }
 
 // flannelAnnotations is flannel's Node annotation prefix, which twill
@@ -131,13 +133,17 @@ func (c *flannelCluster) flannelSubnet(i int) (network, sub string, mtu int) {
 }
 
 // netConf is the conflist of pod p's plugin: flannel's (bridge and
-// host-local, as flannel's plugin delegates to them) or twill's, both
-// under flannel's network name so that they share one address store.
+// host-local, as flannel's plugin delegates to them, network cbr0) or
+// twill's, deliberately under a name of its own: twill's plugin must not
+// hand out the addresses flannel's running pods hold in cbr0's store, nor
+// need the operator to give it flannel's network name for that. (A rollback
+// does: flannel's host-local reads its own store only.)
 func (c *flannelCluster) netConf(p *flPod) json.RawMessage {
 	state := filepath.Join(c.dir, c.topo.Nodes[p.node].Name)
 	if p.twill {
-		return json.RawMessage(fmt.Sprintf(`{"cniVersion":"1.0.0","name":"cbr0","plugins":[{"type":"twill","subnetFile":%q,"dataDir":%q}]}`,
-			c.subnetFile(p.node), filepath.Join(state, "networks")))
+		name := cmp.Or(c.twillNet, "twill")
+		return json.RawMessage(fmt.Sprintf(`{"cniVersion":"1.0.0","name":%q,"plugins":[{"type":"twill","subnetFile":%q,"dataDir":%q}]}`,
+			name, c.subnetFile(p.node), filepath.Join(state, "networks")))
 	}
 	network, sub, mtu := c.flannelSubnet(p.node)
 	sub = netip.MustParsePrefix(sub).Masked().String() // flannel's plugin parses it as a network
@@ -393,6 +399,9 @@ func testFlannelTakeover(t *testing.T, backend string, kube bool) {
 func TestFlannelRollback(t *testing.T) {
 	beside(t)
 	c := newFlannelCluster(t, "vxlan", false)
+	// Going back, flannel's host-local must see twill's pods' addresses:
+	// twill's conflist has flannel's network name, as the guide says.
+	c.twillNet = "cbr0"
 	c.flannels[0].Stop(t)
 	d := c.startDaemon(0, "--etcd-prefix", flannelPrefix, "--flannel-subnet-file", c.flannelEnv(0))
 	c.env(0)

@@ -71,6 +71,13 @@ func cmdDel(args *skel.CmdArgs, c *NetConf) error {
 	if err := delAddresses(c, args, mine); err != nil {
 		errs = append(errs, err)
 	}
+	if len(mine) == 0 && c.IPAM.Type == "" {
+		// Not an attachment of this network's store: perhaps one flannel
+		// wired, before this node switched.
+		if err := releaseElsewhere(c, args.ContainerID, args.IfName); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 

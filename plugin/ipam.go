@@ -63,7 +63,7 @@ func hostRange(subnet netip.Prefix) (first, last netip.Addr, err error) {
 // every allocation to refuse a second one for the attachment (a cost that
 // grew with the pods on the node); ADD refuses an attachment whose host
 // interface exists before it allocates.
-func reserveNext(s *disk.Store, containerID, ifName string, subnet netip.Prefix, rangeID int) (netip.Addr, error) {
+func reserveNext(s *disk.Store, containerID, ifName string, subnet netip.Prefix, rangeID int, heldElsewhere map[netip.Addr]bool) (netip.Addr, error) {
 	first, last, err := hostRange(subnet)
 	if err != nil {
 		return netip.Addr{}, err
@@ -84,6 +84,12 @@ func reserveNext(s *disk.Store, containerID, ifName string, subnet netip.Prefix,
 	}
 	a := start
 	for range maxProbes {
+		if heldElsewhere[a] {
+			if a = next(a); a == start {
+				break
+			}
+			continue
+		}
 		ok, err := s.Reserve(containerID, ifName, a.AsSlice(), id)
 		if err != nil {
 			return netip.Addr{}, err
@@ -118,12 +124,19 @@ func allocate(c *NetConf, containerID, ifName string, linkExists func(string) (b
 			_ = s.ReleaseByID(containerID, ifName)
 		}
 	}()
+	// Addresses another network's store holds (flannel's, on a node
+	// switched from flannel, whatever this conflist is named) are not
+	// handed out: their pods are still running.
+	held, err := allocations.HeldElsewhere(c.DataDir, c.Name, subnets...)
+	if err != nil {
+		return nil, fmt.Errorf("twill: %w", err)
+	}
 	for i, subnet := range subnets {
-		a, err := reserveNext(s, containerID, ifName, subnet, i)
+		a, err := reserveNext(s, containerID, ifName, subnet, i, held)
 		if errors.Is(err, errNoAddress) && !flannelBridge(linkExists) {
 			gone, rerr := allocations.Reclaim(filepath.Join(c.DataDir, c.Name), allocations.Grace, time.Now(), linkExists)
 			if len(gone) > 0 {
-				a, err = reserveNext(s, containerID, ifName, subnet, i)
+				a, err = reserveNext(s, containerID, ifName, subnet, i, held)
 			} else if rerr != nil {
 				err = fmt.Errorf("%w (and reclaiming addresses of pods that are gone: %v)", err, rerr)
 			}
@@ -163,6 +176,31 @@ func releaseFiles(c *NetConf, containerID, ifName string, found []reservation) e
 		}
 		return errors.Join(errs...)
 	})
+}
+
+// releaseElsewhere releases the attachment's addresses in the other
+// host-local stores of the data directory, each under that store's own
+// lock, as host-local's DEL would: a pod flannel wired (network cbr0) that
+// leaves through twill's plugin, whatever twill's network is named, frees
+// the address flannel gave it.
+func releaseElsewhere(c *NetConf, containerID, ifName string) error {
+	stores, err := os.ReadDir(c.DataDir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("twill: %w", err)
+	}
+	var errs []error
+	for _, st := range stores {
+		if !st.IsDir() || st.Name() == c.Name {
+			continue
+		}
+		other := *c
+		other.Name = st.Name()
+		errs = append(errs, release(&other, containerID, ifName))
+	}
+	return errors.Join(errs...)
 }
 
 // withStore runs fn holding the network's allocation store lock.

@@ -42,7 +42,7 @@ func TestReserveNextOrder(t *testing.T) {
 		}
 		subnet := netip.MustParsePrefix(tc.subnet)
 		for i, want := range tc.want {
-			got, err := reserveNext(s, "c", "eth"+string(rune('0'+i)), subnet, 0)
+			got, err := reserveNext(s, "c", "eth"+string(rune('0'+i)), subnet, 0, nil)
 			if err != nil || got.String() != want {
 				t.Fatalf("%s after %q: reservation %d = %v, %v; want %s", tc.subnet, tc.lastReserved, i, got, err, want)
 			}
@@ -50,12 +50,71 @@ func TestReserveNextOrder(t *testing.T) {
 				t.Fatalf("%s: no allocation file for %s: %v", tc.subnet, want, err)
 			}
 		}
-		if got, err := reserveNext(s, "c", "full", subnet, 0); !errors.Is(err, errNoAddress) {
+		if got, err := reserveNext(s, "c", "full", subnet, 0, nil); !errors.Is(err, errNoAddress) {
 			t.Fatalf("%s full: got %v, %v; want errNoAddress", tc.subnet, got, err)
 		}
 		s.Close()
 	}
-	if _, err := reserveNext(nil, "c", "eth0", netip.MustParsePrefix("10.0.0.0/31"), 0); err == nil {
+	if _, err := reserveNext(nil, "c", "eth0", netip.MustParsePrefix("10.0.0.0/31"), 0, nil); err == nil {
 		t.Fatal("a /31 has no address to hand out, want an error")
+	}
+}
+
+// TestAllocateSkipsAddressesOfOtherStores: on a node being switched from
+// flannel, flannel's host-local store (network cbr0) holds its running
+// pods' addresses. Twill's plugin, whatever its own network's name, hands
+// none of them out, in either family, and records nothing in cbr0's store.
+func TestAllocateSkipsAddressesOfOtherStores(t *testing.T) {
+	dataDir := t.TempDir()
+	flannel := filepath.Join(dataDir, "cbr0")
+	if err := os.MkdirAll(flannel, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"10.244.7.2", "10.244.7.3", "fd00:7::2", "last_reserved_ip.0", "lock", "10.9.9.9"} {
+		if err := os.WriteFile(filepath.Join(flannel, f), []byte("flannel-pod\r\neth0"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := &NetConf{DataDir: dataDir}
+	c.Name = "twill"
+	noLink := func(string) (bool, error) { return false, nil }
+	v4, v6 := netip.MustParsePrefix("10.244.7.0/24"), netip.MustParsePrefix("fd00:7::/64")
+	got, err := allocate(c, "twill-pod", "eth0", noLink, v4, v6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []netip.Addr{netip.MustParseAddr("10.244.7.4"), netip.MustParseAddr("fd00:7::3")}; len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Errorf("allocated %v beside flannel's store, want %v (the first addresses flannel's pods do not hold)", got, want)
+	}
+	ents, _ := os.ReadDir(flannel)
+	if len(ents) != 6 {
+		t.Errorf("flannel's store changed: %d entries, want 6", len(ents))
+	}
+}
+
+// TestReleaseElsewhere: a pod flannel wired that leaves through twill's
+// plugin, named otherwise than flannel's network, frees its address in
+// flannel's store, and only its own.
+func TestReleaseElsewhere(t *testing.T) {
+	dataDir := t.TempDir()
+	for _, d := range []string{"cbr0", "twill"} {
+		if err := os.MkdirAll(filepath.Join(dataDir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for f, holder := range map[string]string{"cbr0/10.244.7.2": "flannel-pod\r\neth0", "cbr0/10.244.7.3": "other-pod\r\neth0", "twill/10.244.7.4": "flannel-pod\r\neth1"} {
+		if err := os.WriteFile(filepath.Join(dataDir, f), []byte(holder), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := &NetConf{DataDir: dataDir}
+	c.Name = "twill"
+	if err := releaseElsewhere(c, "flannel-pod", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	for f, want := range map[string]bool{"cbr0/10.244.7.2": false, "cbr0/10.244.7.3": true, "twill/10.244.7.4": true} {
+		if _, err := os.Stat(filepath.Join(dataDir, f)); (err == nil) != want {
+			t.Errorf("%s present %v after the release, want %v", f, err == nil, want)
+		}
 	}
 }

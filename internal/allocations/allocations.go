@@ -39,6 +39,44 @@ type Record struct {
 	ModTime     time.Time
 }
 
+// HeldElsewhere returns the addresses of subnets that the other host-local
+// stores of dataDir hold: networks of another name than network, such as
+// flannel's cbr0 on a node being switched from flannel, whose running pods
+// keep the addresses flannel's host-local gave them. Twill's plugin never
+// hands those out, whatever its own network is named. It reads directory
+// names only.
+func HeldElsewhere(dataDir, network string, subnets ...netip.Prefix) (map[netip.Addr]bool, error) {
+	stores, err := os.ReadDir(dataDir)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", dataDir, err)
+	}
+	var held map[netip.Addr]bool
+	for _, st := range stores {
+		if !st.IsDir() || st.Name() == network {
+			continue
+		}
+		ents, err := os.ReadDir(filepath.Join(dataDir, st.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("reading %s: %w", filepath.Join(dataDir, st.Name()), err)
+		}
+		for _, e := range ents {
+			ip, err := netip.ParseAddr(e.Name())
+			if err != nil {
+				continue // lock, last_reserved_ip.*
+			}
+			for _, p := range subnets {
+				if p.Contains(ip) {
+					if held == nil {
+						held = map[netip.Addr]bool{}
+					}
+					held[ip] = true
+				}
+			}
+		}
+	}
+	return held, nil
+}
+
 // Records lists the allocation files of a host-local store directory (the
 // caller holds the store's lock when it matters).
 func Records(dir string) ([]Record, error) {
