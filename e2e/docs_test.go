@@ -52,6 +52,7 @@ var docFiles = []string{
 	"Documentation/backends/wireguard.md",
 	"Documentation/benchmarks.md",
 	"Documentation/migrating-from-flannel.md",
+	"Documentation/kernels.md",
 }
 
 type docBlock struct {
