@@ -10,9 +10,10 @@ import (
 )
 
 // ownStateFiles are the names twill keeps in --state-dir: the VTEP MACs,
-// the WireGuard key, twill-wg's sockets, the ENI pool and atomicfile's
-// temporaries. A directory holding only these is twill's alone.
-var ownStateFiles = []string{"vxlan-*.mac", "wireguard.key", "*.sock", "eni-pool", ".*.tmp*"}
+// the WireGuard key, twill-wg's sockets with their PID files and logs, the
+// ENI pool and atomicfile's temporaries. A directory holding only these is
+// twill's alone.
+var ownStateFiles = []string{"vxlan-*.mac", "wireguard.key", "*.sock", "*.sock.pid", "*.sock.log", "eni-pool", ".*.tmp*"}
 
 // privateDir makes the state directory (keys, the VTEP MAC) 0700 when it
 // creates it. An existing one looser than that (a hostPath's

@@ -20,7 +20,7 @@ func TestPrivateDir(t *testing.T) {
 	}{
 		{name: "created 0700", want: 0o700},
 		{name: "empty and loose is tightened", exists: true, mode: 0o755, want: 0o700, wantLog: "tightened"},
-		{name: "twill's own files only is tightened", exists: true, files: []string{"vxlan-1.mac", "wireguard.key", "twill-wg-keeper.sock", "eni-pool", ".wireguard.key.tmp123"},
+		{name: "twill's own files only is tightened", exists: true, files: []string{"vxlan-1.mac", "wireguard.key", "twill-wg-keeper.sock", "twill-wg.sock", "twill-wg.sock.pid", "twill-wg.sock.log", "eni-pool", ".wireguard.key.tmp123"},
 			mode: 0o755, want: 0o700, wantLog: "tightened"},
 		{name: "a shared directory keeps its mode", exists: true, files: []string{"vxlan-1.mac", "someone-elses.db"}, mode: 0o755, want: 0o755,
 			wantLog: `mode=0755 foreign_file=someone-elses.db`},
