@@ -1,9 +1,9 @@
 // Package dist holds what twill ships for users to install: the Kubernetes
-// manifest, the CNI conflist, the sample net-conf.json. They are embedded
+// manifest, its Helm chart, the CNI conflist, the sample net-conf.json. They are embedded
 // here so that the lab installs the very files users install, not copies.
 package dist
 
-import _ "embed"
+import "embed"
 
 // KubeManifest is kube-twill.yml.
 //
@@ -15,6 +15,15 @@ var KubeManifest []byte
 //
 //go:embed kube-twill-wireguard.yml
 var WireGuardKeeperManifest []byte
+
+// Chart is the Helm chart, under chart/twill. The lab installs it from
+// here (lab up --kubernetes --helm), as users install it from the tree.
+//
+//go:embed all:chart/twill
+var Chart embed.FS
+
+// ChartDir is the chart's directory in Chart.
+const ChartDir = "chart/twill"
 
 // Conflist is 10-twill.conflist.
 //

@@ -78,6 +78,24 @@ func (o *Options) validateKube() error {
 			return fmt.Errorf("--kubernetes: no image %s (run make kube-images; or point --image-dir at it)", filepath.Join(o.ImageDir, img))
 		}
 	}
+	if o.Helm {
+		if o.Flannel {
+			return fmt.Errorf("--helm --flannel: --helm installs twill, --flannel flannel; choose one")
+		}
+		if o.HelmBin == "" {
+			o.HelmBin = filepath.Join(defaultBuildDir(o.BinDir), "helm", "current", "helm")
+		}
+		abs, err := filepath.Abs(o.HelmBin)
+		if err != nil {
+			return fmt.Errorf("--helm-bin %q: %w", o.HelmBin, err)
+		}
+		o.HelmBin = abs
+		if _, err := os.Stat(o.HelmBin); err != nil {
+			return fmt.Errorf("--helm: no %s (run make helm-tools, which builds helm from the Go module proxy; or point --helm-bin at one)", o.HelmBin)
+		}
+	} else if len(o.HelmSet) > 0 {
+		return fmt.Errorf("--helm-set %s: needs --helm", o.HelmSet[0])
+	}
 	for _, t := range NodeTools {
 		if _, err := os.Stat(t); err != nil {
 			return fmt.Errorf("--kubernetes: the nodes need %s (run make setup, which installs containerd, runc and containernetworking-plugins)", t)

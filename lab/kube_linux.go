@@ -85,6 +85,10 @@ func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, 
 		if err := s.installFlannel(ctx, o.Backend); err != nil {
 			return err
 		}
+	} else if o.Helm {
+		if err := s.helmInstall(ctx, o, step); err != nil {
+			return err
+		}
 	} else {
 		step("twill: kubectl apply -f dist/kube-twill.yml (image %s)", s.TwillImage)
 		manifest, err := InstallManifest(s.TwillImage, o.Backend, s.IPFamily)

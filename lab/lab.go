@@ -54,6 +54,13 @@ type Options struct {
 	Kubernetes bool
 	KubeBinDir string
 	ImageDir   string
+	// Helm installs twill with helm install from dist/chart/twill
+	// instead of kubectl apply -f dist/kube-twill.yml; HelmSet are more
+	// values (helm --set), HelmBin the helm binary (default:
+	// build/helm/current/helm next to BinDir).
+	Helm    bool
+	HelmSet []string
+	HelmBin string
 	// Flannel starts the Kubernetes lab on flannel instead of twill:
 	// kube-flannel's DaemonSet shape, flanneld --kube-subnet-mgr from
 	// ImageDir's flannel.tar, to try the migration to twill on.
@@ -237,6 +244,8 @@ type State struct {
 	LabImage        string `json:"labImage,omitempty"` // twill-lab, for the echo pods
 	CoreDNSImage    string `json:"corednsImage,omitempty"`
 	FlannelImage    string `json:"flannelImage,omitempty"`
+	// HelmBin is the helm of a lab up --helm (lab helm runs it).
+	HelmBin string `json:"helmBin,omitempty"`
 
 	// mu guards Processes and saving while nodes start in parallel.
 	mu sync.Mutex

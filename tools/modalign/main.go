@@ -1,7 +1,7 @@
 // Command modalign keeps the Go modules that make test compiles on the
 // same versions of their shared dependencies: twill's own module and the
 // tools modules that build kube-apiserver and the other Kubernetes
-// binaries, flanneld, etcdctl, crictl and CoreDNS from the Go module proxy.
+// binaries, flanneld, etcdctl, crictl, CoreDNS and helm from the Go module proxy.
 //
 // A package compiles once per machine only when every module that builds
 // it asks for the same version of it and of all it imports: the Go build
@@ -47,6 +47,7 @@ var builds = []struct {
 	{"tools/etcd", []string{"go.etcd.io/etcd/etcdctl/v3"}},
 	{"tools/cri", []string{"sigs.k8s.io/cri-tools/cmd/crictl"}},
 	{"tools/coredns", []string{"."}},
+	{"tools/helm", []string{"helm.sh/helm/v3/cmd/helm"}},
 }
 
 // used is a module a build compiles packages of, at the version it

@@ -47,7 +47,7 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 	cmd.PersistentFlags().StringVar(&o.NetnsPrefix, "netns-prefix", env("TWILL_LAB_NETNS_PREFIX", lab.DefaultNetnsPrefix),
 		"first part of the lab's namespace names, <prefix>-<name>-n1 (env TWILL_LAB_NETNS_PREFIX)")
 	cmd.AddCommand(labUpCommand(&o), labCheckCommand(&o), labStatusCommand(&o), labExecCommand(&o), labDownCommand(&o),
-		labKubectlCommand(&o), labConformanceCommand(&o), labEchoCommand(), labProbeCommand(), labNodeRootCommand())
+		labKubectlCommand(&o), labHelmCommand(&o), labConformanceCommand(&o), labEchoCommand(), labProbeCommand(), labNodeRootCommand())
 	return cmd
 }
 
@@ -100,6 +100,9 @@ func labUpCommand(o *labOptions) *cobra.Command {
 	up.Flags().Var(prefixFlag{&o.UnderlayCIDR}, "underlay-cidr", "the nodes' segment, an IPv4 /24 (default 10.99.0.0/24)")
 	up.Flags().BoolVar(&o.KeepOnFailure, "keep-on-failure", false, "leave what was built in place when up fails, to inspect it (lab down removes it)")
 	up.Flags().BoolVar(&o.Kubernetes, "kubernetes", false, "a Kubernetes cluster: control plane, containerd, kubelet and kube-proxy per node, twill installed from dist/kube-twill.yml")
+	up.Flags().BoolVar(&o.Helm, "helm", false, "with --kubernetes: install twill with helm install from dist/chart/twill instead of kubectl apply -f dist/kube-twill.yml")
+	up.Flags().StringArrayVar(&o.HelmSet, "helm-set", nil, "with --helm: a chart value, key=value as helm --set takes it (repeatable)")
+	up.Flags().StringVar(&o.HelmBin, "helm-bin", "", "with --helm: the helm binary (default: build/helm/current/helm next to bin/, made by make helm-tools)")
 	up.Flags().BoolVar(&o.Flannel, "flannel", false, "with --kubernetes: install flannel (kube-flannel's DaemonSet, image-dir's flannel.tar) instead of twill, to try the migration on")
 	up.Flags().StringVar(&o.KubeBinDir, "kube-bin-dir", "", "with --kubernetes: the Kubernetes binaries (default: build/kube/current next to bin/, made by make setup)")
 	up.Flags().StringVar(&o.ImageDir, "image-dir", "", "with --kubernetes: twill.tar, pause.tar, coredns.tar and optionally e2e-images.tar (default: build/images next to bin/, made by make kube-images)")
@@ -192,6 +195,30 @@ func labKubectlCommand(o *labOptions) *cobra.Command {
 		},
 	}
 	return kubectl
+}
+
+func labHelmCommand(o *labOptions) *cobra.Command {
+	return &cobra.Command{
+		Use:                "helm [ARG...]",
+		Short:              "Run helm as the admin of a Kubernetes lab installed with lab up --kubernetes --helm (twill's release is \"twill\")",
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, stateRoot, rest, err := labFlags(args, o.Name, o.StateRoot)
+			if err != nil {
+				return err
+			}
+			s, err := lab.Load(stateRoot, name)
+			if err != nil {
+				return err
+			}
+			c, err := s.HelmCommand(rest...)
+			if err != nil {
+				return err
+			}
+			c.Stdin, c.Stdout, c.Stderr = os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr()
+			return commandExit(c.Run())
+		},
+	}
 }
 
 // The lab's own processes: lab up starts them, users do not.
