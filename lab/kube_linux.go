@@ -80,33 +80,35 @@ func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, 
 		return err
 	}
 
-	if s.FlannelImage != "" {
-		step("flannel: kube-flannel's DaemonSet (image %s, backend %s)", s.FlannelImage, o.Backend)
-		if err := s.installFlannel(ctx, o.Backend); err != nil {
-			return err
-		}
-	} else if o.Helm {
-		if err := s.helmInstall(ctx, o, step); err != nil {
-			return err
-		}
-	} else {
-		step("twill: kubectl apply -f dist/kube-twill.yml (image %s)", s.TwillImage)
-		manifest, err := InstallManifest(s.TwillImage, o.Backend, s.IPFamily)
-		if err != nil {
-			return err
-		}
-		if out, err := s.Kubectl(ctx, bytes.NewReader(manifest), "apply", "-f", "-"); err != nil {
-			return fmt.Errorf("kubectl apply -f kube-twill.yml: %w\n%s", err, out)
-		}
-		if err := s.waitTwill(ctx); err != nil {
-			return err
-		}
+	if err := s.installNetwork(ctx, o, step); err != nil {
+		return err
 	}
 	step("CoreDNS, the cluster DNS at %s (image %s)", s.kubeNet().DNS, s.CoreDNSImage)
 	if err := s.deployDNS(ctx); err != nil {
 		return err
 	}
 	return s.save()
+}
+
+// installNetwork installs the lab's network: kube-flannel (--flannel), or
+// twill with helm (--helm) or, as dist/kube-twill.yml says, kubectl apply.
+func (s *State) installNetwork(ctx context.Context, o Options, step func(string, ...any)) error {
+	switch {
+	case s.FlannelImage != "":
+		step("flannel: kube-flannel's DaemonSet (image %s, backend %s)", s.FlannelImage, o.Backend)
+		return s.installFlannel(ctx, o.Backend)
+	case o.Helm:
+		return s.helmInstall(ctx, o, step)
+	}
+	step("twill: kubectl apply -f dist/kube-twill.yml (image %s)", s.TwillImage)
+	manifest, err := InstallManifest(s.TwillImage, o.Backend, s.IPFamily)
+	if err != nil {
+		return err
+	}
+	if out, err := s.Kubectl(ctx, bytes.NewReader(manifest), "apply", "-f", "-"); err != nil {
+		return fmt.Errorf("kubectl apply -f kube-twill.yml: %w\n%s", err, out)
+	}
+	return s.waitTwill(ctx)
 }
 
 // nodeImages are the image tarballs every node's containerd imports:
