@@ -26,6 +26,9 @@ type Options struct {
 	// back, so that the other nodes stop routing to it now rather than
 	// when the lease expires.
 	ReleaseLease func(env subnet.Env) error
+	// RemoveFiles are removed too (the CNI conflist and plugin binary, on
+	// a node twill leaves); one already gone is no error.
+	RemoveFiles []string
 }
 
 // Node removes everything twill programmed in the handle's namespace:
@@ -92,22 +95,37 @@ func Node(log *slog.Logger, h *nl.Handle, o Options) error {
 	if err := os.Remove(subnetFile); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("removing %s: %w", subnetFile, err))
 	}
-	var state []string
-	if o.StateDir != "" {
-		files, _ := filepath.Glob(filepath.Join(o.StateDir, "vxlan-*.mac"))
-		keys, _ := filepath.Glob(filepath.Join(o.StateDir, "wireguard.key"))
-		files = append(files, keys...)
-		for _, f := range files {
-			if err := os.Remove(f); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			state = append(state, f)
-		}
+	state, err := removeFiles(o)
+	if err != nil {
+		errs = append(errs, err)
 	}
 	log.Info("cleaned up", "routes", len(routes), "rules", rules, "restored", restored, "devices", removed, "subnet_file", subnetFile,
-		"state_files", state, "released_lease", released)
+		"files", state, "released_lease", released)
 	return errors.Join(errs...)
+}
+
+// removeFiles removes twill's files in o.StateDir (the vxlan VTEP MACs,
+// the WireGuard key) and o.RemoveFiles, and returns those it removed.
+func removeFiles(o Options) ([]string, error) {
+	var files []string
+	if o.StateDir != "" {
+		macs, _ := filepath.Glob(filepath.Join(o.StateDir, "vxlan-*.mac"))
+		keys, _ := filepath.Glob(filepath.Join(o.StateDir, "wireguard.key"))
+		files = append(macs, keys...)
+	}
+	var (
+		removed []string
+		errs    []error
+	)
+	for _, f := range append(files, o.RemoveFiles...) {
+		switch err := os.Remove(f); {
+		case err == nil:
+			removed = append(removed, f)
+		case !errors.Is(err, os.ErrNotExist):
+			errs = append(errs, err)
+		}
+	}
+	return removed, errors.Join(errs...)
 }
 
 // cleanupRules deletes the policy rules twilld made (protocol 167). A rule

@@ -156,7 +156,7 @@ for example TWILLD_ETCD_ENDPOINTS.`,
 	f.DurationVar(&o.resyncWatched, "resync-watched", 5*time.Minute, "period of the full reconcile while the backend's kernel watches run (they trigger one as soon as they see drift); at least --resync")
 	cmd.PersistentFlags().StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 
-	cmd.AddCommand(newCleanupCommand(&o), newInstallCNICommand(), newRotateKeyCommand(), &cobra.Command{
+	cmd.AddCommand(newCleanupCommand(&o), newInstallCNICommand(), newRotateKeyCommand(), newPauseCommand(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
@@ -168,6 +168,7 @@ for example TWILLD_ETCD_ENDPOINTS.`,
 func newCleanupCommand(o *options) *cobra.Command {
 	var (
 		stateDir string
+		remove   []string
 		release  bool
 		etcd     etcdflags.Options
 	)
@@ -198,7 +199,7 @@ the lease is the Node's podCIDR: delete the Node (kubectl delete node) instead.`
 				return err
 			}
 			defer h.Close()
-			co := cleanup.Options{SubnetFile: o.subnetFile, StateDir: stateDir}
+			co := cleanup.Options{SubnetFile: o.subnetFile, StateDir: stateDir, RemoveFiles: remove}
 			if release {
 				co.ReleaseLease = func(env subnet.Env) error {
 					return etcd.Do(cmd.Context(), func(ctx context.Context, cli *clientv3.Client) error {
@@ -210,6 +211,7 @@ the lease is the Node's podCIDR: delete the Node (kubectl delete node) instead.`
 		},
 	}
 	cmd.Flags().StringVar(&stateDir, "state-dir", "/var/lib/twill", "twilld's state directory")
+	cmd.Flags().StringArrayVar(&remove, "remove-file", nil, "also remove this file (the CNI conflist or plugin binary, say; repeatable); one already gone is no error")
 	cmd.Flags().BoolVar(&release, "release-lease", false, "also delete this node's lease from etcd (read from subnet.env), so peers stop routing to it now")
 	etcdflags.Add(cmd.Flags(), &etcd)
 	return cmd
