@@ -259,6 +259,10 @@ func newFlannelCluster(t *testing.T, backend string, kube bool) *flannelCluster 
 			"-p", `{"data":{"annotation-prefix":"`+flannelAnnotations+`"}}`); err != nil {
 			t.Fatalf("setting annotation-prefix: %v\n%s", err, out)
 		}
+		if out, err := c.kube.api.Kubectl("patch", "validatingadmissionpolicy", "twill-node-isolation", "--type", "json",
+			"-p", `[{"op":"test","path":"/spec/variables/1/name","value":"prefix"},{"op":"replace","path":"/spec/variables/1/expression","value":"\"`+flannelAnnotations+`/\""}]`); err != nil {
+			t.Fatalf("setting the admission policy's prefix: %v\n%s", err, out)
+		}
 		for i, n := range c.topo.Nodes {
 			// As kubelet registers a Node: with annotations (flanneld
 			// panics on a Node that has none).
