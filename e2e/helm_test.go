@@ -297,9 +297,8 @@ func testHelmValues(t *testing.T, h *helmChart) {
 		}
 	}
 	vap, _ := json.Marshal(objs[nodeIsoVP])
-	if !strings.Contains(string(vap), "system:serviceaccount:net:twill") || dig(objs["ValidatingAdmissionPolicyBinding <nil>/twill-node-isolation"], "spec", "paramRef", "namespace") != "net" ||
-		dig(objs["ClusterRoleBinding <nil>/twill"], "subjects", "twill", "namespace") != "net" {
-		t.Errorf("namespace.name=net: the node-isolation policy, its binding or the ClusterRoleBinding still name kube-twill")
+	if !strings.Contains(string(vap), "system:serviceaccount:net:twill") || dig(objs["ClusterRoleBinding <nil>/twill"], "subjects", "twill", "namespace") != "net" {
+		t.Errorf("namespace.name=net: the node-isolation policy or the ClusterRoleBinding still name kube-twill")
 	}
 
 	for _, c := range []struct {
@@ -324,6 +323,9 @@ func testHelmValues(t *testing.T, h *helmChart) {
 	objs = h.template("--set", "annotationPrefix=net.example.com", "--set", "cniNetwork=podnet")
 	if p, n := dig(objs[twillCfg], "data", "annotation-prefix"), dig(objs[twillCfg], "data", "cni-conf.json", "name"); p != "net.example.com" || n != "podnet" {
 		t.Errorf("annotationPrefix, cniNetwork: the ConfigMap has %v and %v", p, n)
+	}
+	if v := dig(objs[nodeIsoVP], "spec", "variables", "prefix", "expression"); v != `"net.example.com/"` {
+		t.Errorf("annotationPrefix: the node-isolation policy's prefix is %v", v)
 	}
 }
 
