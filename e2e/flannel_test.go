@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/twill-net/twill/internal/testsupport/kubetest"
+	twcluster "github.com/twill-net/twill/lab/cluster"
 	"github.com/twill-net/twill/lab/cnidriver"
 	"github.com/twill-net/twill/lab/topology"
 )
@@ -298,6 +299,41 @@ func TestKubeFlannelTakeover(t *testing.T) {
 	}
 }
 
+// namesFlannelPeers checks, with node1 switched, that twillctl leases and
+// status tell node1's twill lease from the flannel leases of node2 and
+// node3 (twilld marks its own lease, flanneld does not).
+func (c *flannelCluster) namesFlannelPeers(t *testing.T) {
+	t.Helper()
+	ns := c.topo.Nodes[0].NS
+	out, err := exec.Command("ip", "netns", "exec", ns, c.bin+"/twillctl", "leases", "--etcd-endpoints", c.etcdURL,
+		"--etcd-prefix", flannelPrefix).CombinedOutput()
+	if err != nil {
+		t.Fatalf("twillctl leases: %v\n%s", err, out)
+	}
+	for i := range 3 {
+		sub := c.env(0).Subnet.String()
+		if i > 0 {
+			_, fl, _ := c.flannelSubnet(i)
+			sub = netip.MustParsePrefix(fl).Masked().String()
+		}
+		var row string
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.HasPrefix(l, sub+" ") {
+				row = l
+			}
+		}
+		if onFlannel := strings.HasSuffix(strings.TrimSpace(row), "valid (flannel)"); row == "" || onFlannel != (i > 0) {
+			t.Errorf("twillctl leases: node%d's %s is %q, want it on flannel: %v\n%s", i+1, sub, row, i > 0, out)
+		}
+	}
+	st, _ := exec.Command("ip", "netns", "exec", ns, c.bin+"/twillctl", "status", "--etcd-endpoints", c.etcdURL,
+		"--etcd-prefix", flannelPrefix, "--subnet-file", c.subnetFile(0), "--iface", "eth0",
+		"--state-dir", twcluster.NodeDir(c.dir, c.topo.Nodes[0].Name)).CombinedOutput()
+	if n := strings.Count(string(st), "on flannel"); n != 2 {
+		t.Errorf("twillctl status on node1 names %d peers on flannel, want 2:\n%s", n, st)
+	}
+}
+
 // switchNode stops flanneld on node i and starts twilld in its place.
 func (c *flannelCluster) switchNode(i int) {
 	c.t.Helper()
@@ -349,6 +385,9 @@ func testFlannelTakeover(t *testing.T, backend string, kube bool) {
 			t.Fatalf("node%d's twill pod got cni0's gateway address %s", i+1, p.ip)
 		}
 		c.reachAll(fmt.Sprintf("after node%d switched", i+1))
+		if !kube && i == 0 {
+			c.namesFlannelPeers(t)
+		}
 	}
 	for _, pr := range probes {
 		gap, n := pr.longestGap(t)

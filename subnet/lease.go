@@ -19,7 +19,14 @@ type LeaseAttrs struct {
 	BackendType   string
 	BackendData   json.RawMessage
 	BackendV6Data json.RawMessage
+	// NodeAgent names the daemon that published the lease: NodeAgentTwill
+	// for twilld's; empty for flanneld's, which has no such key (or an older
+	// twilld's). twillctl shows which peers are still on flannel by it.
+	NodeAgent string
 }
+
+// NodeAgentTwill is twilld's NodeAgent in the leases it publishes in etcd.
+const NodeAgentTwill = "twill"
 
 // Lease is one node's hold on a subnet of the cluster Network.
 type Lease struct {
@@ -114,11 +121,12 @@ type leaseAttrsJSON struct {
 	BackendType   string          `json:"BackendType"`
 	BackendData   json.RawMessage `json:"BackendData"`
 	BackendV6Data json.RawMessage `json:"BackendV6Data"`
+	NodeAgent     string          `json:"NodeAgent,omitempty"`
 }
 
 // MarshalJSON writes flannel's layout.
 func (a LeaseAttrs) MarshalJSON() ([]byte, error) {
-	j := leaseAttrsJSON{BackendType: a.BackendType, BackendData: a.BackendData, BackendV6Data: a.BackendV6Data}
+	j := leaseAttrsJSON{BackendType: a.BackendType, BackendData: a.BackendData, BackendV6Data: a.BackendV6Data, NodeAgent: a.NodeAgent}
 	if a.PublicIP.IsValid() {
 		j.PublicIP = a.PublicIP.String()
 	}
@@ -196,6 +204,10 @@ func (j *leaseAttrsJSON) check() (LeaseAttrs, error) {
 	if a.BackendV6Data, err = backendData("BackendV6Data", j.BackendV6Data); err != nil {
 		return LeaseAttrs{}, err
 	}
+	if len(j.NodeAgent) > 63 || strings.Trim(j.NodeAgent, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._") != "" {
+		return LeaseAttrs{}, fmt.Errorf("lease attributes: NodeAgent %q: at most 63 letters, digits, '-', '.' or '_'", j.NodeAgent)
+	}
+	a.NodeAgent = j.NodeAgent
 	return a, nil
 }
 
@@ -227,7 +239,7 @@ func (l Lease) Same(o Lease) bool {
 
 // Equal reports whether two attribute sets publish the same thing.
 func (a LeaseAttrs) Equal(b LeaseAttrs) bool {
-	return a.PublicIP == b.PublicIP && a.PublicIPv6 == b.PublicIPv6 && a.BackendType == b.BackendType &&
+	return a.PublicIP == b.PublicIP && a.PublicIPv6 == b.PublicIPv6 && a.BackendType == b.BackendType && a.NodeAgent == b.NodeAgent &&
 		jsonEqual(a.BackendData, b.BackendData) && jsonEqual(a.BackendV6Data, b.BackendV6Data)
 }
 

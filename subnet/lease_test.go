@@ -40,6 +40,8 @@ func TestParseLeaseAttrsRejects(t *testing.T) {
 		{"no address", `{"BackendType":"host-gw"}`, "public address"},
 		{"no type", `{"PublicIP":"10.0.0.1"}`, "BackendType"},
 		{"data not object", `{"PublicIP":"10.0.0.1","BackendType":"vxlan","BackendData":[1]}`, "BackendData [1]"},
+		{"node agent not a name", `{"PublicIP":"10.0.0.1","BackendType":"vxlan","NodeAgent":"twill\u001b[2J"}`, `NodeAgent "twill\x1b[2J"`},
+		{"node agent not a string", `{"PublicIP":"10.0.0.1","BackendType":"vxlan","NodeAgent":7}`, "NodeAgent"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -48,6 +50,24 @@ func TestParseLeaseAttrsRejects(t *testing.T) {
 				t.Fatalf("error %v, want it to mention %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestNodeAgentRoundTrip: twilld's marker survives a write and a read,
+// and a lease without it (flanneld's) reads as an empty one.
+func TestNodeAgentRoundTrip(t *testing.T) {
+	a := LeaseAttrs{PublicIP: netip.MustParseAddr("10.0.0.1"), BackendType: "host-gw", NodeAgent: NodeAgentTwill}
+	b, err := json.Marshal(a)
+	if err != nil || !strings.Contains(string(b), `"NodeAgent":"twill"`) {
+		t.Fatalf("marshalled %s (%v)", b, err)
+	}
+	back, err := ParseLeaseAttrs(b)
+	if err != nil || back.NodeAgent != NodeAgentTwill || !back.Equal(a) {
+		t.Fatalf("read back %+v (%v)", back, err)
+	}
+	flannel, err := ParseLeaseAttrs([]byte(`{"PublicIP":"10.0.0.1","PublicIPv6":null,"BackendType":"host-gw","BackendData":null,"BackendV6Data":null}`))
+	if err != nil || flannel.NodeAgent != "" || flannel.Equal(a) {
+		t.Fatalf("flannel's lease read as %+v (%v), want no NodeAgent, and unequal to twill's", flannel, err)
 	}
 }
 
@@ -174,6 +194,7 @@ func TestCheckPeerPublicIPRanges(t *testing.T) {
 func FuzzParseLeaseAttrs(f *testing.F) {
 	f.Add([]byte(`{"PublicIP":"192.168.0.7","BackendType":"vxlan","BackendData":{"VNI":1}}`))
 	f.Add([]byte(`{"PublicIP":"10.0.0.1","PublicIPv6":"fd00::1","BackendType":"host-gw","BackendData":null}`))
+	f.Add([]byte(`{"PublicIP":"10.0.0.1","BackendType":"host-gw","BackendData":null,"NodeAgent":"twill"}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		a, err := ParseLeaseAttrs(data)
 		if err != nil {

@@ -75,6 +75,10 @@ func (s *leaseScanner) member(key string, j *leaseAttrsJSON) (uint8, bool) {
 		v, ok := s.raw()
 		j.BackendV6Data = v
 		return 16, ok
+	case "NodeAgent":
+		v, ok := s.str()
+		j.NodeAgent = string(v)
+		return 32, ok
 	}
 	return 0, false
 }

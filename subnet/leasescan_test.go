@@ -37,6 +37,7 @@ func FuzzScanLeaseAttrs(f *testing.F) {
 	f.Add([]byte(`{"PublicIP":"192.168.0.7","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0a:b0:00:00:00:01"}}`))
 	f.Add([]byte(`{"PublicIP":"10.0.0.1","PublicIPv6":"fd00::1","BackendType":"host-gw","BackendData":null,"BackendV6Data":{"x":"}"}}`))
 	f.Add([]byte(`{"PublicIP":"0.0.0.0","PublicIPv6":null,"BackendType":"","BackendData":[1]}`))
+	f.Add([]byte(`{"PublicIP":"10.0.0.1","BackendType":"vxlan","NodeAgent":"twill"}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		fast, ferr := parseLeaseAttrs(data, true)
 		slow, serr := parseLeaseAttrs(data, false)

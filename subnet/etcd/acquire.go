@@ -17,6 +17,9 @@ import (
 // carries attrs.PublicIP (a restart), takes hint (the subnet from an earlier
 // subnet.env) if it is free, or else a random free subnet.
 func (m *Manager) AcquireLease(ctx context.Context, cfg *subnet.Config, attrs subnet.LeaseAttrs, hint subnet.Lease) (subnet.Lease, error) {
+	// twilld's lease says so: beside flanneld on its prefix, peers and
+	// twillctl tell the nodes already switched from those still on flannel.
+	attrs.NodeAgent = subnet.NodeAgentTwill
 	value, err := json.Marshal(attrs)
 	if err != nil {
 		return subnet.Lease{}, fmt.Errorf("encoding lease attributes: %w", err)

@@ -34,7 +34,11 @@ import (
 
 // Defaults.
 const (
-	DefaultPrefix      = "/twill.io/network"
+	DefaultPrefix = "/twill.io/network"
+	// FlannelPrefix is flanneld's, which twilld runs on while a flannel
+	// cluster is switched to twill: there, a lease without NodeAgent is a
+	// node still on flannel.
+	FlannelPrefix      = "/coreos.com/network"
 	DefaultTTL         = 24 * time.Hour
 	DefaultRenewMargin = time.Hour
 )

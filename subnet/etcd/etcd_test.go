@@ -217,7 +217,7 @@ func TestReservationsAndExhaustion(t *testing.T) {
 	cfg := config(t, c, m, `{"Network":"10.52.0.0/16","SubnetMin":"10.52.1.0","SubnetMax":"10.52.2.0","Backend":{"Type":"host-gw"}}`)
 	// The operator reserves 10.52.1.0/24 for 192.168.9.50: a key without TTL.
 	resKey := m.SubnetsPrefix() + "10.52.1.0-24"
-	if _, err := c.Put(ctx, resKey, `{"PublicIP":"192.168.9.50","BackendType":"host-gw"}`); err != nil {
+	if _, err := c.Put(ctx, resKey, `{"PublicIP":"192.168.9.50","BackendType":"host-gw","NodeAgent":"twill"}`); err != nil {
 		t.Fatal(err)
 	}
 	other, err := m.AcquireLease(ctx, cfg, attrs("192.168.9.1"), subnet.Lease{Subnet: netip.MustParsePrefix("10.52.1.0/24")})

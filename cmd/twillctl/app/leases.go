@@ -108,6 +108,9 @@ func etcdLeases(ctx context.Context, w io.Writer, cli *clientv3.Client, keyPrefi
 		}
 		state := "valid"
 		l := subnet.Lease{Subnet: v4, IPv6Subnet: v6, Attrs: attrs}
+		if attrs.NodeAgent == "" && strings.TrimSuffix(keyPrefix, "/") == etcdsm.FlannelPrefix {
+			state = "valid (flannel)"
+		}
 		switch {
 		case cfg == nil:
 			state = "? (no net-conf.json in etcd)"

@@ -62,6 +62,8 @@ type nodeView struct {
 	refused map[string]string
 	ext     backend.ExternalInterface
 	nw      backend.Network
+	// onFlannel are the peers still on flanneld, on flannel's prefix.
+	onFlannel []subnet.Lease
 }
 
 func runStatus(ctx context.Context, w io.Writer, reg *backend.Registry, o statusOptions) error {
@@ -108,6 +110,13 @@ func readNodeView(ctx context.Context, reg *backend.Registry, o statusOptions, h
 		}
 	}
 	v.peers, v.refused = subnet.Peers(v.cfg, local, snap, nil)
+	if strings.TrimSuffix(o.etcd.Prefix, "/") == etcdsm.FlannelPrefix {
+		for _, p := range v.peers {
+			if p.Attrs.NodeAgent == "" {
+				v.onFlannel = append(v.onFlannel, p)
+			}
+		}
+	}
 	if v.ext, err = network.ChooseExternal(h, network.IfaceOptions{Ifaces: o.iface, IPv4: v.cfg.EnableIPv4, IPv6: v.cfg.EnableIPv6}); err != nil {
 		return nil, err
 	}
@@ -155,6 +164,9 @@ func (v *nodeView) print(ctx context.Context, w io.Writer) error {
 	fmt.Fprintf(tw, "peers\t%d valid, %d refused\n", len(v.peers)-len(d.Refused), len(notProgrammed))
 	for _, r := range notProgrammed {
 		fmt.Fprintf(tw, "  refused\t%s\n", r)
+	}
+	for _, p := range v.onFlannel {
+		fmt.Fprintf(tw, "  on flannel\t%s (public IP %s): flanneld's lease, not yet twilld's\n", p, pubIP(p.Attrs))
 	}
 	for _, sh := range d.Shadowed {
 		fmt.Fprintf(tw, "  shadowed\t%s\n", sh)
