@@ -30,6 +30,45 @@ func TestKubeLabHelm(t *testing.T) {
 			testKubeLabHelm(t, backend)
 		})
 	}
+	t.Run("adopt", func(t *testing.T) {
+		kubeLab(t)
+		testKubeLabHelmAdopt(t)
+	})
+}
+
+// testKubeLabHelmAdopt moves twill installed with kubectl apply (the lab's
+// default) to a Helm release, as Documentation/kubernetes.md#helm says:
+// label and annotate its objects, helm install with the cluster's values.
+// No twill pod is replaced, and pods keep talking.
+func testKubeLabHelmAdopt(t *testing.T) {
+	l := newLabCtl(t)
+	name := labName("ha")
+	s := l.upKube(name, 2, 1, "host-gw", "--helm-bin", builtTool(t, "helm", "helm"))
+	ctx := context.Background()
+	kubectl := labKubectl(t, s)
+	podUIDs := func() string {
+		return kubectl("-n", lab.TwillNamespace, "get", "pods", "-l", "app.kubernetes.io/name=twill", "-o", "jsonpath={.items[*].metadata.uid}")
+	}
+	before := podUIDs()
+	if out, err := s.Helm(ctx, append([]string{"install", lab.HelmRelease, filepath.Join(kubetest.Root(t), "dist", "chart", "twill")},
+		lab.HelmValues(s.TwillImage, "host-gw", s.IPFamily, nil)...)...); err == nil || !strings.Contains(out, "invalid ownership metadata") {
+		t.Fatalf("helm install over twill installed by kubectl, before adopting: %v, want it refused for ownership:\n%s", err, out)
+	}
+	for _, o := range [][]string{{"namespace/kube-twill"}, {"clusterrole/twill"}, {"clusterrolebinding/twill"},
+		{"validatingadmissionpolicy/twill-node-isolation"}, {"validatingadmissionpolicybinding/twill-node-isolation"},
+		{"-n", "kube-twill", "serviceaccount/twill"}, {"-n", "kube-twill", "configmap/kube-twill-cfg"}, {"-n", "kube-twill", "daemonset/kube-twill-ds"}} {
+		kubectl(append(append([]string{"label", "--overwrite"}, o...), "app.kubernetes.io/managed-by=Helm")...)
+		kubectl(append(append([]string{"annotate", "--overwrite"}, o...), "meta.helm.sh/release-name=twill", "meta.helm.sh/release-namespace=default")...)
+	}
+	if out, err := s.Helm(ctx, append([]string{"install", lab.HelmRelease, filepath.Join(kubetest.Root(t), "dist", "chart", "twill")},
+		lab.HelmValues(s.TwillImage, "host-gw", s.IPFamily, nil)...)...); err != nil {
+		t.Fatalf("helm install after adopting: %v\n%s", err, out)
+	}
+	waitTwillRolled(t, s)
+	if after := podUIDs(); after != before {
+		t.Errorf("twill's pods were replaced by the adoption: %s, then %s", before, after)
+	}
+	l.checkAll(name)
 }
 
 func testKubeLabHelm(t *testing.T, backend string) {

@@ -12,7 +12,6 @@ import (
 // dist/chart/twill, with the lab's image, backend and IP family (and
 // o.HelmSet), and waits for it as the kubectl install does.
 func (s *State) helmInstall(ctx context.Context, o Options, step func(string, ...any)) error {
-	s.HelmBin = o.HelmBin
 	chart, err := writeChart(s.Dir)
 	if err != nil {
 		return err
@@ -32,7 +31,7 @@ func (s *State) helmInstall(ctx context.Context, o Options, step func(string, ..
 // the lab's apiserver (see helmEnv).
 func (s *State) HelmCommand(args ...string) (*exec.Cmd, error) {
 	if s.HelmBin == "" {
-		return nil, fmt.Errorf("lab %q was not installed with helm (lab up --kubernetes --helm)", s.Name)
+		return nil, fmt.Errorf("lab %q has no helm (make helm-tools, then lab up --kubernetes, or --helm-bin)", s.Name)
 	}
 	full := append([]string{"netns", "exec", s.UnderlayNS(), "env"}, s.helmEnv()...)
 	return exec.Command("ip", append(append(full, s.HelmBin), args...)...), nil

@@ -78,28 +78,41 @@ func (o *Options) validateKube() error {
 			return fmt.Errorf("--kubernetes: no image %s (run make kube-images; or point --image-dir at it)", filepath.Join(o.ImageDir, img))
 		}
 	}
-	if o.Helm {
-		if o.Flannel {
-			return fmt.Errorf("--helm --flannel: --helm installs twill, --flannel flannel; choose one")
-		}
-		if o.HelmBin == "" {
-			o.HelmBin = filepath.Join(defaultBuildDir(o.BinDir), "helm", "current", "helm")
-		}
-		abs, err := filepath.Abs(o.HelmBin)
-		if err != nil {
-			return fmt.Errorf("--helm-bin %q: %w", o.HelmBin, err)
-		}
-		o.HelmBin = abs
-		if _, err := os.Stat(o.HelmBin); err != nil {
-			return fmt.Errorf("--helm: no %s (run make helm-tools, which builds helm from the Go module proxy; or point --helm-bin at one)", o.HelmBin)
-		}
-	} else if len(o.HelmSet) > 0 {
-		return fmt.Errorf("--helm-set %s: needs --helm", o.HelmSet[0])
+	if err := o.validateHelm(); err != nil {
+		return err
 	}
 	for _, t := range NodeTools {
 		if _, err := os.Stat(t); err != nil {
 			return fmt.Errorf("--kubernetes: the nodes need %s (run make setup, which installs containerd, runc and containernetworking-plugins)", t)
 		}
+	}
+	return nil
+}
+
+// validateHelm checks --helm, --helm-set and --helm-bin. helm is found
+// (--helm-bin, or build/helm/current/helm) for lab helm even in a lab
+// installed with kubectl, to move it to a Helm release; --helm needs it.
+func (o *Options) validateHelm() error {
+	if o.Helm && o.Flannel {
+		return fmt.Errorf("--helm --flannel: --helm installs twill, --flannel flannel; choose one")
+	}
+	if !o.Helm && len(o.HelmSet) > 0 {
+		return fmt.Errorf("--helm-set %s: needs --helm", o.HelmSet[0])
+	}
+	given := o.HelmBin != ""
+	if !given {
+		o.HelmBin = filepath.Join(defaultBuildDir(o.BinDir), "helm", "current", "helm")
+	}
+	abs, err := filepath.Abs(o.HelmBin)
+	if err != nil {
+		return fmt.Errorf("--helm-bin %q: %w", o.HelmBin, err)
+	}
+	o.HelmBin = abs
+	if _, err := os.Stat(o.HelmBin); err != nil {
+		if o.Helm || given {
+			return fmt.Errorf("--helm-bin: no %s (run make helm-tools, which builds helm from the Go module proxy; or point --helm-bin at one)", o.HelmBin)
+		}
+		o.HelmBin = ""
 	}
 	return nil
 }

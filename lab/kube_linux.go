@@ -27,7 +27,7 @@ import (
 // every node (each in its own mount namespace, see RunNodeRoot), then twill
 // installed from dist/kube-twill.yml with kubectl, as users install it.
 func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, step func(string, ...any)) error {
-	s.Kubernetes, s.KubeBinDir, s.ImageDir = true, o.KubeBinDir, o.ImageDir
+	s.Kubernetes, s.KubeBinDir, s.ImageDir, s.HelmBin = true, o.KubeBinDir, o.ImageDir, o.HelmBin
 	s.APIServer = "https://" + net.JoinHostPort(topo.BridgeAddr.String(), strconv.Itoa(APIServerPort))
 	step("Kubernetes control plane in %s", topo.Underlay)
 	p, err := pki.New(filepath.Join(s.Dir, "pki"), "twill-lab-ca")

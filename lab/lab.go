@@ -244,7 +244,8 @@ type State struct {
 	LabImage        string `json:"labImage,omitempty"` // twill-lab, for the echo pods
 	CoreDNSImage    string `json:"corednsImage,omitempty"`
 	FlannelImage    string `json:"flannelImage,omitempty"`
-	// HelmBin is the helm of a lab up --helm (lab helm runs it).
+	// HelmBin is the helm lab helm runs (lab up --helm's, or the one
+	// found when the lab came up).
 	HelmBin string `json:"helmBin,omitempty"`
 
 	// mu guards Processes and saving while nodes start in parallel.
