@@ -249,5 +249,14 @@ func jsonEqual(a, b json.RawMessage) bool {
 	if na || nb {
 		return na == nb
 	}
-	return bytes.Equal(bytes.TrimSpace(a), bytes.TrimSpace(b))
+	a, b = bytes.TrimSpace(a), bytes.TrimSpace(b)
+	if bytes.Equal(a, b) {
+		return true
+	}
+	// encoding/json writes <, > and & in strings as \u003c, \u003e and
+	// \u0026: a value read back from its own encoding is the same value.
+	var ea, eb bytes.Buffer
+	json.HTMLEscape(&ea, a)
+	json.HTMLEscape(&eb, b)
+	return bytes.Equal(ea.Bytes(), eb.Bytes())
 }
