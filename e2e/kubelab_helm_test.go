@@ -39,7 +39,8 @@ func TestKubeLabHelm(t *testing.T) {
 // testKubeLabHelmAdopt moves twill installed with kubectl apply (the lab's
 // default) to a Helm release, as Documentation/kubernetes.md#helm says:
 // label and annotate its objects, helm install with the cluster's values.
-// No twill pod is replaced, and pods keep talking.
+// twilld's pods roll once (the chart's config checksum is new to them), and
+// pods keep talking.
 func testKubeLabHelmAdopt(t *testing.T) {
 	l := newLabCtl(t)
 	name := labName("ha")
@@ -65,10 +66,23 @@ func testKubeLabHelmAdopt(t *testing.T) {
 		t.Fatalf("helm install after adopting: %v\n%s", err, out)
 	}
 	waitTwillRolled(t, s)
-	if after := podUIDs(); after != before {
-		t.Errorf("twill's pods were replaced by the adoption: %s, then %s", before, after)
+	if after := podUIDs(); after == before || len(strings.Fields(after)) != 2 {
+		t.Errorf("twill's pods after the adoption: %q, before %q; want two new ones (rolled for the config checksum)", after, before)
+	}
+	if out := helm(t, s, "status", lab.HelmRelease); !strings.Contains(out, "STATUS: deployed") {
+		t.Errorf("helm status after the adoption:\n%s", out)
 	}
 	l.checkAll(name)
+}
+
+// helm runs helm in lab s and fails the test when it fails.
+func helm(t *testing.T, s *lab.State, args ...string) string {
+	t.Helper()
+	out, err := s.Helm(context.Background(), args...)
+	if err != nil {
+		t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
 }
 
 func testKubeLabHelm(t *testing.T, backend string) {
