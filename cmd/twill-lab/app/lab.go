@@ -173,34 +173,26 @@ func noArgs(use, short string, run func(cmd *cobra.Command) error) *cobra.Comman
 }
 
 func labKubectlCommand(o *labOptions) *cobra.Command {
-	kubectl := &cobra.Command{
-		Use:                "kubectl [ARG...]",
-		Short:              "Run kubectl as the admin of a Kubernetes lab (lab up --kubernetes)",
-		DisableFlagParsing: true,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			name, stateRoot, rest, err := labFlags(args, o.Name, o.StateRoot)
-			if err != nil {
-				return err
-			}
-			s, err := lab.Load(stateRoot, name)
-			if err != nil {
-				return err
-			}
+	return labAdminTool(o, "kubectl [ARG...]", "Run kubectl as the admin of a Kubernetes lab (lab up --kubernetes)",
+		func(s *lab.State, args []string) (*exec.Cmd, error) {
 			if !s.Kubernetes {
-				return fmt.Errorf("lab %q is not a Kubernetes lab (lab up --kubernetes)", name)
+				return nil, fmt.Errorf("lab %q is not a Kubernetes lab (lab up --kubernetes)", s.Name)
 			}
-			c := s.KubectlCommand(rest...)
-			c.Stdin, c.Stdout, c.Stderr = os.Stdin, cmd.OutOrStdout(), cmd.ErrOrStderr()
-			return commandExit(c.Run())
-		},
-	}
-	return kubectl
+			return s.KubectlCommand(args...), nil
+		})
 }
 
 func labHelmCommand(o *labOptions) *cobra.Command {
+	return labAdminTool(o, "helm [ARG...]", "Run helm as the admin of a Kubernetes lab (lab up --kubernetes; twill's release, with --helm, is \"twill\")",
+		func(s *lab.State, args []string) (*exec.Cmd, error) { return s.HelmCommand(args...) })
+}
+
+// labAdminTool is a command that runs a tool as the lab's admin (kubectl,
+// helm): its arguments are the tool's, but for --name and --state-root.
+func labAdminTool(o *labOptions, use, short string, command func(s *lab.State, args []string) (*exec.Cmd, error)) *cobra.Command {
 	return &cobra.Command{
-		Use:                "helm [ARG...]",
-		Short:              "Run helm as the admin of a Kubernetes lab installed with lab up --kubernetes --helm (twill's release is \"twill\")",
+		Use:                use,
+		Short:              short,
 		DisableFlagParsing: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name, stateRoot, rest, err := labFlags(args, o.Name, o.StateRoot)
@@ -211,7 +203,7 @@ func labHelmCommand(o *labOptions) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := s.HelmCommand(rest...)
+			c, err := command(s, rest)
 			if err != nil {
 				return err
 			}
