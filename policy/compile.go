@@ -25,13 +25,22 @@ type Snapshot struct {
 	Namespaces []*corev1.Namespace
 	Policies   []*networkingv1.NetworkPolicy
 	// LogDenied logs the packets an isolated pod's chain drops, rate
-	// limited (--network-policy-log-denied).
+	// limited, to NFLOG group LogGroup (--network-policy-log-denied).
 	LogDenied bool
+	// LogAllowed logs the new connections of every local pod, allowed,
+	// one in LogSample (0 or 1: each), rate limited; without it, those
+	// of the pods whose namespace has LogAllowedAnnotation "true".
+	LogAllowed bool
+	LogSample  uint32
 	// Allocations are the addresses the CNI plugin gave on this node, and
 	// when; Now is the time to age them against.
 	Allocations []Allocation
 	Now         time.Time
 }
+
+// LogAllowedAnnotation, "true" on a namespace, logs the new connections
+// its pods on the node make and take, allowed (sampled, rate limited).
+const LogAllowedAnnotation = "twill.io/log-allowed"
 
 // Allocation is an address the CNI plugin gave a pod on this node.
 type Allocation struct {
@@ -91,18 +100,21 @@ func Compile(s Snapshot) Result {
 }
 
 type compiler struct {
-	nsLabels    map[string]labels.Set
-	pods        []*pod // sorted by key
-	nsPods      map[string][]*pod
-	nsOrder     []string // the namespaces of pods, sorted
-	local       []*pod
-	localNS     map[string][]*pod // local pods by namespace
-	policies    []*networkingv1.NetworkPolicy
-	cidrs       []netip.Prefix
-	logDenied   bool
-	allocations []Allocation
-	now         time.Time
-	waiting     bool // a pod placed on the node has no address reported yet
+	nsLabels      map[string]labels.Set
+	pods          []*pod // sorted by key
+	nsPods        map[string][]*pod
+	nsOrder       []string // the namespaces of pods, sorted
+	local         []*pod
+	localNS       map[string][]*pod // local pods by namespace
+	policies      []*networkingv1.NetworkPolicy
+	cidrs         []netip.Prefix
+	logDenied     bool
+	logAllowedAll bool
+	logNS         map[string]bool // namespaces with LogAllowedAnnotation
+	sample        uint32
+	allocations   []Allocation
+	now           time.Time
+	waiting       bool // a pod placed on the node has no address reported yet
 
 	ingress, egress map[string][][]Rule // local pod key → allow rules, by policy
 	selected        map[string]*Selection
@@ -115,8 +127,12 @@ func newCompiler(s Snapshot) *compiler {
 	c := &compiler{nsLabels: map[string]labels.Set{}, cidrs: s.LocalCIDRs, logDenied: s.LogDenied, allocations: s.Allocations, now: s.Now,
 		ingress: map[string][][]Rule{}, egress: map[string][][]Rule{},
 		selected: map[string]*Selection{}, sets: map[string]Set{}, peerCache: map[ruleID][]peer{}, localNS: map[string][]*pod{}}
+	c.logAllowedAll, c.sample, c.logNS = s.LogAllowed, s.LogSample, map[string]bool{}
 	for _, n := range s.Namespaces {
 		c.nsLabels[n.Name] = labels.Set(n.Labels)
+		if n.Annotations[LogAllowedAnnotation] == "true" {
+			c.logNS[n.Name] = true
+		}
 	}
 	for _, p := range s.Pods {
 		if pp := podOf(p, s.Node); pp != nil {

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/twill-net/twill/internal/tick"
 )
 
@@ -35,8 +37,10 @@ type Enforcer struct {
 	Source Source
 	Kernel Kernel
 	Node   string
-	// LogDenied logs denied packets, rate limited, to the kernel log.
-	LogDenied bool
+	// LogDenied, LogAllowed and LogSample are Snapshot's.
+	LogDenied  bool
+	LogAllowed bool
+	LogSample  uint32
 	// Allocations, when set, lists the addresses the CNI plugin gave on
 	// the node (an unmanaged pod's is allowed after UnmanagedGrace).
 	Allocations func() ([]Allocation, error)
@@ -58,6 +62,34 @@ type Enforcer struct {
 	local    []netip.Prefix
 	selected map[string]Selection
 	problems map[string]string // policy → its last reported problem
+	last     Ruleset           // as last written
+	pods     []*corev1.Pod     // of the last snapshot
+	byIP     map[netip.Addr]string
+}
+
+// Ruleset is the table as last written.
+func (e *Enforcer) Ruleset() Ruleset {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.last
+}
+
+// PodByIP names the pod (namespace/name) that holds ip, as of the last
+// sync, or "".
+func (e *Enforcer) PodByIP(ip netip.Addr) string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.byIP == nil {
+		e.byIP = map[netip.Addr]string{}
+		for _, p := range e.pods {
+			if pp := podOf(p, ""); pp != nil {
+				for _, a := range pp.ips {
+					e.byIP[a] = pp.key
+				}
+			}
+		}
+	}
+	return e.byIP[ip.Unmap()]
 }
 
 // Selected says which policies select a local pod (namespace/name).
@@ -242,14 +274,15 @@ func (e *Enforcer) watch(ctx context.Context, poke func(), watching chan bool) {
 func (e *Enforcer) syncOnce(reread bool) (Changes, error) {
 	s := e.Source.Snapshot()
 	e.mu.Lock()
-	s.Node, s.LocalCIDRs, s.LogDenied, s.Now = e.Node, e.local, e.LogDenied, time.Now()
+	s.Node, s.LocalCIDRs, s.Now = e.Node, e.local, time.Now()
+	e.mu.Unlock()
+	s.LogDenied, s.LogAllowed, s.LogSample = e.LogDenied, e.LogAllowed, e.LogSample
 	if e.Allocations != nil {
 		var err error
 		if s.Allocations, err = e.Allocations(); err != nil {
 			return Changes{}, fmt.Errorf("reading the CNI plugin's allocations: %w", err)
 		}
 	}
-	e.mu.Unlock()
 	r := Compile(s)
 	ch, err := e.Kernel.Sync(r.Ruleset, reread)
 	if err != nil {
@@ -258,6 +291,7 @@ func (e *Enforcer) syncOnce(reread bool) (Changes, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.selected = r.Selected
+	e.last, e.pods, e.byIP = r.Ruleset, s.Pods, nil
 	seen := map[string]string{}
 	for _, p := range r.Problems {
 		seen[p.Policy] = p.Err.Error()

@@ -96,7 +96,8 @@ func (i *Informers) Start(ctx context.Context, changed func()) <-chan struct{} {
 
 // pertinent says whether an update changed what Compile reads: a pod's
 // status written for a condition or a container's restart, or a
-// namespace's annotations, change nothing in the table, and at 1,000 pods
+// namespace's annotations other than LogAllowedAnnotation, change nothing
+// in the table, and at 1,000 pods
 // a Compile is not free.
 func pertinent(old, new any) bool {
 	switch n := new.(type) {
@@ -110,7 +111,7 @@ func pertinent(old, new any) bool {
 		return !equality.Semantic.DeepEqual(&a, &b)
 	case *corev1.Namespace:
 		o, ok := old.(*corev1.Namespace)
-		return !ok || !maps.Equal(o.Labels, n.Labels)
+		return !ok || !maps.Equal(o.Labels, n.Labels) || o.Annotations[LogAllowedAnnotation] != n.Annotations[LogAllowedAnnotation]
 	}
 	return true
 }

@@ -289,7 +289,8 @@ func (c *compiler) namedEgress(np *networkingv1.NetworkPolicy, id ruleID, to []n
 // allow is the rule letting one peer through on one port: back to the
 // base chain, counted for the policy.
 func (c *compiler) allow(id ruleID, pe peer, pt port, egress bool) Rule {
-	r := Rule{V6: pe.v6, Counter: true, Verdict: Return, Comment: "allow " + id.policyName()}
+	r := Rule{V6: pe.v6, Counter: true, Verdict: Return, Comment: "allow " + id.policyName(),
+		Why: fmt.Sprintf("%s spec.%s[%d]", id.policyName(), dirField(id.dir), id.index)}
 	if !pe.any {
 		if egress {
 			r.Dst = pe.addr

@@ -113,10 +113,17 @@ func ruleExprs(r Rule) []expr.Any {
 			}
 		}
 	}
+	if r.Sample > 1 {
+		es = append(es, &expr.Numgen{Register: 1, Modulus: r.Sample, Type: unix.NFT_NG_RANDOM},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: make([]byte, 4)})
+	}
+	if r.Limit != 0 {
+		es = append(es, &expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(r.Limit), Over: r.LimitOver, Unit: expr.LimitTimeSecond, Burst: r.Limit})
+	}
 	if r.Log != "" {
-		// As the kernel dumps it: the level (warning, the default) too.
-		es = append(es, &expr.Limit{Type: expr.LimitTypePkts, Rate: LogRate, Unit: expr.LimitTimeSecond, Burst: LogRate},
-			&expr.Log{Key: 1<<unix.NFTA_LOG_PREFIX | 1<<unix.NFTA_LOG_LEVEL, Level: expr.LogLevelWarning, Data: []byte(r.Log)})
+		// As the kernel dumps an NFLOG log: group, prefix, snaplen.
+		es = append(es, &expr.Log{Key: 1<<unix.NFTA_LOG_GROUP | 1<<unix.NFTA_LOG_PREFIX | 1<<unix.NFTA_LOG_SNAPLEN,
+			Group: LogGroup, Snaplen: LogSnaplen, Data: []byte(r.Log)})
 	}
 	if r.Counter {
 		es = append(es, &expr.Counter{})

@@ -21,6 +21,44 @@ func denyComment(dir, podKey string) string {
 	return "deny egress " + podKey
 }
 
+// LogPrefix is a log rule's prefix for what its comment would say, cut
+// to the kernel's 127 bytes.
+func LogPrefix(what string) string {
+	p := "twill " + what
+	if len(p) > 127 {
+		p = p[:127]
+	}
+	return p
+}
+
+// logAllowed ends the base chain with the rules that log the new
+// connections it let through to or from the local pods whose namespace
+// asked for it (or every local pod, with Snapshot.LogAllowed): one in
+// c.sample, at most AllowedLogRate a second per direction and family.
+func (c *compiler) logAllowed(base *Chain, v4, v6 bool) {
+	sets := map[bool]*Set{false: {Name: "log-allowed4"}, true: {Name: "log-allowed6", V6: true}}
+	for _, p := range c.local {
+		if !c.logAllowedAll && !c.logNS[p.ns] {
+			continue
+		}
+		for _, ip := range p.ips {
+			sets[ip.Is6()].Elems = append(sets[ip.Is6()].Elems, ip)
+		}
+	}
+	for _, fam := range []struct{ on, v6 bool }{{v4, false}, {v6, true}} {
+		s := sets[fam.v6]
+		if !fam.on || len(s.Elems) == 0 {
+			continue
+		}
+		slices.SortFunc(s.Elems, netip.Addr.Compare)
+		s.Elems = slices.Compact(s.Elems)
+		c.sets[s.Name] = *s
+		base.Rules = append(base.Rules,
+			Rule{V6: fam.v6, Src: Addr{Set: s.Name}, Sample: c.sample, Limit: AllowedLogRate, Log: LogPrefix("allow egress"), Verdict: Continue},
+			Rule{V6: fam.v6, Dst: Addr{Set: s.Name}, Sample: c.sample, Limit: AllowedLogRate, Log: LogPrefix("allow ingress"), Verdict: Continue})
+	}
+}
+
 // ChainName is a local pod's chain for one direction ("in" or "eg"); a
 // name too long for the kernel (256 bytes) is shortened with a hash.
 func ChainName(dir, podKey string) string {
@@ -96,7 +134,8 @@ func (c *compiler) result() Result {
 				rules = append(rules, a...)
 			}
 			if c.logDenied {
-				rules = append(rules, Rule{Verdict: Continue, Log: "twill-policy " + denyComment(dir, p.key) + ": "})
+				rules = append(rules, Rule{Verdict: Continue, Limit: LogRate, Log: LogPrefix(denyComment(dir, p.key))},
+					Rule{Verdict: Continue, Limit: LogRate, LimitOver: true, Counter: true, Comment: UnloggedPrefix + denyComment(dir, p.key)})
 			}
 			ch := Chain{Name: name, Rules: append(rules, Rule{Counter: true, Verdict: Drop, Comment: denyComment(dir, p.key)})}
 			chains = append(chains, ch)
@@ -107,6 +146,7 @@ func (c *compiler) result() Result {
 			}
 		}
 	}
+	c.logAllowed(&base, v4, v6)
 	for _, m := range jumpMaps {
 		sortJumps(m)
 		c.sets[m.Name] = *m

@@ -85,13 +85,42 @@ type Rule struct {
 	Verdict     Verdict
 	Target      string // Jump's chain
 	Comment     string // shown by nft list; names the policy for metrics
-	// Log, when set, logs the packet with this prefix to the kernel log,
-	// at most LogRate packets a second (bursts of LogRate).
+	// Why names the part of the policy the rule comes from
+	// ("ns/name spec.ingress[0]"). It is not written to the kernel: the
+	// verdict log and `twillctl policy explain` read it from Compile's
+	// output.
+	Why string `json:",omitempty"`
+	// Sample, above 1, matches one packet in Sample, at random.
+	Sample uint32
+	// Limit, when set, matches at most Limit packets a second (bursts of
+	// Limit); with LimitOver, only the packets over that rate. Two rules
+	// with the same Limit, one Over, see the same packets and split them.
+	Limit     uint32
+	LimitOver bool
+	// Log, when set, sends the packet's headers to NFLOG group LogGroup
+	// with this prefix: twilld's verdict log reads them.
 	Log string
 }
 
-// LogRate bounds the denied packets logged, per pod and direction.
+// LogGroup is the NFLOG group of the policy table's log rules, read by
+// twilld in each node's network namespace.
+const LogGroup = 7163
+
+// LogSnaplen is how much of a logged packet the kernel copies: its
+// network and transport headers.
+const LogSnaplen = 128
+
+// LogRate bounds the denied packets logged, per pod and direction; the
+// packets over it are counted by a rule of their own (UnloggedPrefix).
 const LogRate = 10
+
+// AllowedLogRate bounds the allowed connections logged, per direction,
+// on the node.
+const AllowedLogRate = 100
+
+// UnloggedPrefix opens the comment of the rule that counts the denied
+// packets over LogRate, which are not logged.
+const UnloggedPrefix = "unlogged "
 
 // Chain is a regular chain (the base chain is ChainForward).
 type Chain struct {

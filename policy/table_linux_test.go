@@ -155,14 +155,16 @@ func TestPrivilegedPolicyTableIsolatesAndRepairs(t *testing.T) {
 	// denied packets too: a drift check of an unchanged table writes
 	// nothing (else it would rewrite it for ever).
 	logged := s
-	logged.LogDenied = true
+	logged.LogDenied, logged.LogAllowed, logged.LogSample = true, true, 3
 	logged.Policies = []*networkingv1.NetworkPolicy{testPolicy("x", "deny", nil, nil)}
 	n.sync(logged)
 	if ch := n.syncFrom(logged, true); !ch.Clean() {
 		t.Errorf("Sync of the kernel's table, unchanged, wrote %+v, want nothing", ch)
 	}
-	if out, _ := netnstest.Exec(n.name, "nft", "list", "table", "inet", TableName); !strings.Contains(out, `limit rate 10/second burst 10 packets log prefix "twill-policy deny ingress x/a: "`) {
-		t.Errorf("in:x/a does not log its denied packets:\n%s", out)
+	if out, _ := netnstest.Exec(n.name, "nft", "list", "table", "inet", TableName); !strings.Contains(out, `limit rate 10/second burst 10 packets log prefix "twill deny ingress x/a" group 7163 snaplen 128`) ||
+		!strings.Contains(out, `limit rate over 10/second burst 10 packets counter packets 0 bytes 0 comment "unlogged deny ingress x/a"`) ||
+		!strings.Contains(out, `ip saddr @log-allowed4 numgen random mod 3 0 limit rate 100/second burst 100 packets log prefix "twill allow egress" group 7163 snaplen 128`) {
+		t.Errorf("in:x/a does not log its denied packets (and count those over the rate), or x/a's allowed connections are not sampled:\n%s", out)
 	}
 	n.sync(s)
 
