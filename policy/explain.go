@@ -5,9 +5,9 @@ import (
 	"net/netip"
 	"strings"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	"golang.org/x/sys/unix"
 )
 
 // Cluster is the apiserver's state that Explain reads. Explain compiles
@@ -163,6 +163,9 @@ func addrPair(from, to *corev1.Pod, v6 bool) (netip.Addr, netip.Addr, error) {
 	}
 	return src, dst, nil
 }
+
+// Compiled is node's table as its twilld compiles the Cluster.
+func (c *Cluster) Compiled(node string) Ruleset { return c.ruleset(node) }
 
 // ruleset is node's table, compiled once.
 func (c *Cluster) ruleset(node string) Ruleset {

@@ -23,10 +23,14 @@ var packetsDesc = prometheus.NewDesc("twill_netpol_packets_total",
 var unknownDesc = prometheus.NewDesc("twill_netpol_unknown_dropped_packets_total",
 	"Packets dropped for an address of the node's pod CIDR whose pod twilld does not know yet.", nil, nil)
 
+var unloggedDesc = prometheus.NewDesc("twill_netpol_denied_unlogged_packets_total",
+	"Denied packets not sent to the verdict log: over its rate of LogRate a second per pod and direction.", nil, nil)
+
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- packetsDesc
 	ch <- unknownDesc
+	ch <- unloggedDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -38,7 +42,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	type key struct{ policy, verdict string }
 	sum := map[key]uint64{}
-	var unknown uint64
+	var unknown, unlogged uint64
 	for cmt, n := range counts {
 		switch {
 		case strings.HasPrefix(cmt, "allow "):
@@ -53,10 +57,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		case strings.HasPrefix(cmt, "unknown "):
 			unknown += n
+		case strings.HasPrefix(cmt, UnloggedPrefix):
+			unlogged += n
 		}
 	}
 	for k, n := range sum {
 		ch <- prometheus.MustNewConstMetric(packetsDesc, prometheus.CounterValue, float64(n), k.policy, k.verdict)
 	}
 	ch <- prometheus.MustNewConstMetric(unknownDesc, prometheus.CounterValue, float64(unknown))
+	ch <- prometheus.MustNewConstMetric(unloggedDesc, prometheus.CounterValue, float64(unlogged))
 }

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -132,6 +133,9 @@ type Options struct {
 	Policy func(ctx context.Context, local []netip.Prefix, synced func()) error
 	// Collectors are more metrics for /metrics (the policy's).
 	Collectors []prometheus.Collector
+	// Handlers are more read-only endpoints beside /metrics, by path
+	// (the verdict log's /verdicts); they answer GET and HEAD only.
+	Handlers map[string]http.Handler
 	// Node sets up forwarding and the netfilter rules (node.go); nil is
 	// this network namespace's, in the Netfilter mode.
 	Node NodeNetwork

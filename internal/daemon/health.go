@@ -38,6 +38,9 @@ func (d *Daemon) serveHealth(ctx context.Context, ln net.Listener) error {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{}))
+	for path, h := range d.o.Handlers {
+		mux.Handle("GET "+path, h)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()

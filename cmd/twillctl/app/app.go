@@ -43,7 +43,7 @@ func newRootCommand(reg *backend.Registry) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	cmd.AddCommand(newStatusCommand(reg), newLeasesCommand(), newConfigCommand(reg), &cobra.Command{
+	cmd.AddCommand(newStatusCommand(reg), newLeasesCommand(), newConfigCommand(reg), newPolicyCommand(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,

@@ -75,6 +75,8 @@ type options struct {
 	kubeResync           time.Duration
 	networkPolicy        bool
 	networkPolicyLog     bool
+	networkPolicyAllowed bool
+	networkPolicySample  uint32
 	netConfigPath        string
 
 	iface         []string
@@ -132,7 +134,9 @@ for example TWILLD_ETCD_ENDPOINTS.`,
 	f.StringVar(&o.kubeAPIURL, "kube-api-url", "", "apiserver URL for --kube-subnet-mgr (overrides the kubeconfig's server)")
 	f.DurationVar(&o.kubeResync, "kube-resync", 30*time.Second, "how often the Node informer replays its cache to the backend")
 	f.BoolVar(&o.networkPolicy, "network-policy", false, "enforce Kubernetes NetworkPolicy for this node's pods, in table inet twill-policy (needs --kube-subnet-mgr; see Documentation/network-policy.md)")
-	f.BoolVar(&o.networkPolicyLog, "network-policy-log-denied", false, "with --network-policy, log the packets a policy denies to the kernel log (prefix \"twill-policy deny\"), at most 10 a second per pod and direction")
+	f.BoolVar(&o.networkPolicyLog, "network-policy-log-denied", true, "with --network-policy, log the packets a policy denies (at most 10 a second per pod and direction) to the verdict log: twilld's log at level VERDICT, GET /verdicts, twillctl policy log")
+	f.BoolVar(&o.networkPolicyAllowed, "network-policy-log-allowed", false, "with --network-policy, log the new connections of every pod of the node, allowed, to the verdict log (without it, only those of the namespaces annotated twill.io/log-allowed=true)")
+	f.Uint32Var(&o.networkPolicySample, "network-policy-log-sample", 1, "log one allowed new connection in this many, at random (at most 100 a second per direction)")
 	f.StringVar(&o.netConfigPath, "net-config-path", "/etc/kube-twill/net-conf.json", "net-conf.json path in Kubernetes mode")
 	f.StringSliceVar(&o.iface, "iface", nil, "external interface name or address (repeatable; first match wins)")
 	f.StringSliceVar(&o.ifaceRegex, "iface-regex", nil, "regular expression for the external interface name or address (repeatable)")
@@ -325,6 +329,7 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 		FlannelSubnetFile: o.flannelSubnetFile,
 		Policy:            enforce.run(),
 		Collectors:        enforce.collectors(),
+		Handlers:          enforce.handlers(),
 	})
 	if err := d.Run(ctx); err != nil {
 		return err

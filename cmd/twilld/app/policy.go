@@ -2,9 +2,12 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/netip"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,6 +16,7 @@ import (
 	"github.com/twill-net/twill/internal/version"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/policy"
+	"github.com/twill-net/twill/policy/verdictlog"
 	kubesm "github.com/twill-net/twill/subnet/kube"
 )
 
@@ -23,6 +27,9 @@ type enforcement struct {
 	table *policy.Table
 	apply prometheus.Histogram
 	fixed prometheus.Counter
+	// verdicts is the verdict log: it reads what the table logs.
+	verdicts *verdictlog.Log
+	log      *slog.Logger
 }
 
 func newEnforcement(log *slog.Logger, o options, node string) (*enforcement, error) {
@@ -44,10 +51,26 @@ func newEnforcement(log *slog.Logger, o options, node string) (*enforcement, err
 		fixed: prometheus.NewCounter(prometheus.CounterOpts{Name: "twill_netpol_drift_repairs_total", Help: "Repairs of the policy table after it changed behind twilld's back."}),
 	}
 	en.e = &policy.Enforcer{Logger: log.With("component", "network-policy"), Source: inf, Kernel: table, Node: node, LogDenied: o.networkPolicyLog,
+		LogAllowed: o.networkPolicyAllowed, LogSample: o.networkPolicySample,
 		Watch: func(ctx context.Context, subscribed, changed func()) error {
 			return nl.WatchNftablesTable(ctx, policy.TableName, subscribed, changed)
 		}, Applied: func(d time.Duration) { en.apply.Observe(d.Seconds()) }, Repaired: en.fixed.Inc}
+	en.verdicts = &verdictlog.Log{Logger: verdictLogger(o.logLevel), Node: node, Namer: en.e}
+	en.log = log
 	return en, nil
+}
+
+// verdictLogger writes verdict records as JSON lines to twilld's stderr,
+// at their own level, VERDICT, shown unless --log-level is warn or error.
+func verdictLogger(level string) *slog.Logger {
+	var l slog.Level
+	_ = l.UnmarshalText([]byte(level)) // checked by newLogger
+	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l, ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.LevelKey && a.Value.Any() == verdictlog.LevelVerdict {
+			a.Value = slog.StringValue("VERDICT")
+		}
+		return a
+	}}))
 }
 
 func (en *enforcement) run() func(ctx context.Context, local []netip.Prefix, synced func()) error {
@@ -56,8 +79,26 @@ func (en *enforcement) run() func(ctx context.Context, local []netip.Prefix, syn
 	}
 	return func(ctx context.Context, local []netip.Prefix, synced func()) error {
 		en.e.Synced = synced
+		go func() {
+			// The verdict log is for people: without it (no nfnetlink_log,
+			// say), policy is enforced all the same.
+			if err := en.verdicts.Run(ctx); err != nil {
+				en.log.Warn("the verdict log cannot read the policy table's log; policy is enforced, its verdicts are not logged", "err", err)
+			}
+		}()
 		return en.e.Run(ctx, local)
 	}
+}
+
+func (en *enforcement) handlers() map[string]http.Handler {
+	if en == nil {
+		return nil
+	}
+	return map[string]http.Handler{"/verdicts": en.verdicts, policy.SubsetPath: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(en.e.Ruleset().Subset(q["pod"], q["ip"]))
+	})}
 }
 
 // allocations has the enforcer read the CNI plugin's allocations in dir.
@@ -76,5 +117,5 @@ func (en *enforcement) collectors() []prometheus.Collector {
 	if en == nil {
 		return nil
 	}
-	return []prometheus.Collector{en.apply, en.fixed, &policy.Collector{Counters: en.table.Counters, Enforcer: en.e}}
+	return []prometheus.Collector{en.apply, en.fixed, &policy.Collector{Counters: en.table.Counters, Enforcer: en.e}, en.verdicts}
 }

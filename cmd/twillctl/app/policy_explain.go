@@ -1,0 +1,134 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/url"
+
+	"github.com/spf13/cobra"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/twill-net/twill/policy"
+)
+
+func newPolicyExplainCommand() *cobra.Command {
+	var o policyOptions
+	var from, to, port string
+	var v6, noCompare bool
+	cmd := &cobra.Command{
+		Use:   "explain",
+		Short: "Say whether a pod may connect to another on a port, and which policy and rule decide",
+		Long: `explain reads the pods, namespaces, NetworkPolicies and Nodes from the
+apiserver, compiles them for the two pods' nodes as their twilld does
+(the same code), and runs the connection's first packet through each
+table: it says whether it is allowed, by which policy and rule, or which
+pod's default deny drops it, or that no policy selects either pod.
+
+It then compares what decides for the two pods with each node's own
+table, read from its twilld through the apiserver's node proxy, and says
+where they differ (a twilld of another version, or one that has not yet
+seen the latest change).`,
+		Example: `  twillctl policy explain --kubeconfig ~/.kube/config --from default/client --to default/web --port 80/tcp`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			proto, num, err := policy.ParsePort(port)
+			if err != nil {
+				return fmt.Errorf("--port: %w", err)
+			}
+			cli, err := o.client()
+			if err != nil {
+				return err
+			}
+			c, err := readCluster(cmd.Context(), cli)
+			if err != nil {
+				return err
+			}
+			a, err := c.Explain(policy.Query{From: from, To: to, Proto: proto, Port: num, V6: v6})
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprint(w, a)
+			if !noCompare {
+				compareNodes(cmd.Context(), w, &o, cli, c, a)
+			}
+			return nil
+		},
+	}
+	o.flags(cmd)
+	cmd.Flags().StringVar(&from, "from", "", "the client pod (namespace/name)")
+	cmd.Flags().StringVar(&to, "to", "", "the server pod (namespace/name)")
+	cmd.Flags().StringVar(&port, "port", "", "the server's port and protocol, e.g. 80/tcp, 53/udp")
+	cmd.Flags().BoolVar(&v6, "ipv6", false, "the pods' IPv6 addresses (dual-stack)")
+	cmd.Flags().BoolVar(&noCompare, "no-compare", false, "do not compare with the nodes' tables")
+	for _, f := range []string{"from", "to", "port"} {
+		_ = cmd.MarkFlagRequired(f)
+	}
+	return cmd
+}
+
+// readCluster lists what policy.Compile reads.
+func readCluster(ctx context.Context, cli *kubernetes.Clientset) (*policy.Cluster, error) {
+	c := &policy.Cluster{}
+	nodes, err := cli.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing Nodes: %w", err)
+	}
+	for i := range nodes.Items {
+		c.Nodes = append(c.Nodes, &nodes.Items[i])
+	}
+	pods, err := cli.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing pods: %w", err)
+	}
+	for i := range pods.Items {
+		c.Pods = append(c.Pods, &pods.Items[i])
+	}
+	nss, err := cli.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing namespaces: %w", err)
+	}
+	for i := range nss.Items {
+		c.Namespaces = append(c.Namespaces, &nss.Items[i])
+	}
+	nps, err := cli.NetworkingV1().NetworkPolicies("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing NetworkPolicies: %w", err)
+	}
+	for i := range nps.Items {
+		c.Policies = append(c.Policies, &nps.Items[i])
+	}
+	return c, nil
+}
+
+// compareNodes says, for each of the two pods' nodes, whether its twilld's
+// table decides for the two pods as the apiserver's state compiles.
+func compareNodes(ctx context.Context, w io.Writer, o *policyOptions, cli *kubernetes.Clientset, c *policy.Cluster, a policy.Answer) {
+	q := url.Values{"pod": {a.From, a.To}, "ip": {a.Src.String(), a.Dst.String()}}
+	nodes := []string{a.SrcNode}
+	if a.DstNode != a.SrcNode {
+		nodes = append(nodes, a.DstNode)
+	}
+	for _, node := range nodes {
+		want, _ := json.Marshal(c.Compiled(node).Subset(q["pod"], q["ip"]))
+		b, err := o.nodeGet(ctx, cli, node, policy.SubsetPath, q)
+		if err != nil {
+			fmt.Fprintf(w, "  node %s: its table not compared: %v\n", node, err)
+			continue
+		}
+		var got policy.Ruleset
+		if err := json.Unmarshal(b, &got); err != nil {
+			fmt.Fprintf(w, "  node %s: its table not compared: reading %s: %v\n", node, policy.SubsetPath, err)
+			continue
+		}
+		if b, _ = json.Marshal(got); string(b) != string(want) {
+			fmt.Fprintf(w, "  node %s: DIFFERS: its twilld's table for these pods is not what the apiserver's state compiles to "+
+				"(a twilld of another version, or one that has not seen the latest change); the kernel decides by its table\n", node)
+			continue
+		}
+		fmt.Fprintf(w, "  node %s: its twilld's table agrees\n", node)
+	}
+}

@@ -1,0 +1,57 @@
+package policy
+
+import (
+	"slices"
+	"strings"
+)
+
+// SubsetPath is where twilld serves its table's Subset, given pod= and
+// ip= parameters (GET, beside /metrics).
+const SubsetPath = "/policy/ruleset"
+
+// Subset is the part of a Ruleset that decides for the given local pods
+// (namespace/name) and addresses: their chains, without the rules that only
+// log, and the sets those chains read; the jump maps and known sets, cut
+// to the addresses. It leaves out what depends on twilld's flags or the
+// node's own files (logging, the base chain, the CNI plugin's allocations),
+// so that two twillds given the same apiserver state agree on it: what
+// `twillctl policy explain` compares with the node's.
+func (rs Ruleset) Subset(pods []string, ips []string) Ruleset {
+	var out Ruleset
+	used := map[string]bool{}
+	for _, c := range rs.Chains {
+		_, key, _ := strings.Cut(c.Name, ":")
+		if c.Name == ChainForward || !slices.Contains(pods, key) || c.Name != ChainName(c.Name[:2], key) {
+			continue
+		}
+		kept := Chain{Name: c.Name}
+		for _, r := range c.Rules {
+			if r.Log != "" || r.LimitOver {
+				continue
+			}
+			for _, n := range []string{r.Src.Set, r.Dst.Set, r.Src.NotSet, r.Dst.NotSet} {
+				used[n] = n != ""
+			}
+			kept.Rules = append(kept.Rules, r)
+		}
+		out.Chains = append(out.Chains, kept)
+	}
+	for _, s := range rs.Sets {
+		switch {
+		case used[s.Name]:
+			out.Sets = append(out.Sets, s)
+		case s.VMap || strings.HasPrefix(s.Name, "known"):
+			cut := Set{Name: s.Name, V6: s.V6, VMap: s.VMap}
+			for i, a := range s.Elems {
+				if slices.Contains(ips, a.String()) {
+					cut.Elems = append(cut.Elems, a)
+					if s.VMap {
+						cut.Jumps = append(cut.Jumps, s.jump(i))
+					}
+				}
+			}
+			out.Sets = append(out.Sets, cut)
+		}
+	}
+	return out
+}
