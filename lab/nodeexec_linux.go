@@ -237,6 +237,16 @@ func (s *State) ownCommand(target string, argv []string) []string {
 		if !s.Kubernetes {
 			add("--etcd-endpoints", s.EtcdURL)
 		}
+	case "policy":
+		// explain reads the apiserver; log reads this node's twilld, or
+		// with --pod or --node, that pod's or node's through the apiserver.
+		switch {
+		case !s.Kubernetes || len(argv) < 3:
+		case argv[2] == "log" && !has("--pod") && !has("--node") && !has("--kubeconfig"):
+			add("--endpoint", fmt.Sprintf("http://127.0.0.1:%d", HealthzPort))
+		default:
+			add("--kubeconfig", s.AdminKubeconfig)
+		}
 	}
 	return argv
 }

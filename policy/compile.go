@@ -32,6 +32,8 @@ type Snapshot struct {
 	// of the pods whose namespace has LogAllowedAnnotation "true".
 	LogAllowed bool
 	LogSample  uint32
+	// LogOff writes no log rule at all (the verdict log cannot read).
+	LogOff bool
 	// Allocations are the addresses the CNI plugin gave on this node, and
 	// when; Now is the time to age them against.
 	Allocations []Allocation
@@ -127,10 +129,11 @@ func newCompiler(s Snapshot) *compiler {
 	c := &compiler{nsLabels: map[string]labels.Set{}, cidrs: s.LocalCIDRs, logDenied: s.LogDenied, allocations: s.Allocations, now: s.Now,
 		ingress: map[string][][]Rule{}, egress: map[string][][]Rule{},
 		selected: map[string]*Selection{}, sets: map[string]Set{}, peerCache: map[ruleID][]peer{}, localNS: map[string][]*pod{}}
-	c.logAllowedAll, c.sample, c.logNS = s.LogAllowed, s.LogSample, map[string]bool{}
+	c.logAllowedAll, c.sample, c.logNS = s.LogAllowed && !s.LogOff, s.LogSample, map[string]bool{}
+	c.logDenied = s.LogDenied && !s.LogOff
 	for _, n := range s.Namespaces {
 		c.nsLabels[n.Name] = labels.Set(n.Labels)
-		if n.Annotations[LogAllowedAnnotation] == "true" {
+		if n.Annotations[LogAllowedAnnotation] == "true" && !s.LogOff {
 			c.logNS[n.Name] = true
 		}
 	}

@@ -37,10 +37,12 @@ type Enforcer struct {
 	Source Source
 	Kernel Kernel
 	Node   string
-	// LogDenied, LogAllowed and LogSample are Snapshot's.
+	// LogDenied, LogAllowed and LogSample are Snapshot's; LogOff turns
+	// every log rule off, the namespaces' annotations' too (set before Run).
 	LogDenied  bool
 	LogAllowed bool
 	LogSample  uint32
+	LogOff     bool
 	// Allocations, when set, lists the addresses the CNI plugin gave on
 	// the node (an unmanaged pod's is allowed after UnmanagedGrace).
 	Allocations func() ([]Allocation, error)
@@ -276,7 +278,7 @@ func (e *Enforcer) syncOnce(reread bool) (Changes, error) {
 	e.mu.Lock()
 	s.Node, s.LocalCIDRs, s.Now = e.Node, e.local, time.Now()
 	e.mu.Unlock()
-	s.LogDenied, s.LogAllowed, s.LogSample = e.LogDenied, e.LogAllowed, e.LogSample
+	s.LogDenied, s.LogAllowed, s.LogSample, s.LogOff = e.LogDenied, e.LogAllowed, e.LogSample, e.LogOff
 	if e.Allocations != nil {
 		var err error
 		if s.Allocations, err = e.Allocations(); err != nil {

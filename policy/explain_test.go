@@ -93,3 +93,44 @@ func TestParsePort(t *testing.T) {
 		}
 	}
 }
+
+// TestLogRules: denied packets are logged per isolated pod, with the
+// packets over the rate counted; a namespace annotated
+// twill.io/log-allowed=true has its pods' allowed connections logged; and
+// LogOff (the verdict log cannot read) writes no log rule at all.
+func TestLogRules(t *testing.T) {
+	s := snapshot(testPolicy("x", "deny", nil, nil))
+	s.LogDenied = true
+	s.Namespaces[1].Annotations = map[string]string{LogAllowedAnnotation: "true"} // y: y/a on n1
+	count := func(rs Ruleset) (logs, unlogged int, allowed []string) {
+		for _, c := range rs.Chains {
+			for _, r := range c.Rules {
+				switch {
+				case r.Log != "" && strings.HasPrefix(r.Log, "twill allow"):
+					allowed = append(allowed, r.Src.Set+r.Dst.Set)
+				case r.Log != "":
+					logs++
+				case r.LimitOver:
+					unlogged++
+				}
+			}
+		}
+		return logs, unlogged, allowed
+	}
+	rs := Compile(s).Ruleset
+	if logs, unlogged, allowed := count(rs); logs != 1 || unlogged != 1 || len(allowed) != 2 {
+		t.Errorf("got %d deny logs, %d unlogged counters, allowed logs on %v; want 1, 1, and both directions of log-allowed4", logs, unlogged, allowed)
+	}
+	if tr := Evaluate(rs, Packet{Src: netip.MustParseAddr("10.244.1.3"), Dst: netip.MustParseAddr("10.244.2.3"), Proto: unix.IPPROTO_TCP, Port: 80}); !tr.Allowed {
+		t.Errorf("y/a's own connection, logged: %+v, want allowed", tr)
+	}
+	for _, st := range rs.Sets {
+		if st.Name == "log-allowed4" && (len(st.Elems) != 1 || st.Elems[0] != netip.MustParseAddr("10.244.1.3")) {
+			t.Errorf("log-allowed4 = %v, want y/a's address alone", st.Elems)
+		}
+	}
+	s.LogOff = true
+	if logs, unlogged, allowed := count(Compile(s).Ruleset); logs+unlogged+len(allowed) != 0 {
+		t.Errorf("LogOff: %d log rules, %d counters, %v allowed logs; want none", logs, unlogged, allowed)
+	}
+}

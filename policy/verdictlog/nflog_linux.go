@@ -13,16 +13,18 @@ import (
 	"github.com/twill-net/twill/policy"
 )
 
-// Run reads NFLOG group policy.LogGroup until ctx is done.
-func (l *Log) Run(ctx context.Context) error {
+// Start binds NFLOG group policy.LogGroup and reads it until ctx is done;
+// wait returns then, or when reading fails. An error from Start means the
+// group cannot be read at all (no nfnetlink_log in the kernel, or another
+// reader holds the group): the table must not log then.
+func (l *Log) Start(ctx context.Context) (wait func() error, err error) {
 	nf, err := nflog.Open(&nflog.Config{Group: policy.LogGroup, Copymode: nflog.CopyPacket, Bufsize: policy.LogSnaplen,
 		Flags: nflog.FlagSeq, NetNS: l.NetNS,
 		// Batch: up to 64 records, or 50 ms, per message from the kernel.
 		QThresh: 64, Timeout: 5})
 	if err != nil {
-		return fmt.Errorf("opening NFLOG group %d: %w", policy.LogGroup, err)
+		return nil, fmt.Errorf("opening NFLOG group %d: %w", policy.LogGroup, err)
 	}
-	defer nf.Close()
 	// A bigger receive buffer rides out bursts; past it the kernel drops
 	// records, which the sequence numbers show.
 	_ = nf.Con.SetReadBuffer(4 << 20)
@@ -33,10 +35,7 @@ func (l *Log) Run(ctx context.Context) error {
 	}, func(err error) int {
 		var op *netlink.OpError
 		if errors.As(err, &op) && (op.Timeout() || errors.Is(op.Err, unix.ENOBUFS)) {
-			if errors.Is(op.Err, unix.ENOBUFS) {
-				l.Logger.Debug("verdict log: the kernel dropped records (the socket's buffer was full)")
-			}
-			return 0
+			return 0 // ENOBUFS: the kernel dropped records; the sequence counts them
 		}
 		if ctx.Err() == nil {
 			select {
@@ -47,14 +46,18 @@ func (l *Log) Run(ctx context.Context) error {
 		return 1
 	})
 	if err != nil {
-		return fmt.Errorf("reading NFLOG group %d: %w", policy.LogGroup, err)
+		nf.Close()
+		return nil, fmt.Errorf("binding NFLOG group %d: %w", policy.LogGroup, err)
 	}
-	select {
-	case <-ctx.Done():
-		return nil
-	case err := <-failed:
-		return fmt.Errorf("reading NFLOG group %d: %w", policy.LogGroup, err)
-	}
+	return func() error {
+		defer nf.Close()
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-failed:
+			return fmt.Errorf("reading NFLOG group %d: %w", policy.LogGroup, err)
+		}
+	}, nil
 }
 
 // take keeps one record, counting the gap in NFLOG's sequence before it

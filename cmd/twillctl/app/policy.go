@@ -72,7 +72,7 @@ func (o *policyOptions) nodeGet(ctx context.Context, cli *kubernetes.Clientset, 
 	}
 	b, err := req.DoRaw(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("twilld on node %s, port %d, through the apiserver: %w", node, o.port, err)
+		return nil, fmt.Errorf("twilld on node %s, port %d, through the apiserver: %w %s", node, o.port, err, bytes.TrimSpace(b))
 	}
 	return b, nil
 }

@@ -79,13 +79,20 @@ func (en *enforcement) run() func(ctx context.Context, local []netip.Prefix, syn
 	}
 	return func(ctx context.Context, local []netip.Prefix, synced func()) error {
 		en.e.Synced = synced
-		go func() {
-			// The verdict log is for people: without it (no nfnetlink_log,
-			// say), policy is enforced all the same.
-			if err := en.verdicts.Run(ctx); err != nil {
-				en.log.Warn("the verdict log cannot read the policy table's log; policy is enforced, its verdicts are not logged", "err", err)
-			}
-		}()
+		// The verdict log is for people: without it (no nfnetlink_log,
+		// say), policy is enforced all the same, by a table that does not
+		// log (a log rule the kernel cannot load would fail the table).
+		wait, err := en.verdicts.Start(ctx)
+		if err != nil {
+			en.log.Warn("the verdict log cannot read NFLOG; policy is enforced, without logging", "err", err)
+			en.e.LogOff = true
+		} else {
+			go func() {
+				if err := wait(); err != nil {
+					en.log.Warn("the verdict log stopped; policy is enforced, its verdicts are no longer read", "err", err)
+				}
+			}()
+		}
 		return en.e.Run(ctx, local)
 	}
 }

@@ -176,6 +176,8 @@ func Start(t testing.TB, o Options) *APIServer {
 		"--service-cluster-ip-range=10.96.0.0/24",
 		"--cert-dir=" + filepath.Join(dir, "certs"),
 		"--enable-priority-and-fairness=false",
+		// As kubeadm sets it: a Node's InternalIP first (node proxy).
+		"--kubelet-preferred-address-types=InternalIP,Hostname",
 		"--v=1",
 	}
 	// `ip netns exec` execs in place: the PID is the apiserver's.
