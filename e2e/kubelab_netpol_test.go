@@ -71,6 +71,8 @@ spec:
 		t.Errorf("a pod no policy selects (%s), or an isolated pod's own connection, blocked", b1.Label())
 	}
 
+	checkKubeVerdicts(t, s, l.bin, reaches, a0, a1, b0, "lab/clients-only")
+
 	// twillctl status policy on node2 names the policy that isolates b0.
 	if out, err := s.NodeExec(ctx, n2, nil, l.bin+"/twillctl", "status", "policy"); !strings.Contains(out, "lab/"+b0.Name) || !strings.Contains(out, "ingress: lab/clients-only") {
 		t.Errorf("twillctl status policy on %s (%v) does not name lab/clients-only for %s:\n%s", n2, err, b0.Name, out)

@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -10,6 +12,10 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 func execIn(netns string, args ...string) (string, error) {
@@ -24,113 +30,175 @@ const (
 	floodFor  = 10 * time.Second
 )
 
-// verdictFlood: a flood of denied packets to one pod costs twilld bounded
-// CPU, logs at most the log rule's rate, and says how many it did not log;
-// connections between other pods of the node go on meanwhile.
-func verdictFlood(t *testing.T, k *kubeCluster, pods []verdictPod) {
-	from, to := pods[2], pods[1] // alpha/a2 → alpha/a1, denied, both on node1
-	other, web := pods[8], pods[6]
+// floodResult is what a denied flood cost and what the log made of it.
+type floodResult struct {
+	sent                   int
+	drops, logged, lost    float64 // the chain's drops; records read; records lost
+	unlogged               float64 // drops over the log rate, counted
+	cpu                    time.Duration
+	ok, tries              int // connections between two other pods meanwhile
+	connBefore, connDuring time.Duration
+}
+
+// floodDenied floods to (denied by policy on node 0, whose chain counts
+// against it) from from for floodFor, while other connects to web, and
+// reads node 0's twilld's metrics and CPU around it.
+func floodDenied(tb testing.TB, k *kubeCluster, from, to, other, web verdictPod, policy string) floodResult {
 	pid := k.daemons[0].cmd.Process.Pid
-	metric := func(name string) float64 {
-		v, err := strconv.ParseFloat(k.metric(0, name), 64)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
-	denied := func() float64 {
-		_, body := nodeGet(t, k.topo.Nodes[0].NS, kubeHealthPort, "/metrics")
+	read := func() (drops, logged, lost, unlogged float64) {
+		_, body := nodeGet(tb, k.topo.Nodes[0].NS, kubeHealthPort, "/metrics")
 		for _, line := range strings.Split(body, "\n") {
-			if strings.HasPrefix(line, `twill_netpol_packets_total{policy="alpha/db-deny-all",verdict="denied"}`) {
-				v, _ := strconv.ParseFloat(strings.Fields(line)[1], 64)
-				return v
+			f := strings.Fields(line)
+			if len(f) != 2 {
+				continue
+			}
+			v, _ := strconv.ParseFloat(f[1], 64)
+			switch f[0] {
+			case `twill_netpol_packets_total{policy="` + policy + `",verdict="denied"}`:
+				drops = v
+			case `twill_netpol_log_records_total{verdict="denied"}`:
+				logged = v
+			case "twill_netpol_log_records_lost_total":
+				lost = v
+			case "twill_netpol_denied_unlogged_packets_total":
+				unlogged = v
 			}
 		}
-		return 0
+		return
 	}
-	unlogged0, lost0, denied0 := metric("twill_netpol_denied_unlogged_packets_total"),
-		metric("twill_netpol_log_records_lost_total"), denied()
-	recordsTotal0 := logRecordsTotal(t, k)
-	cpu0 := cpuTime(t, pid)
-
-	// Connection times between two other pods of the node, before and
-	// during the flood: reported, not asserted (speed is benchmarks').
 	connect := func() (time.Duration, bool) {
 		t0 := time.Now()
-		ok := probe(other.netns, web.ip, 6, 8080, 2*time.Second)
+		ok := probe(other.netns, web.ip, unix.IPPROTO_TCP, 8080, 2*time.Second)
 		return time.Since(t0), ok
 	}
+	var r floodResult
 	var before, during []time.Duration
 	for range 20 {
 		d, _ := connect()
 		before = append(before, d)
 	}
+	d0, l0, lost0, u0 := read()
+	cpu0 := cpuTime(tb, pid)
 	sent := make(chan int)
-	go func() { sent <- flood(t, from.netns, fmt.Sprintf("%s:9", to.ip)) }()
-	// Meanwhile, other pods of the node keep connecting.
-	var ok, tries int
-	for deadline := time.Now().Add(floodFor - time.Second); time.Now().Before(deadline); tries++ {
-		d, got := connect()
-		if got {
-			ok++
+	go func() { sent <- flood(tb, from.netns, fmt.Sprintf("%s:9", to.ip)) }()
+	for deadline := time.Now().Add(floodFor - time.Second); time.Now().Before(deadline); r.tries++ {
+		if d, got := connect(); got {
+			r.ok++
 			during = append(during, d)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	n := <-sent
-	if len(during) == 0 {
-		during = []time.Duration{0}
-	}
-	cpu := cpuTime(t, pid) - cpu0
+	r.sent = <-sent
+	r.cpu = cpuTime(tb, pid) - cpu0
 	time.Sleep(2 * time.Second) // the last records and counters
-	logged := logRecordsTotal(t, k) - recordsTotal0
-	unlogged := metric("twill_netpol_denied_unlogged_packets_total") - unlogged0
-	lost := metric("twill_netpol_log_records_lost_total") - lost0
-	drops := denied() - denied0
-	t.Logf("flood: %d denied packets sent in %s (%.0f a second); the pod's chain dropped %.0f; logged %.0f, over the log rate and counted unlogged %.0f, lost %.0f; twilld used %s CPU (%.1f%% of one core); %d of %d connections between other pods got through meanwhile (median connect %s before, %s during)",
-		n, floodFor, float64(n)/floodFor.Seconds(), drops, logged, unlogged, lost, cpu.Round(time.Millisecond),
-		100*cpu.Seconds()/floodFor.Seconds(), ok, tries, median(before).Round(time.Microsecond), median(during).Round(time.Microsecond))
+	d1, l1, lost1, u1 := read()
+	r.drops, r.logged, r.lost, r.unlogged = d1-d0, l1-l0, lost1-lost0, u1-u0
+	r.connBefore = median(before)
+	if len(during) > 0 {
+		r.connDuring = median(during)
+	}
+	return r
+}
 
-	if drops < float64(n)/2 {
-		t.Errorf("the chain dropped %.0f of %d packets sent", drops, n)
+func (r floodResult) String() string {
+	return fmt.Sprintf("%d denied packets sent in %s (%.0f a second); the pod's chain dropped %.0f; logged %.0f, lost %.0f, over the log rate and counted unlogged %.0f; twilld used %s CPU (%.1f%% of one core); %d of %d connections between other pods got through meanwhile (median connect %s before, %s during)",
+		r.sent, floodFor, float64(r.sent)/floodFor.Seconds(), r.drops, r.logged, r.lost, r.unlogged, r.cpu.Round(time.Millisecond),
+		100*r.cpu.Seconds()/floodFor.Seconds(), r.ok, r.tries, r.connBefore.Round(time.Microsecond), r.connDuring.Round(time.Microsecond))
+}
+
+// verdictFlood: a flood of denied packets to one pod costs twilld bounded
+// CPU, logs at most the log rule's rate, and says how many it did not log;
+// connections between other pods of the node go on meanwhile.
+func verdictFlood(t *testing.T, k *kubeCluster, pods []verdictPod) {
+	// alpha/a2 → alpha/a1 (db: denied), beta/b2 → beta/b0 (allowed), all on node1.
+	r := floodDenied(t, k, pods[2], pods[1], pods[8], pods[6], "alpha/db-deny-all")
+	t.Logf("flood: %s", r)
+	if r.drops < float64(r.sent)/2 {
+		t.Errorf("the chain dropped %.0f of %d packets sent", r.drops, r.sent)
 	}
-	if max := float64(10*(floodFor/time.Second+3) + 10); logged > max {
-		t.Errorf("logged %.0f records in %s, above the rate of 10 a second (at most %.0f)", logged, floodFor, max)
+	if max := float64(10*(floodFor/time.Second+3) + 10); r.logged > max {
+		t.Errorf("logged %.0f records in %s, above the rate of 10 a second (at most %.0f)", r.logged, floodFor, max)
 	}
-	// Every drop is either logged (or lost on the way) or counted unlogged.
-	if diff := drops - (logged + lost + unlogged); diff < -float64(n)/100 || diff > float64(n)/100 {
-		t.Errorf("drops %.0f != logged %.0f + lost %.0f + unlogged %.0f: the unlogged count does not say what was not logged", drops, logged, lost, unlogged)
+	// Every drop is logged (or lost on the way) or counted unlogged.
+	if diff := r.drops - (r.logged + r.lost + r.unlogged); diff < -float64(r.sent)/100 || diff > float64(r.sent)/100 {
+		t.Errorf("drops %.0f != logged %.0f + lost %.0f + unlogged %.0f: the unlogged count does not say what was not logged", r.drops, r.logged, r.lost, r.unlogged)
 	}
-	if cpu > floodFor/4 {
-		t.Errorf("twilld used %s of CPU during a %s flood: want it bounded by the log rate, well under a quarter of a core", cpu, floodFor)
+	if r.cpu > floodFor/4 {
+		t.Errorf("twilld used %s of CPU during a %s flood: want it bounded by the log rate, well under a quarter of a core", r.cpu, floodFor)
 	}
-	if ok < tries-1 {
-		t.Errorf("only %d of %d connections between other pods of the node got through during the flood", ok, tries)
+	if r.ok < r.tries-1 {
+		t.Errorf("only %d of %d connections between other pods of the node got through during the flood", r.ok, r.tries)
 	}
 }
 
-// logRecordsTotal is the denied records node1's verdict log read.
-func logRecordsTotal(t *testing.T, k *kubeCluster) float64 {
-	_, body := nodeGet(t, k.topo.Nodes[0].NS, kubeHealthPort, "/metrics")
-	var sum float64
-	for _, line := range strings.Split(body, "\n") {
-		if strings.HasPrefix(line, `twill_netpol_log_records_total{verdict="denied"}`) {
-			v, _ := strconv.ParseFloat(strings.Fields(line)[1], 64)
-			sum += v
+// BenchmarkPolicyVerdictLog measures the verdict log under a flood of
+// 100,000 denied packets a second to one pod for 10 s: records logged,
+// lost and counted unlogged, and twilld's CPU meanwhile, on one node
+// running twilld --network-policy against a real apiserver, with a pod
+// that a deny-all policy isolates and two that connect beside it; then the
+// same flood with the log off, the cost of the flood alone.
+func BenchmarkPolicyVerdictLog(b *testing.B) {
+	for range b.N {
+		k := newKubeCluster(b, 1, "host-gw")
+		n := k.topo.Nodes[0]
+		k.createNode(n.Name, podCIDR(0).String(), n.Addr.Addr(), nil)
+		k.startKubeDaemon(0, "--network-policy")
+		waitFor(b, 30*time.Second, "subnet.env", func() bool { _, err := os.Stat(k.subnetFile(0)); return err == nil })
+		if _, err := k.api.AdminClient(b).ServiceAccounts("default").Create(context.Background(),
+			&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			b.Fatal(err)
 		}
+		var pods []verdictPod
+		for i, name := range []string{"target", "flooder", "client", "server"} {
+			netns, ip := k.addPod(0, name)
+			serve(b, netns)
+			labels := map[string]string{"app": "open"}
+			if i == 0 {
+				labels["app"] = "closed"
+			}
+			createPod(b, k, "default", name, n.Name, ip, labels, nil)
+			pods = append(pods, verdictPod{key: "default/" + name, netns: netns, ip: ip})
+		}
+		applyPolicy(b, k, `metadata: {namespace: default, name: closed}
+spec: {podSelector: {matchLabels: {app: closed}}, policyTypes: [Ingress]}`)
+		waitFor(b, 30*time.Second, "the target isolated", func() bool {
+			return !probe(pods[2].netns, pods[0].ip, unix.IPPROTO_TCP, 80, 500*time.Millisecond)
+		})
+		b.ResetTimer()
+		r := floodDenied(b, k, pods[1], pods[0], pods[2], pods[3], "default/closed")
+		b.StopTimer()
+		b.Logf("flood, logged: %s", r)
+		// The same flood with the log off: what the flood itself costs
+		// the node, apart from the log.
+		k.daemons[0].Stop(b)
+		k.startKubeDaemon(0, "--network-policy", "--network-policy-log-denied=false")
+		waitFor(b, 30*time.Second, "twilld without the log", func() bool {
+			out, _ := execIn(n.NS, "nft", "list", "table", "inet", "twill-policy")
+			return strings.Contains(out, "closed") && !strings.Contains(out, " log ")
+		})
+		off := floodDenied(b, k, pods[1], pods[0], pods[2], pods[3], "default/closed")
+		b.Logf("flood, log off: %s", off)
+		b.ReportMetric(float64(off.connDuring.Microseconds()), "other-connect-during-log-off-µs")
+		b.ReportMetric(100*off.cpu.Seconds()/floodFor.Seconds(), "twilld-cpu-log-off-%")
+		b.ReportMetric(float64(r.sent)/floodFor.Seconds(), "denied-pkts/s")
+		b.ReportMetric(r.logged, "records-logged")
+		b.ReportMetric(r.lost, "records-lost")
+		b.ReportMetric(r.unlogged, "packets-unlogged")
+		b.ReportMetric(100*r.cpu.Seconds()/floodFor.Seconds(), "twilld-cpu-%")
+		b.ReportMetric(float64(r.connDuring.Microseconds()), "other-connect-during-µs")
+		b.ReportMetric(float64(r.connBefore.Microseconds()), "other-connect-before-µs")
 	}
-	return sum
 }
 
 // flood sends small UDP datagrams from netns to addr at floodRate for
 // floodFor, and returns how many it sent.
-func flood(t *testing.T, netns, addr string) int {
+func flood(tb testing.TB, netns, addr string) int {
 	var c net.Conn
 	if err := ns.WithNetNSPath("/var/run/netns/"+netns, func(ns.NetNS) (err error) {
 		c, err = net.Dial("udp", addr)
 		return err
 	}); err != nil {
-		t.Error(err)
+		tb.Error(err)
 		return 0
 	}
 	defer c.Close()

@@ -141,30 +141,59 @@ func verdictPods(t *testing.T, k *kubeCluster) []verdictPod {
 			name := fmt.Sprintf("%s%d", nsName[:1], i)
 			netns, ip := k.addPod(node, name)
 			serve(t, netns)
-			no := false
-			ctr := corev1.Container{Name: "c", Image: "stand-in.invalid/none"}
+			var ports []corev1.ContainerPort
 			if app == "web" {
-				ctr.Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}
+				ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}
 			}
-			p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: nsName, Name: name, Labels: map[string]string{"app": app}},
-				Spec: corev1.PodSpec{NodeName: k.topo.Nodes[node].Name, AutomountServiceAccountToken: &no, Containers: []corev1.Container{ctr}}}
-			p, err := api.Pods(nsName).Create(ctx, p, metav1.CreateOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip.String(), PodIPs: []corev1.PodIP{{IP: ip.String()}}}
-			if _, err := api.Pods(nsName).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
-				t.Fatal(err)
-			}
+			createPod(t, k, nsName, name, k.topo.Nodes[node].Name, ip, map[string]string{"app": app}, ports)
 			out = append(out, verdictPod{key: nsName + "/" + name, netns: netns, node: node, ip: ip})
 		}
 	}
 	return out
 }
 
+// createPod creates a running pod in the apiserver, as kubelet would
+// report it: on node, at ip.
+func createPod(tb testing.TB, k *kubeCluster, nsName, name, node string, ip netip.Addr, labels map[string]string, ports []corev1.ContainerPort) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	api := k.api.AdminClient(tb)
+	no := false
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: nsName, Name: name, Labels: labels},
+		Spec: corev1.PodSpec{NodeName: node, AutomountServiceAccountToken: &no,
+			Containers: []corev1.Container{{Name: "c", Image: "stand-in.invalid/none", Ports: ports}}}}
+	p, err := api.Pods(nsName).Create(ctx, p, metav1.CreateOptions{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip.String(), PodIPs: []corev1.PodIP{{IP: ip.String()}}}
+	if _, err := api.Pods(nsName).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// applyPolicy creates a NetworkPolicy from its YAML (metadata and spec).
+func applyPolicy(tb testing.TB, k *kubeCluster, doc string) {
+	tb.Helper()
+	var np networkingv1.NetworkPolicy
+	if err := yaml.UnmarshalStrict([]byte(doc), &np); err != nil {
+		tb.Fatalf("%v in\n%s", err, doc)
+	}
+	api, err := newPolicyAPI(k.api.Admin)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := api.NetworkingV1().NetworkPolicies(np.Namespace).Create(ctx, &np, metav1.CreateOptions{}); err != nil {
+		tb.Fatalf("creating %s/%s: %v", np.Namespace, np.Name, err)
+	}
+}
+
 // serve answers, in netns, TCP on 80 and 8080 (accept, then close) and
 // UDP on 53 (echo), until the test ends.
-func serve(t *testing.T, netns string) {
+func serve(t testing.TB, netns string) {
 	t.Helper()
 	err := ns.WithNetNSPath("/var/run/netns/"+netns, func(ns.NetNS) error {
 		for _, port := range []string{"80", "8080"} {
@@ -410,22 +439,8 @@ func applyVerdictPolicies(t *testing.T, k *kubeCluster, pods []verdictPod) {
 			a2 = p.ip
 		}
 	}
-	docs := strings.Split(fmt.Sprintf(verdictPolicies, b3, podCIDR(0), a2), "\n---\n")
-	api, err := newPolicyAPI(k.api.Admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range docs {
-		var np networkingv1.NetworkPolicy
-		if err := yaml.UnmarshalStrict([]byte(d), &np); err != nil {
-			t.Fatalf("%v in\n%s", err, d)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err := api.NetworkingV1().NetworkPolicies(np.Namespace).Create(ctx, &np, metav1.CreateOptions{})
-		cancel()
-		if err != nil {
-			t.Fatalf("creating %s/%s: %v", np.Namespace, np.Name, err)
-		}
+	for _, d := range strings.Split(fmt.Sprintf(verdictPolicies, b3, podCIDR(0), a2), "\n---\n") {
+		applyPolicy(t, k, d)
 	}
 }
 
