@@ -334,12 +334,12 @@ func waitTablesAgree(t *testing.T, k *kubeCluster, cl *policy.Cluster, pods []ve
 		var got []byte
 		waitFor(t, 60*time.Second, n.Name+"'s twilld table as the apiserver's state compiles", func() bool {
 			_, body := nodeGet(t, n.NS, kubeHealthPort, policy.SubsetPath+q)
-			var rs policy.Ruleset
-			if json.Unmarshal([]byte(body), &rs) != nil {
+			var v policy.NodeView
+			if json.Unmarshal([]byte(body), &v) != nil {
 				return false
 			}
-			got, _ = json.Marshal(rs)
-			return string(got) == string(want)
+			got, _ = json.Marshal(v.Ruleset)
+			return string(got) == string(want) && len(v.Drifted) == 0 && v.DriftErr == ""
 		})
 		_ = i
 	}
@@ -407,7 +407,7 @@ func checkVerdictCLI(t *testing.T, k *kubeCluster, pods []verdictPod) {
 	}
 	out = runIn(t, k.topo.Underlay, k.bin+"/twillctl", "policy", "explain", "--kubeconfig", kc, "--twilld-port", fmt.Sprint(kubeHealthPort),
 		"--from", "alpha/a2", "--to", "alpha/a0", "--port", "80/tcp")
-	if !contains(out, ": allowed", "allowed by alpha/web-from-clients spec.ingress[0]", "node "+k.topo.Nodes[0].Name+": its twilld's table agrees") {
+	if !contains(out, ": allowed", "allowed by alpha/web-from-clients spec.ingress[0]", "node "+k.topo.Nodes[0].Name+": its twilld's table agrees, and the kernel holds it") {
 		t.Errorf("twillctl policy explain a2 -> a0 80/tcp:\n%s", out)
 	}
 	out = runIn(t, k.topo.Underlay, k.bin+"/twillctl", "policy", "explain", "--kubeconfig", kc, "--twilld-port", fmt.Sprint(kubeHealthPort),

@@ -5,9 +5,19 @@ import (
 	"strings"
 )
 
-// SubsetPath is where twilld serves its table's Subset, given pod= and
-// ip= parameters (GET, beside /metrics).
+// SubsetPath is where twilld serves a NodeView, given pod= and ip=
+// parameters (GET, beside /metrics).
 const SubsetPath = "/policy/ruleset"
+
+// NodeView is what a node's twilld says of its table for some pods: the
+// Subset it last wrote, and what of it the kernel's table does not hold
+// (Table.Drifted).
+type NodeView struct {
+	Ruleset Ruleset
+	Drifted []string `json:",omitempty"`
+	// DriftErr says why the kernel's table could not be compared.
+	DriftErr string `json:",omitempty"`
+}
 
 // Subset is the part of a Ruleset that decides for the given local pods
 // (namespace/name) and addresses: their chains, without the rules that only

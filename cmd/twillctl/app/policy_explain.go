@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"strings"
 
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -119,16 +120,26 @@ func compareNodes(ctx context.Context, w io.Writer, o *policyOptions, cli *kuber
 			fmt.Fprintf(w, "  node %s: its table not compared: %v\n", node, err)
 			continue
 		}
-		var got policy.Ruleset
+		var got policy.NodeView
 		if err := json.Unmarshal(b, &got); err != nil {
 			fmt.Fprintf(w, "  node %s: its table not compared: reading %s: %v\n", node, policy.SubsetPath, err)
 			continue
 		}
-		if b, _ = json.Marshal(got); string(b) != string(want) {
+		agrees := true
+		if b, _ = json.Marshal(got.Ruleset); string(b) != string(want) {
+			agrees = false
 			fmt.Fprintf(w, "  node %s: DIFFERS: its twilld's table for these pods is not what the apiserver's state compiles to "+
 				"(a twilld of another version, or one that has not seen the latest change); the kernel decides by its table\n", node)
-			continue
 		}
-		fmt.Fprintf(w, "  node %s: its twilld's table agrees\n", node)
+		if len(got.Drifted) > 0 {
+			agrees = false
+			fmt.Fprintf(w, "  node %s: DRIFT: the kernel's table is not what its twilld wrote: %s (twilld repairs it)\n", node, strings.Join(got.Drifted, ", "))
+		}
+		if got.DriftErr != "" {
+			fmt.Fprintf(w, "  node %s: its kernel's table not compared: %s\n", node, got.DriftErr)
+		}
+		if agrees {
+			fmt.Fprintf(w, "  node %s: its twilld's table agrees, and the kernel holds it\n", node)
+		}
 	}
 }

@@ -103,8 +103,14 @@ func (en *enforcement) handlers() map[string]http.Handler {
 	}
 	return map[string]http.Handler{"/verdicts": en.verdicts, policy.SubsetPath: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
+		full := en.e.Ruleset()
+		v := policy.NodeView{Ruleset: full.Subset(q["pod"], q["ip"])}
+		var err error
+		if v.Drifted, err = en.table.Drifted(full, v.Ruleset); err != nil {
+			v.DriftErr = err.Error()
+		}
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(en.e.Ruleset().Subset(q["pod"], q["ip"]))
+		_ = json.NewEncoder(w).Encode(v)
 	})}
 }
 
