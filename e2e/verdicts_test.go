@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
 	networkingv1 "k8s.io/api/networking/v1"
@@ -285,33 +286,15 @@ func forEach(n, width int, do func(int)) {
 // verdictCluster reads what Explain reads from the apiserver.
 func verdictCluster(t *testing.T, k *kubeCluster) *policy.Cluster {
 	t.Helper()
-	api, err := newPolicyAPI(k.api.Admin)
+	cli, err := kubernetes.NewForConfig(k.api.Admin)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cl := &policy.Cluster{}
-	nodes, err1 := api.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-	podList, err2 := api.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
-	nss, err3 := api.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
-	nps, err4 := api.NetworkingV1().NetworkPolicies("").List(ctx, metav1.ListOptions{})
-	for _, err := range []error{err1, err2, err3, err4} {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	for i := range nodes.Items {
-		cl.Nodes = append(cl.Nodes, &nodes.Items[i])
-	}
-	for i := range podList.Items {
-		cl.Pods = append(cl.Pods, &podList.Items[i])
-	}
-	for i := range nss.Items {
-		cl.Namespaces = append(cl.Namespaces, &nss.Items[i])
-	}
-	for i := range nps.Items {
-		cl.Policies = append(cl.Policies, &nps.Items[i])
+	cl, err := policy.ListCluster(ctx, cli)
+	if err != nil {
+		t.Fatal(err)
 	}
 	if len(cl.Policies) < 20 {
 		t.Fatalf("%d policies in the apiserver, want 20 or more", len(cl.Policies))

@@ -94,17 +94,24 @@ func (a Answer) String() string {
 		verdict = "allowed"
 	}
 	return fmt.Sprintf("%s (%s, node %s) -> %s (%s, node %s) %d/%s: %s\n  egress:  %s\n  ingress: %s\n",
-		a.From, a.Src, a.SrcNode, a.To, a.Dst, a.DstNode, a.Port, protoName(a.Proto), verdict, a.Egress, a.Ingress)
+		a.From, a.Src, a.SrcNode, a.To, a.Dst, a.DstNode, a.Port, ProtoName(a.Proto), verdict, a.Egress, a.Ingress)
 }
 
-func protoName(p uint8) string {
+// ProtoName names an IP protocol as the verdict log and explain print it.
+func ProtoName(p uint8) string {
 	switch p {
+	case unix.IPPROTO_TCP:
+		return "tcp"
 	case unix.IPPROTO_UDP:
 		return "udp"
 	case unix.IPPROTO_SCTP:
 		return "sctp"
+	case unix.IPPROTO_ICMP:
+		return "icmp"
+	case unix.IPPROTO_ICMPV6:
+		return "icmpv6"
 	}
-	return "tcp"
+	return fmt.Sprint(p)
 }
 
 // ParsePort reads "80/tcp" (or "53/udp", "9/sctp"; "80" is TCP).

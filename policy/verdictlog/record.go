@@ -79,22 +79,6 @@ func parseHeader(b []byte) (header, error) {
 	return h, nil
 }
 
-func protoName(p uint8) string {
-	switch p {
-	case unix.IPPROTO_TCP:
-		return "tcp"
-	case unix.IPPROTO_UDP:
-		return "udp"
-	case unix.IPPROTO_SCTP:
-		return "sctp"
-	case unix.IPPROTO_ICMP:
-		return "icmp"
-	case unix.IPPROTO_ICMPV6:
-		return "icmpv6"
-	}
-	return fmt.Sprint(p)
-}
-
 // Namer names what a record's addresses and rule are: twilld's Enforcer.
 type Namer interface {
 	Ruleset() policy.Ruleset
@@ -110,7 +94,7 @@ func record(n Namer, node, prefix string, h header, at time.Time) (Record, error
 		return Record{}, fmt.Errorf("log prefix %q is not one of twill's policy table", prefix)
 	}
 	r := Record{Time: at, Node: node, Verdict: "denied", Direction: words[1], Src: h.src.String(), Dst: h.dst.String(),
-		SrcPod: n.PodByIP(h.src), DstPod: n.PodByIP(h.dst), Proto: protoName(h.proto), Port: h.port}
+		SrcPod: n.PodByIP(h.src), DstPod: n.PodByIP(h.dst), Proto: policy.ProtoName(h.proto), Port: h.port}
 	pod, dir := r.DstPod, "in"
 	if r.Direction == "egress" {
 		pod, dir = r.SrcPod, "eg"

@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/twill-net/twill/policy"
@@ -43,7 +42,7 @@ seen the latest change).`,
 			if err != nil {
 				return err
 			}
-			c, err := readCluster(cmd.Context(), cli)
+			c, err := policy.ListCluster(cmd.Context(), cli)
 			if err != nil {
 				return err
 			}
@@ -69,40 +68,6 @@ seen the latest change).`,
 		_ = cmd.MarkFlagRequired(f)
 	}
 	return cmd
-}
-
-// readCluster lists what policy.Compile reads.
-func readCluster(ctx context.Context, cli *kubernetes.Clientset) (*policy.Cluster, error) {
-	c := &policy.Cluster{}
-	nodes, err := cli.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("listing Nodes: %w", err)
-	}
-	for i := range nodes.Items {
-		c.Nodes = append(c.Nodes, &nodes.Items[i])
-	}
-	pods, err := cli.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("listing pods: %w", err)
-	}
-	for i := range pods.Items {
-		c.Pods = append(c.Pods, &pods.Items[i])
-	}
-	nss, err := cli.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("listing namespaces: %w", err)
-	}
-	for i := range nss.Items {
-		c.Namespaces = append(c.Namespaces, &nss.Items[i])
-	}
-	nps, err := cli.NetworkingV1().NetworkPolicies("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("listing NetworkPolicies: %w", err)
-	}
-	for i := range nps.Items {
-		c.Policies = append(c.Policies, &nps.Items[i])
-	}
-	return c, nil
 }
 
 // compareNodes says, for each of the two pods' nodes, whether its twilld's
