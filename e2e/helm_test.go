@@ -289,8 +289,15 @@ func testHelmValues(t *testing.T, h *helmChart) {
 	if args := twilldArgs(objs, twillDS); slices.Contains(args, "--network-policy") || slices.Contains(args, "--ip-masq") || !slices.Contains(args, "--netfilter=nftables") {
 		t.Errorf("networkPolicy=false netfilter=nftables ipMasq=false: twilld %v", args)
 	}
-	if args := twilldArgs(h.template(), twillDS); !slices.Contains(args, "--network-policy") || slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--netfilter") }) {
-		t.Errorf("defaults: twilld %v, want --network-policy and no --netfilter (auto)", args)
+	if args := twilldArgs(h.template(), twillDS); !slices.Contains(args, "--network-policy") || slices.ContainsFunc(args, func(a string) bool {
+		return strings.HasPrefix(a, "--netfilter") || strings.HasPrefix(a, "--network-policy-log")
+	}) {
+		t.Errorf("defaults: twilld %v, want --network-policy and no --netfilter (auto), nor any --network-policy-log flag (the defaults)", args)
+	}
+	objs = h.template("--set", "verdictLog.denied=false", "--set", "verdictLog.allowed=true", "--set", "verdictLog.sample=10")
+	if args := twilldArgs(objs, twillDS); !slices.Contains(args, "--network-policy-log-denied=false") || !slices.Contains(args, "--network-policy-log-allowed") ||
+		!slices.Contains(args, "--network-policy-log-sample=10") {
+		t.Errorf("verdictLog.denied=false allowed=true sample=10: twilld %v", args)
 	}
 
 	objs = h.template("--set", "backend.type=wireguard", "--set-json", `tolerations=[{"key":"net","operator":"Exists"}]`,
@@ -367,6 +374,7 @@ func testHelmRefusals(t *testing.T, h *helmChart) {
 	}{
 		{[]string{"--set", "network=5"}, "at '/network': got number, want string"},
 		{[]string{"--set", "networkPolicy=yes"}, "at '/networkPolicy': got string, want boolean"},
+		{[]string{"--set", "verdictLog.sample=0"}, "at '/verdictLog/sample': minimum: got 0, want 1"},
 		{[]string{"--set", "netwrok=10.0.0.0/8"}, "additional properties 'netwrok' not allowed"},
 		{[]string{"--set", "backend.type=ipip"}, "at '/backend/type': value must be one of 'vxlan', 'host-gw', 'wireguard', 'eni'"},
 		{[]string{"--set-json", `backend.vxlan={"VNI":"x"}`}, "at '/backend/vxlan/VNI': got string, want integer"},
