@@ -294,6 +294,11 @@ func testHelmValues(t *testing.T, h *helmChart) {
 	}) {
 		t.Errorf("defaults: twilld %v, want --network-policy and no --netfilter (auto), nor any --network-policy-log flag (the defaults)", args)
 	}
+	// A release made by a chart without verdictLog, upgraded with
+	// --reuse-values, has no verdictLog: it renders as the defaults.
+	if args, def := twilldArgs(h.template("--set", "verdictLog=null"), twillDS), twilldArgs(h.template(), twillDS); !slices.Equal(args, def) {
+		t.Errorf("verdictLog absent: twilld %v, want the defaults' %v", args, def)
+	}
 	objs = h.template("--set", "verdictLog.denied=false", "--set", "verdictLog.allowed=true", "--set", "verdictLog.sample=10")
 	if args := twilldArgs(objs, twillDS); !slices.Contains(args, "--network-policy-log-denied=false") || !slices.Contains(args, "--network-policy-log-allowed") ||
 		!slices.Contains(args, "--network-policy-log-sample=10") {
