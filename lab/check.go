@@ -16,21 +16,62 @@ import (
 	"time"
 )
 
-// ServeEcho answers every TCP connection on port by echoing one line. It
-// runs inside a pod namespace until ctx is done. Once it listens it creates
-// readyFile (when given), so `lab up` knows the pod can be probed.
+// ServeEcho answers on port, TCP and UDP: it echoes each line a TCP
+// connection sends, for as long as the connection lives (one line for a
+// probe, a heartbeat every 100 ms for lab hold), and each UDP datagram. It
+// runs inside a pod namespace until ctx is done. Once it listens it
+// creates readyFile (when given), so `lab up` knows the pod can be probed.
 func ServeEcho(ctx context.Context, port int, readyFile string) error {
 	l, err := net.Listen("tcp", fmt.Sprintf(":%d", port))
 	if err != nil {
 		return fmt.Errorf("listening on :%d: %w", port, err)
 	}
+	pc, err := net.ListenPacket("udp", fmt.Sprintf(":%d", port))
+	if err != nil {
+		l.Close()
+		return fmt.Errorf("listening on udp :%d: %w", port, err)
+	}
 	if readyFile != "" {
 		if err := os.WriteFile(readyFile, nil, 0o644); err != nil {
 			l.Close()
+			pc.Close()
 			return fmt.Errorf("writing %s: %w", readyFile, err)
 		}
 	}
-	go func() { <-ctx.Done(); l.Close() }()
+	return Echo(ctx, l, pc)
+}
+
+// echoIdle is how long an echo connection may stay silent.
+const echoIdle = 30 * time.Second
+
+// Echo serves l and pc (either may be nil) as ServeEcho does, until ctx is
+// done; it closes both.
+func Echo(ctx context.Context, l net.Listener, pc net.PacketConn) error {
+	go func() {
+		<-ctx.Done()
+		if l != nil {
+			l.Close()
+		}
+		if pc != nil {
+			pc.Close()
+		}
+	}()
+	if pc != nil {
+		go func() {
+			buf := make([]byte, 2048)
+			for {
+				n, from, err := pc.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				_, _ = pc.WriteTo(buf[:n], from)
+			}
+		}()
+	}
+	if l == nil {
+		<-ctx.Done()
+		return nil
+	}
 	for {
 		c, err := l.Accept()
 		if err != nil {
@@ -41,10 +82,16 @@ func ServeEcho(ctx context.Context, port int, readyFile string) error {
 		}
 		go func() {
 			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			line, err := bufio.NewReader(c).ReadString('\n')
-			if err == nil {
-				_, _ = io.WriteString(c, line)
+			r := bufio.NewReader(c)
+			for {
+				_ = c.SetDeadline(time.Now().Add(echoIdle))
+				line, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				if _, err := io.WriteString(c, line); err != nil {
+					return
+				}
 			}
 		}()
 	}

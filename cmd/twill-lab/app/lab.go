@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,7 +48,7 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 	cmd.PersistentFlags().StringVar(&o.NetnsPrefix, "netns-prefix", env("TWILL_LAB_NETNS_PREFIX", lab.DefaultNetnsPrefix),
 		"first part of the lab's namespace names, <prefix>-<name>-n1 (env TWILL_LAB_NETNS_PREFIX)")
 	cmd.AddCommand(labUpCommand(&o), labCheckCommand(&o), labStatusCommand(&o), labExecCommand(&o), labDownCommand(&o),
-		labKubectlCommand(&o), labHelmCommand(&o), labConformanceCommand(&o), labEchoCommand(), labProbeCommand(), labNodeRootCommand())
+		labKubectlCommand(&o), labHelmCommand(&o), labConformanceCommand(&o), labEchoCommand(), labProbeCommand(), labHoldCommand(), labNodeRootCommand())
 	return cmd
 }
 
@@ -111,8 +112,19 @@ func labUpCommand(o *labOptions) *cobra.Command {
 }
 
 func labCheckCommand(o *labOptions) *cobra.Command {
-	return onLab(o, "check", "Connect over TCP from every pod to every pod and print the matrix; exit 1 on any failure", cobra.NoArgs,
+	var hold time.Duration
+	check := onLab(o, "check", "Connect over TCP from every pod to every pod and print the matrix; exit 1 on any failure", cobra.NoArgs,
 		func(cmd *cobra.Command, s *lab.State, _ []string) error {
+			if hold > 0 {
+				sum, err := lab.HoldCheck(cmd.Context(), s, binDir(), hold, cmd.OutOrStdout())
+				if err != nil {
+					return err
+				}
+				if sum.Broken > 0 {
+					return fmt.Errorf("%d established connections broke", sum.Broken)
+				}
+				return nil
+			}
 			res, err := lab.Check(cmd.Context(), s, binDir())
 			if err != nil {
 				return err
@@ -123,6 +135,34 @@ func labCheckCommand(o *labOptions) *cobra.Command {
 			}
 			return nil
 		})
+	check.Flags().DurationVar(&hold, "hold", 0, "instead, hold connections for this long between every pair of pods on different nodes (and to the echo Service): "+
+		"a heartbeat every 100 ms on a long-lived TCP connection, new connections and UDP echoes; print what broke, the longest stall and gap; exit 1 if any held connection broke")
+	return check
+}
+
+func labHoldCommand() *cobra.Command {
+	var until time.Duration
+	hold := &cobra.Command{
+		Use:    "hold ADDR:PORT...",
+		Short:  "Hold connections to each echo server for --for, printing a JSON window per target every second (runs inside a pod namespace)",
+		Hidden: true,
+		Args:   cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var targets []netip.AddrPort
+			for _, a := range args {
+				t, err := netip.ParseAddrPort(a)
+				if err != nil {
+					return fmt.Errorf("target %q: want address:port", a)
+				}
+				targets = append(targets, t)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), until)
+			defer cancel()
+			return lab.Hold(ctx, targets, cmd.OutOrStdout())
+		},
+	}
+	hold.Flags().DurationVar(&until, "for", time.Minute, "how long")
+	return hold
 }
 
 func labStatusCommand(o *labOptions) *cobra.Command {

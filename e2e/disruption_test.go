@@ -1,0 +1,228 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/twill-net/twill/backend/wireguard"
+	"github.com/twill-net/twill/lab"
+)
+
+// disruptEvent is one event of a node's life, done while connections are
+// held.
+type disruptEvent struct {
+	name string
+	do   func(t *testing.T, c *cluster)
+	// control: the event cuts the data plane on purpose, and the harness
+	// must see connections break (else it could not see a real break).
+	control bool
+}
+
+// TestEtcdDisruption: for each backend, two nodes of two pods each, every
+// pod holding a long-lived TCP connection to every pod of the other node (a
+// heartbeat every 100 ms; a reset, a close or a stall over 1 s breaks it),
+// a stream of new connections and UDP echoes, through the events of a
+// node's life in etcd mode: twilld stopped and started again, killed with
+// SIGKILL and started again, and with wireguard a key rotation. No held
+// connection may break. The table (event × backend) is printed.
+func TestEtcdDisruption(t *testing.T) {
+	for _, tc := range []struct{ backend, conf string }{{"host-gw", netConfHostGW}, {"vxlan", netConfVXLAN}, {"wireguard", netConfWireGuard}} {
+		t.Run(tc.backend, func(t *testing.T) {
+			beside(t)
+			c := newCluster(t, 2)
+			if tc.backend == "wireguard" {
+				t.Cleanup(c.stopWireGuardDevices)
+			}
+			c.put("/twill.io/network/config", tc.conf)
+			for i := range c.topo.Nodes {
+				c.startDaemon(i)
+			}
+			for i := range c.topo.Nodes {
+				c.env(i) // subnet.env written
+			}
+			var from []lab.Vantage
+			var to []lab.Target
+			node := map[string]int{}
+			for i := range c.topo.Nodes {
+				for j := range 2 {
+					name := fmt.Sprintf("h%d%d", i+1, j+1)
+					podNS, ip := c.addPod(i, name)
+					labEchoIn(t, podNS)
+					from = append(from, lab.Vantage{Name: name, NetNS: "/var/run/netns/" + podNS})
+					to = append(to, lab.Target{Name: name, Addr: netip.AddrPortFrom(ip, lab.EchoPort)})
+					node[name] = i
+				}
+			}
+			waitFor(t, 20*time.Second, "every pod reaching every other node's pods", func() bool {
+				for _, v := range from {
+					for _, tg := range to {
+						if node[v.Name] != node[tg.Name] && !reachesEcho(v.NetNS, tg.Addr) {
+							return false
+						}
+					}
+				}
+				return true
+			})
+			events := []disruptEvent{
+				{name: "steady (no event)", do: func(*testing.T, *cluster) {}},
+				{name: "twilld restart (SIGTERM, start)", do: func(t *testing.T, c *cluster) { restartDaemon(t, c, 0, false) }},
+				{name: "twilld kill -9, start", do: func(t *testing.T, c *cluster) { restartDaemon(t, c, 0, true) }},
+				{name: "twilld restart on the other node", do: func(t *testing.T, c *cluster) { restartDaemon(t, c, 1, false) }},
+			}
+			if tc.backend == "wireguard" {
+				events = append(events, disruptEvent{name: "key rotation", do: rotateKey})
+			}
+			events = append(events, disruptEvent{name: "control: node1 forwards nothing for 1.5 s", do: blackhole, control: true})
+			var cp *capture
+			if tc.backend == "wireguard" {
+				cp = startCapture(t, c.topo.Underlay)
+			}
+			runDisruption(t, c, tc.backend, from, to, func(v lab.Vantage, tg lab.Target) bool { return node[v.Name] != node[tg.Name] }, events)
+			if cp != nil {
+				frames := cp.stop()
+				nodes := map[netip.Addr]bool{}
+				for _, n := range c.topo.Nodes {
+					nodes[n.Addr.Addr()] = true
+				}
+				var pods []netip.Addr
+				for _, tg := range to {
+					pods = append(pods, tg.Addr.Addr())
+				}
+				wg, err := onlyWireGuard(frames, nodes, pods, []byte(lab.HoldMarker), wireguard.DefaultListenPort)
+				if err != nil {
+					t.Errorf("through the events: %v", err)
+				}
+				t.Logf("the underlay through every event: %d frames captured, %d WireGuard between nodes, 0 with a pod address or the payload in clear", len(frames), wg)
+				if wg < 1000 {
+					t.Errorf("only %d WireGuard frames captured: the capture missed the traffic", wg)
+				}
+			}
+		})
+	}
+}
+
+// runDisruption holds connections while each event happens, then says
+// what each event cost: no held connection may break.
+func runDisruption(t *testing.T, c *cluster, backend string, from []lab.Vantage, to []lab.Target, pairs func(lab.Vantage, lab.Target) bool, events []disruptEvent) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	run := lab.StartHold(ctx, c.bin, from, to, pairs, 10*time.Minute)
+	time.Sleep(2 * time.Second) // every connection up
+	type row struct {
+		event   string
+		control bool
+		sum     lab.HoldSummary
+	}
+	var rows []row
+	for _, ev := range events {
+		start := time.Now()
+		ev.do(t, c)
+		time.Sleep(3 * time.Second) // what follows the event is the event's
+		rows = append(rows, row{ev.name, ev.control, run.Summary(start, time.Now())})
+	}
+	cancel()
+	run.Wait() // cancelled: its errors are the kill's
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: held connections through each event\n| event | pairs | broken | longest stall | new connections failed | longest new-connection gap | UDP lost |\n|---|---|---|---|---|---|---|\n", backend)
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| %s | %d | %d | %s | %d | %s | %d of %d |\n", r.event, r.sum.Pairs, r.sum.Broken, r.sum.Stall.Round(time.Millisecond),
+			r.sum.NewFail, r.sum.NewGap.Round(time.Millisecond), r.sum.UDPLost, r.sum.UDPTotal)
+	}
+	t.Log(b.String())
+	for _, r := range rows {
+		if r.sum.Pairs == 0 {
+			t.Errorf("%s: no window recorded", r.event)
+		}
+		switch {
+		case r.control && r.sum.Broken == 0:
+			t.Errorf("%s: no held connection broke: the harness cannot see a broken data plane", r.event)
+		case !r.control && r.sum.Broken > 0:
+			t.Errorf("%s: %d held connections broke: %v", r.event, r.sum.Broken, r.sum.Errors)
+		}
+	}
+}
+
+// restartDaemon stops node i's twilld (SIGTERM, or SIGKILL) and starts it
+// again, until it is ready.
+func restartDaemon(t *testing.T, c *cluster, i int, kill bool) {
+	t.Helper()
+	if kill {
+		_ = c.daemons[i].cmd.Process.Signal(syscall.SIGKILL)
+		waitFor(t, 10*time.Second, "twilld gone after SIGKILL", func() bool { gone, _ := c.daemons[i].Exited(); return gone })
+	} else {
+		c.daemons[i].Stop(t)
+	}
+	c.startDaemon(i)
+	waitFor(t, 20*time.Second, "ready after the restart", func() bool { return strings.Contains(c.daemons[i].OwnOutput(), "msg=ready") })
+}
+
+// blackhole makes node 1 forward nothing for 1.5 s: a table of its own,
+// dropping in the forward hook, then removed.
+func blackhole(t *testing.T, c *cluster) {
+	t.Helper()
+	node := c.topo.Nodes[0].NS
+	for _, args := range [][]string{{"add", "table", "inet", "hold-control"},
+		{"add", "chain", "inet", "hold-control", "dropall", "{ type filter hook forward priority -300 ; policy drop ; }"}} {
+		if out, err := execIn(node, append([]string{"nft"}, args...)...); err != nil {
+			t.Fatalf("nft %v: %v\n%s", args, err, out)
+		}
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if out, err := execIn(node, "nft", "delete", "table", "inet", "hold-control"); err != nil {
+		t.Fatalf("nft delete table: %v\n%s", err, out)
+	}
+}
+
+// rotateKey rotates node 1's WireGuard key (SIGUSR1) and waits until node
+// 2 uses the new one.
+func rotateKey(t *testing.T, c *cluster) {
+	t.Helper()
+	old := c.publishedKey(0)
+	if err := c.daemons[0].cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "node1 publishing a new key, and node2 using it", func() bool {
+		k := c.publishedKey(0)
+		return k != old && c.wgPeerKeys(1)[k] && !c.wgPeerKeys(1)[old]
+	})
+}
+
+// labEchoIn serves the lab's echo (TCP lines and UDP) in a pod namespace on
+// lab.EchoPort until the test ends.
+func labEchoIn(t *testing.T, podNS string) {
+	t.Helper()
+	var l net.Listener
+	var pc net.PacketConn
+	err := ns.WithNetNSPath("/var/run/netns/"+podNS, func(ns.NetNS) error {
+		var err error
+		if l, err = net.Listen("tcp", fmt.Sprintf(":%d", lab.EchoPort)); err != nil {
+			return err
+		}
+		pc, err = net.ListenPacket("udp", fmt.Sprintf(":%d", lab.EchoPort))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("echo in %s: %v", podNS, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() { _ = lab.Echo(ctx, l, pc) }()
+}
+
+func reachesEcho(netns string, to netip.AddrPort) bool {
+	h, err := ns.GetNS(netns)
+	if err != nil {
+		return false
+	}
+	defer h.Close()
+	return echoOnce(h, to) == nil
+}
