@@ -85,7 +85,11 @@ func TestEtcdDisruption(t *testing.T) {
 			if tc.backend == "wireguard" {
 				cp = startCapture(t, c.topo.Underlay)
 			}
-			runDisruption(t, c, tc.backend, from, to, func(v lab.Vantage, tg lab.Target) bool { return node[v.Name] != node[tg.Name] }, events)
+			d := startDisruption(t, tc.backend, c.bin, from, to, func(v lab.Vantage, tg lab.Target) bool { return node[v.Name] != node[tg.Name] })
+			for _, ev := range events {
+				d.event(ev.name, ev.control, func() { ev.do(t, c) })
+			}
+			d.finish()
 			if cp != nil {
 				frames := cp.stop()
 				nodes := map[netip.Addr]bool{}
@@ -109,40 +113,59 @@ func TestEtcdDisruption(t *testing.T) {
 	}
 }
 
-// runDisruption holds connections while each event happens, then says
-// what each event cost: no held connection may break.
-func runDisruption(t *testing.T, c *cluster, backend string, from []lab.Vantage, to []lab.Target, pairs func(lab.Vantage, lab.Target) bool, events []disruptEvent) {
+// disruption holds connections between pods while events happen, and
+// says what each event cost.
+type disruption struct {
+	t       *testing.T
+	backend string
+	run     *lab.HoldRun
+	cancel  context.CancelFunc
+	rows    []disruptRow
+}
+
+type disruptRow struct {
+	event   string
+	control bool
+	sum     lab.HoldSummary
+}
+
+// startDisruption starts holding every pair (lab hold in each vantage
+// point) and waits until every connection is up.
+func startDisruption(t *testing.T, backend, binDir string, from []lab.Vantage, to []lab.Target, pairs func(lab.Vantage, lab.Target) bool) *disruption {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	run := lab.StartHold(ctx, c.bin, from, to, pairs, 10*time.Minute)
-	time.Sleep(2 * time.Second) // every connection up
-	type row struct {
-		event   string
-		control bool
-		sum     lab.HoldSummary
-	}
-	var rows []row
-	for _, ev := range events {
-		start := time.Now()
-		ev.do(t, c)
-		time.Sleep(3 * time.Second) // what follows the event is the event's
-		rows = append(rows, row{ev.name, ev.control, run.Summary(start, time.Now())})
-	}
-	cancel()
-	run.Wait() // cancelled: its errors are the kill's
+	d := &disruption{t: t, backend: backend, cancel: cancel, run: lab.StartHold(ctx, binDir, from, to, pairs, 30*time.Minute)}
+	t.Cleanup(cancel)
+	time.Sleep(2 * time.Second)
+	return d
+}
+
+// event does an event; what follows it for 3 s is the event's too.
+func (d *disruption) event(name string, control bool, do func()) {
+	start := time.Now()
+	do()
+	time.Sleep(3 * time.Second)
+	d.rows = append(d.rows, disruptRow{name, control, d.run.Summary(start, time.Now())})
+}
+
+// finish stops holding, prints the table and fails for each event (but
+// the controls) that broke a held connection.
+func (d *disruption) finish() {
+	t := d.t
+	t.Helper()
+	d.cancel()
+	d.run.Wait() // cancelled: its errors are the kill's
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s: held connections through each event\n| event | pairs | broken | longest stall | new connections failed | longest new-connection gap | UDP lost |\n|---|---|---|---|---|---|---|\n", backend)
-	for _, r := range rows {
+	fmt.Fprintf(&b, "%s: held connections through each event\n| event | pairs | broken | longest stall | new connections failed | longest new-connection gap | UDP lost |\n|---|---|---|---|---|---|---|\n", d.backend)
+	for _, r := range d.rows {
 		fmt.Fprintf(&b, "| %s | %d | %d | %s | %d | %s | %d of %d |\n", r.event, r.sum.Pairs, r.sum.Broken, r.sum.Stall.Round(time.Millisecond),
 			r.sum.NewFail, r.sum.NewGap.Round(time.Millisecond), r.sum.UDPLost, r.sum.UDPTotal)
 	}
 	t.Log(b.String())
-	for _, r := range rows {
-		if r.sum.Pairs == 0 {
-			t.Errorf("%s: no window recorded", r.event)
-		}
+	for _, r := range d.rows {
 		switch {
+		case r.sum.Pairs == 0:
+			t.Errorf("%s: no window recorded", r.event)
 		case r.control && r.sum.Broken == 0:
 			t.Errorf("%s: no held connection broke: the harness cannot see a broken data plane", r.event)
 		case !r.control && r.sum.Broken > 0:

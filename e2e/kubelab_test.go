@@ -181,31 +181,22 @@ func testKubeLab(t *testing.T, backend string) {
 		return errAlloc != nil && errLink != nil && strings.TrimSpace(r) == ""
 	})
 
+	// From here, every pod holds connections to every pod of the other
+	// node and to the Service through each event: none may break.
+	kubectl("-n", "lab", "rollout", "status", "deploy/echo", "--timeout", "2m")
+	d := startKubeDisruption(t, s, l.bin, backend)
+
 	// The twill pod on node2 deleted: the DaemonSet makes another, and the
 	// pods keep talking meanwhile (the data plane stays).
-	var dsPod string
-	for _, line := range strings.Split(kubectl("-n", lab.TwillNamespace, "get", "pods", "-o", `jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName}{"\n"}{end}`), "\n") {
-		if f := strings.Fields(line); len(f) == 2 && f[1] == s.Nodes[1].Name {
-			dsPod = f[0]
-		}
-	}
-	kubectl("-n", lab.TwillNamespace, "delete", "pod", dsPod, "--wait=true")
-	waitTwillReady(t, s)
+	d.event("twill pod deleted (node2)", false, func() {
+		kubectl("-n", lab.TwillNamespace, "delete", "pod", twillPodOn(t, s, s.Nodes[1].Name), "--wait=true")
+		waitTwillReady(t, s)
+	})
 
 	// A rolling update of the DaemonSet to a new image tag.
-	newImage := strings.Replace(s.TwillImage, ":e2e", ":e2e-next", 1)
-	for _, n := range s.Nodes {
-		if out, err := s.NodeExec(ctx, n.Name, nil, "ctr", "-a", "/run/containerd/containerd.sock", "-n", "k8s.io",
-			"images", "tag", s.TwillImage, newImage); err != nil {
-			t.Fatalf("tagging %s on %s: %v\n%s", newImage, n.Name, err, out)
-		}
-	}
-	kubectl("-n", lab.TwillNamespace, "set", "image", "ds/"+lab.TwillDaemonSet, "kube-twill="+newImage, "install-cni-plugin="+newImage)
-	waitTwillReady(t, s)
-	running := kubectl("-n", lab.TwillNamespace, "get", "pods", "-o", `jsonpath={range .items[*]}{.spec.containers[0].image}{"\n"}{end}`)
-	if strings.Count(running, newImage) != len(s.Nodes) {
-		t.Fatalf("twill pods after the rolling update run:\n%s", running)
-	}
+	d.event("rolling update of the DaemonSet", false, func() { rollTwill(t, s) })
+	d.event("twilld kill -9 (node1), restarted by kubelet", false, func() { killTwilld(t, s, node1) })
+	d.finish()
 	gap, fails, total := p.stop()
 	t.Logf("pod %s -> %s: %d probes over the pod delete, the twill pod delete and the rolling update; %d failed; longest gap %s",
 		a.Label(), b.Label(), total, fails, gap.Round(time.Millisecond))

@@ -98,21 +98,15 @@ func TestKubeLabWireGuard(t *testing.T) {
 	p := startProber(t, s, a, netip.AddrPortFrom(b.IP, lab.EchoPort))
 	keys := []string{keyFile(0), keyFile(1)}
 
-	mark := func(what string) { t.Logf("%s %s", time.Now().Format("15:04:05.000"), what) }
+	// Every pod holds connections to every pod of another node and to
+	// the Service through each event: none may break.
+	d := startKubeDisruption(t, s, l.bin, "wireguard")
 	// twilld restarted on both ends, then upgraded (a rolling update).
-	mark("deleting twill's pods")
-	kubectl("-n", lab.TwillNamespace, "delete", "pod", twillPod(0), twillPod(1), "--wait=true")
-	waitTwillReady(t, s)
-	newImage := strings.Replace(s.TwillImage, ":e2e", ":e2e-next", 1)
-	for _, n := range s.Nodes {
-		if out, err := s.NodeExec(ctx, n.Name, nil, "ctr", "-a", "/run/containerd/containerd.sock", "-n", "k8s.io",
-			"images", "tag", s.TwillImage, newImage); err != nil {
-			t.Fatalf("tagging %s on %s: %v\n%s", newImage, n.Name, err, out)
-		}
-	}
-	mark("rolling update")
-	kubectl("-n", lab.TwillNamespace, "set", "image", "ds/"+lab.TwillDaemonSet, "kube-twill="+newImage, "install-cni-plugin="+newImage)
-	waitTwillReady(t, s)
+	d.event("twill pods deleted (node1, node2)", false, func() {
+		kubectl("-n", lab.TwillNamespace, "delete", "pod", twillPod(0), twillPod(1), "--wait=true")
+		waitTwillReady(t, s)
+	})
+	d.event("rolling update of the DaemonSet", false, func() { rollTwill(t, s) })
 	if got := []string{keyFile(0), keyFile(1)}; got[0] != keys[0] || got[1] != keys[1] {
 		t.Fatal("a node's key changed across twilld's restarts")
 	}
@@ -121,15 +115,17 @@ func TestKubeLabWireGuard(t *testing.T) {
 		t.Errorf("keeper restarts %q: the keepers must not be touched by twilld's update", keeper)
 	}
 
-	mark("rotation")
 	// A key rotation on node1, asked for as the docs say.
-	old := pub(0)
-	kubectl("-n", lab.TwillNamespace, "exec", twillPod(0), "-c", "kube-twill", "--", "twilld", "rotate-key")
-	waitFor(t, 30*time.Second, "node2's device using node1's new key", func() bool {
-		got := peers(1)
-		return pub(0) != old && got[pub(0)] && !got[old]
+	d.event("key rotation (twilld rotate-key, node1)", false, func() {
+		old := pub(0)
+		kubectl("-n", lab.TwillNamespace, "exec", twillPod(0), "-c", "kube-twill", "--", "twilld", "rotate-key")
+		waitFor(t, 30*time.Second, "node2's device using node1's new key", func() bool {
+			got := peers(1)
+			return pub(0) != old && got[pub(0)] && !got[old]
+		})
 	})
-	time.Sleep(time.Second)
+	d.event("twilld kill -9 (node2), restarted by kubelet", false, func() { killTwilld(t, s, node(1)) })
+	d.finish()
 	gap, failed, total := p.stop()
 	for _, f := range p.failures() {
 		t.Logf("probe failed at %s", f.Format("15:04:05.000"))

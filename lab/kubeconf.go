@@ -189,7 +189,7 @@ metadata: {name: echo, namespace: NAMESPACE}
 spec:
   selector: {app: echo}
   ipFamilyPolicy: PreferDualStack
-  ports: [{port: 80, targetPort: ECHOPORT}]
+  ports: [{name: tcp, port: 80, targetPort: ECHOPORT}, {name: udp, protocol: UDP, port: 80, targetPort: ECHOPORT}]
 ---
 apiVersion: v1
 kind: Pod
