@@ -227,8 +227,8 @@ bench: setup ## Benchmarks with full output (root); figures go in Documentation/
 	$(GO) test -p 1 -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m -v ./...
 
 .PHONY: bench-smoke
-bench-smoke: ## Run every benchmark once so none rots (part of make test)
-	$(GO) test -vet=off -p 1 -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./...
+bench-smoke: ## Run every benchmark once so none rots (part of make test): each at its smallest size and shortest run (TWILL_BENCH_SMOKE)
+	TWILL_BENCH_SMOKE=1 $(GO) test -vet=off -p 1 -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./...
 
 .PHONY: clean
 clean: ## Remove build output

@@ -40,6 +40,11 @@ const (
 	eventPause = time.Millisecond
 )
 
+// benchSmoke says the benchmarks run only so that none rots (make
+// bench-smoke, part of make test, sets TWILL_BENCH_SMOKE): each at its
+// smallest size and shortest run. make bench runs them in full.
+func benchSmoke() bool { return os.Getenv("TWILL_BENCH_SMOKE") != "" }
+
 // benchSizes are the cluster sizes of the scale curve.
 var benchSizes = []int{1000, 5000, 20000, 50000}
 
@@ -149,6 +154,9 @@ func BenchmarkEtcd(b *testing.B) {
 		sizes := benchSizes
 		if backendType == "wireguard" {
 			sizes = wireguardBenchSizes
+		}
+		if benchSmoke() {
+			sizes = sizes[:1]
 		}
 		for _, n := range sizes {
 			b.Run(fmt.Sprintf("%s/peers=%d", backendType, n), func(b *testing.B) {

@@ -17,11 +17,21 @@ import (
 	twcluster "github.com/twill-net/twill/lab/cluster"
 )
 
-// dataPlaneRun is how long each iperf3 measurement runs.
-const dataPlaneRun = 3 * time.Second
+// dataPlaneRun is how long each iperf3 measurement runs (1 s in smoke).
+func dataPlaneRun() time.Duration {
+	if benchSmoke() {
+		return time.Second
+	}
+	return 3 * time.Second
+}
 
-// dataPlaneReps is how many pod→pod runs each figure takes.
-const dataPlaneReps = 3
+// dataPlaneReps is how many pod→pod runs each figure takes (1 in smoke).
+func dataPlaneReps() int {
+	if benchSmoke() {
+		return 1
+	}
+	return 3
+}
 
 // BenchmarkDataPlane measures what a pod's traffic costs against its
 // node's: TCP throughput (iperf3, one stream and four) from a pod on node1
@@ -121,7 +131,7 @@ func measureDataPlane(b *testing.B, c *cluster, what, podA, podB string, ipB net
 	for _, streams := range []int{1, 4} {
 		nodes := []float64{iperf(b, nodeA, ipNodeB, streams)}
 		var pods, shares []float64
-		for range dataPlaneReps {
+		for range dataPlaneReps() {
 			pods = append(pods, iperf(b, podA, ipB, streams))
 			nodes = append(nodes, iperf(b, nodeA, ipNodeB, streams))
 			beside := (nodes[len(nodes)-2] + nodes[len(nodes)-1]) / 2
@@ -162,7 +172,7 @@ func gbps(xs []float64) string {
 func iperf(b *testing.B, ns string, server netip.Addr, streams int) float64 {
 	b.Helper()
 	args := []string{"netns", "exec", ns, "taskset", "-c", "0", "iperf3", "-c", server.String(), "-p", "5201", "-J", "--connect-timeout", "1000",
-		"-t", fmt.Sprint(int(dataPlaneRun.Seconds())), "-P", fmt.Sprint(streams)}
+		"-t", fmt.Sprint(int(dataPlaneRun().Seconds())), "-P", fmt.Sprint(streams)}
 	var res struct {
 		End struct {
 			SumReceived struct {
