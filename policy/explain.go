@@ -72,13 +72,17 @@ func (c *Cluster) Explain(q Query) (Answer, error) {
 // side says what decided in one direction, from a node's trace.
 func side(t Trace, dir, podKey string, ip netip.Addr) string {
 	chain, what := ChainName(dir, podKey), dirField(dir)
+	unknown := "unknown destination"
+	if dir == "eg" {
+		unknown = "unknown source"
+	}
 	for _, s := range t.Steps {
 		switch {
 		case s.Chain == chain && s.Verdict == Return:
 			return "allowed by " + s.Why
 		case s.Chain == chain && s.Verdict == Drop:
 			return fmt.Sprintf("denied: %s is isolated for %s and no rule of the policies that select it allows this (%q)", podKey, what, s.Comment)
-		case s.Chain == ChainForward && s.Verdict == Drop && strings.HasPrefix(s.Comment, "unknown "):
+		case s.Chain == ChainForward && s.Verdict == Drop && s.Comment == unknown:
 			return fmt.Sprintf("denied: %s (%s) is not yet known to its node's twilld (%q)", podKey, ip, s.Comment)
 		}
 	}

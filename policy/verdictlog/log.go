@@ -81,6 +81,9 @@ func (l *Log) Since(seq uint64, pod string) ([]Record, uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.init()
+	if seq >= l.next {
+		seq = 0 // asked past the last record: twilld restarted since
+	}
 	size := uint64(len(l.ring))
 	from := seq + 1
 	if l.next > size && from < l.next-size {

@@ -109,6 +109,11 @@ func TestRing(t *testing.T) {
 	if recs, next := l.Since(10, ""); len(recs) != 0 || next != 10 {
 		t.Errorf("since the last: %+v next %d, want none", recs, next)
 	}
+	// A reader that read up to 500 from a twilld since restarted gets
+	// the new one's records, not nothing for ever.
+	if recs, next := l.Since(500, ""); len(recs) != 4 || next != 10 {
+		t.Errorf("since 500 (a restarted twilld at 10): %d records, next %d; want the 4 kept, next 10", len(recs), next)
+	}
 }
 
 // TestServe: GET /verdicts waits for a record when asked to, and ends with

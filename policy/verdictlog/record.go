@@ -100,8 +100,8 @@ func record(n Namer, node, prefix string, h header, at time.Time) (Record, error
 		pod, dir = r.SrcPod, "eg"
 	}
 	if words[0] == "deny" {
-		if len(words) > 2 {
-			pod = words[2] // the chain's own pod (the prefix may be cut)
+		if len(words) > 2 && len(prefix) < 127 {
+			pod = words[2] // the chain's own pod, unless the kernel's limit cut it
 		}
 		sel := n.Selected(pod)
 		by := sel.Ingress
@@ -112,7 +112,14 @@ func record(n Namer, node, prefix string, h header, at time.Time) (Record, error
 		return r, nil
 	}
 	r.Verdict = "allowed"
-	r.Policy = "no policy selects " + pod + " for " + r.Direction
+	who := pod
+	if who == "" {
+		who = r.Dst
+		if dir == "eg" {
+			who = r.Src
+		}
+	}
+	r.Policy = "no policy selects " + who + " for " + r.Direction
 	t := policy.Evaluate(n.Ruleset(), policy.Packet{Src: h.src, Dst: h.dst, Proto: h.proto, Port: h.port})
 	for _, s := range t.Steps {
 		if s.Chain == policy.ChainName(dir, pod) && s.Verdict == policy.Return {
