@@ -32,7 +32,7 @@ const (
 
 // floodResult is what a denied flood cost and what the log made of it.
 type floodResult struct {
-	d                      time.Duration
+	d, took                time.Duration // asked for; the sender's real time (slower on a loaded machine)
 	sent                   int
 	drops, logged, lost    float64 // the chain's drops; records read; records lost
 	unlogged               float64 // drops over the log rate, counted
@@ -81,6 +81,7 @@ func floodDenied(tb testing.TB, k *kubeCluster, from, to, other, web verdictPod,
 	d0, l0, lost0, u0 := read()
 	cpu0 := cpuTime(tb, pid)
 	sent := make(chan int)
+	t0 := time.Now()
 	go func() { sent <- flood(tb, from.netns, fmt.Sprintf("%s:9", to.ip), d) }()
 	for deadline := time.Now().Add(d - time.Second); time.Now().Before(deadline); r.tries++ {
 		if d, got := connect(); got {
@@ -90,6 +91,7 @@ func floodDenied(tb testing.TB, k *kubeCluster, from, to, other, web verdictPod,
 		time.Sleep(200 * time.Millisecond)
 	}
 	r.sent = <-sent
+	r.took = time.Since(t0)
 	r.cpu = cpuTime(tb, pid) - cpu0
 	time.Sleep(2 * time.Second) // the last records and counters
 	d1, l1, lost1, u1 := read()
@@ -103,8 +105,8 @@ func floodDenied(tb testing.TB, k *kubeCluster, from, to, other, web verdictPod,
 
 func (r floodResult) String() string {
 	return fmt.Sprintf("%d denied packets sent in %s (%.0f a second); the pod's chain dropped %.0f; logged %.0f, lost %.0f, over the log rate and counted unlogged %.0f; twilld used %s CPU (%.1f%% of one core); %d of %d connections between other pods got through meanwhile (median connect %s before, %s during)",
-		r.sent, r.d, float64(r.sent)/r.d.Seconds(), r.drops, r.logged, r.lost, r.unlogged, r.cpu.Round(time.Millisecond),
-		100*r.cpu.Seconds()/r.d.Seconds(), r.ok, r.tries, r.connBefore.Round(time.Microsecond), r.connDuring.Round(time.Microsecond))
+		r.sent, r.took.Round(time.Millisecond), float64(r.sent)/r.took.Seconds(), r.drops, r.logged, r.lost, r.unlogged, r.cpu.Round(time.Millisecond),
+		100*r.cpu.Seconds()/r.took.Seconds(), r.ok, r.tries, r.connBefore.Round(time.Microsecond), r.connDuring.Round(time.Microsecond))
 }
 
 // verdictFlood: a flood of denied packets to one pod costs twilld bounded
@@ -117,15 +119,17 @@ func verdictFlood(t *testing.T, k *kubeCluster, pods []verdictPod) {
 	if r.drops < float64(r.sent)/2 {
 		t.Errorf("the chain dropped %.0f of %d packets sent", r.drops, r.sent)
 	}
-	if max := float64(10*(floodFor/time.Second+3) + 10); r.logged > max {
-		t.Errorf("logged %.0f records in %s, above the rate of 10 a second (at most %.0f)", r.logged, floodFor, max)
+	// 10 a second while the flood lasts (and the 2 s after it), bursts
+	// of 10: the machine's load can slow the sender past floodFor.
+	if max := 10*(r.took.Seconds()+3) + 10; r.logged > max {
+		t.Errorf("logged %.0f records in %s, above the rate of 10 a second (at most %.0f)", r.logged, r.took, max)
 	}
 	// Every drop is logged (or lost on the way) or counted unlogged.
 	if diff := r.drops - (r.logged + r.lost + r.unlogged); diff < -float64(r.sent)/100 || diff > float64(r.sent)/100 {
 		t.Errorf("drops %.0f != logged %.0f + lost %.0f + unlogged %.0f: the unlogged count does not say what was not logged", r.drops, r.logged, r.lost, r.unlogged)
 	}
-	if r.cpu > floodFor/4 {
-		t.Errorf("twilld used %s of CPU during a %s flood: want it bounded by the log rate, well under a quarter of a core", r.cpu, floodFor)
+	if r.cpu > r.took/4 {
+		t.Errorf("twilld used %s of CPU during a %s flood: want it bounded by the log rate, well under a quarter of a core", r.cpu, r.took)
 	}
 	if r.ok < r.tries-1 {
 		t.Errorf("only %d of %d connections between other pods of the node got through during the flood", r.ok, r.tries)
@@ -184,12 +188,12 @@ spec: {podSelector: {matchLabels: {app: closed}}, policyTypes: [Ingress]}`)
 		off := floodDenied(b, k, pods[1], pods[0], pods[2], pods[3], "default/closed", d)
 		b.Logf("flood, log off: %s", off)
 		b.ReportMetric(float64(off.connDuring.Microseconds()), "other-connect-during-log-off-µs")
-		b.ReportMetric(100*off.cpu.Seconds()/d.Seconds(), "twilld-cpu-log-off-%")
-		b.ReportMetric(float64(r.sent)/d.Seconds(), "denied-pkts/s")
+		b.ReportMetric(100*off.cpu.Seconds()/off.took.Seconds(), "twilld-cpu-log-off-%")
+		b.ReportMetric(float64(r.sent)/r.took.Seconds(), "denied-pkts/s")
 		b.ReportMetric(r.logged, "records-logged")
 		b.ReportMetric(r.lost, "records-lost")
 		b.ReportMetric(r.unlogged, "packets-unlogged")
-		b.ReportMetric(100*r.cpu.Seconds()/d.Seconds(), "twilld-cpu-%")
+		b.ReportMetric(100*r.cpu.Seconds()/r.took.Seconds(), "twilld-cpu-%")
 		b.ReportMetric(float64(r.connDuring.Microseconds()), "other-connect-during-µs")
 		b.ReportMetric(float64(r.connBefore.Microseconds()), "other-connect-before-µs")
 	}
