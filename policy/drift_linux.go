@@ -12,11 +12,7 @@ import (
 // (a verdict map or known set cut to some addresses) is checked for those
 // elements alone.
 func (t *Table) Drifted(full, sub Ruleset) ([]string, error) {
-	conn, err := t.dial()
-	if err != nil {
-		return nil, err
-	}
-	ks, err := read(conn)
+	ks, err := t.readKernel()
 	if err != nil {
 		return nil, err
 	}

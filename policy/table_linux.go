@@ -283,14 +283,19 @@ func (t *Table) Delete() (bool, error) {
 	return true, nil
 }
 
+// readKernel reads the kernel's table as it is now (not as last written).
+func (t *Table) readKernel() (kernelState, error) {
+	conn, err := t.dial()
+	if err != nil {
+		return kernelState{}, err
+	}
+	return read(conn)
+}
+
 // Counters sums the packet counters of the table's rules by comment
 // ("allow ns/name", "deny ns/pod", "unknown source", …).
 func (t *Table) Counters() (map[string]uint64, error) {
-	conn, err := t.dial()
-	if err != nil {
-		return nil, err
-	}
-	ks, err := read(conn)
+	ks, err := t.readKernel()
 	if err != nil {
 		return nil, err
 	}

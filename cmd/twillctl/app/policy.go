@@ -38,6 +38,9 @@ func (o *policyOptions) flags(cmd *cobra.Command) {
 }
 
 func (o *policyOptions) client() (*kubernetes.Clientset, error) {
+	if o.port < 1 || o.port > 65535 {
+		return nil, fmt.Errorf("--twilld-port %d: want a port from 1 to 65535", o.port)
+	}
 	cfg, err := kubesm.RESTConfig(kubesm.ClientOptions{Kubeconfig: o.kubeconfig, APIURL: o.apiURL, UserAgent: "twillctl"})
 	if err != nil {
 		return nil, err
