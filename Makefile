@@ -222,13 +222,17 @@ lint: ## gofmt, go vet, netlink only through nl/, no tracked file over 1 MB, no 
 	$(GO) run ./tools/sizecheck
 	$(GO) run ./tools/modalign
 
+# The packages with benchmarks: go test ./... would link a test binary for
+# each of the others too, for nothing.
+BENCH_PKGS = $$(grep -l '^func Benchmark' $$($(GO) list -f '{{range .TestGoFiles}}{{$$.Dir}}/{{.}} {{end}}{{range .XTestGoFiles}}{{$$.Dir}}/{{.}} {{end}}' ./...) | xargs -n1 dirname | sort -u)
+
 .PHONY: bench
 bench: setup ## Benchmarks with full output (root); figures go in Documentation/benchmarks.md
-	$(GO) test -p 1 -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m -v ./...
+	$(GO) test -p 1 -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m -v $(BENCH_PKGS)
 
 .PHONY: bench-smoke
 bench-smoke: ## Run every benchmark once so none rots (part of make test): each at its smallest size and shortest run (TWILL_BENCH_SMOKE)
-	TWILL_BENCH_SMOKE=1 $(GO) test -vet=off -p 1 -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./...
+	TWILL_BENCH_SMOKE=1 $(GO) test -vet=off -p 1 -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m $(BENCH_PKGS)
 
 .PHONY: clean
 clean: ## Remove build output

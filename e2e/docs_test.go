@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -181,6 +182,9 @@ func (e *docEnv) cmd(ctx context.Context, on, command string) *exec.Cmd {
 	return c
 }
 
+// docMake is held while a scenario runs a make target.
+var docMake sync.Mutex
+
 func (e *docEnv) run(b docBlock) {
 	t := e.t
 	on := b.on
@@ -212,7 +216,15 @@ func (e *docEnv) run(b docBlock) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			start := time.Now()
+			// Scenarios run side by side; their make targets write the
+			// same files (bin/, build/images/), one at a time.
+			if strings.HasPrefix(c, "make ") {
+				docMake.Lock()
+			}
 			out, err := e.cmd(ctx, m, c).CombinedOutput()
+			if strings.HasPrefix(c, "make ") {
+				docMake.Unlock()
+			}
 			cancel()
 			t.Logf("%s [%s] %s (%s)", where, m, c, time.Since(start).Round(100*time.Millisecond))
 			switch {
@@ -282,9 +294,11 @@ func missingLines(want []string, out string) []string {
 	return missing
 }
 
-// TestDocs runs every runnable command of the docs, by scenario.
+// TestDocs runs every runnable command of the docs, by scenario, each
+// scenario in its lane: those with Kubernetes labs in the Kubernetes labs'
+// lane, the others beside them.
 func TestDocs(t *testing.T) {
-	kubeLab(t)
+	t.Parallel()
 	netnstest.RequireRoot(t)
 	root := kubetest.Root(t)
 	blocks := docBlocks(t, root)
@@ -302,6 +316,11 @@ func TestDocs(t *testing.T) {
 	}
 	for _, name := range sortedKeys(docScenarios) {
 		t.Run(name, func(t *testing.T) {
+			if kubeScenarios[name] {
+				kubeLab(t)
+			} else {
+				beside(t)
+			}
 			if len(byScenario[name]) == 0 {
 				t.Skipf("no docs block uses scenario %s", name)
 			}
@@ -330,6 +349,9 @@ func sortedKeys[V any](m map[string]V) []string {
 	slices.Sort(out)
 	return out
 }
+
+// kubeScenarios are the scenarios that start Kubernetes labs.
+var kubeScenarios = map[string]bool{"kube": true, "kubeflannel": true}
 
 // docScenarios prepare the environments. Every lab they make, the docs'
 // own included, has namespaces named after this run and its state in the
@@ -401,11 +423,12 @@ func bareLab(t *testing.T, e *docEnv, name string) {
 	}
 }
 
-// labEnv gives the scenario's labs namespaces of this run and a state root
-// of the test's, and removes them when it ends.
+// labEnv gives the scenario's labs namespaces of this run and scenario
+// (scenarios run side by side, and their pages use the same lab names) and
+// a state root of the test's, and removes them when it ends.
 func labEnv(t *testing.T, e *docEnv) string {
 	state := t.TempDir()
-	prefix := "tw" + netnstest.RunID() + "d"
+	prefix := "tw" + netnstest.RunID() + "d" + filepath.Base(t.Name())
 	e.env = append(e.env, "TWILL_LAB_STATE_ROOT="+state, "TWILL_LAB_NETNS_PREFIX="+prefix)
 	bin := binaries(t)
 	t.Cleanup(func() {

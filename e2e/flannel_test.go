@@ -284,6 +284,7 @@ func newFlannelCluster(t *testing.T, backend string, kube bool) *flannelCluster 
 }
 
 func TestFlannelTakeover(t *testing.T) {
+	alone(t)
 	for _, backend := range []string{"vxlan", "host-gw"} {
 		t.Run(backend, func(t *testing.T) { testFlannelTakeover(t, backend, false) })
 	}

@@ -26,6 +26,7 @@ import (
 // are replaced nothing of flannel's is left on a node, and a Node deleted
 // after the last switch is gone from every node's routes within 2 s.
 func TestKubeLabFlannelTakeover(t *testing.T) {
+	alone(t)
 	for _, backend := range []string{"vxlan", "host-gw"} {
 		t.Run(backend, func(t *testing.T) { testKubeLabFlannel(t, backend) })
 	}

@@ -21,6 +21,7 @@ import (
 // and a pod whose egress a policy denies never gets a packet through, from
 // its container's first instruction on, even while twilld restarts.
 func TestKubeNetworkPolicy(t *testing.T) {
+	alone(t)
 	l := newLabCtl(t)
 	name := labName("kp")
 	s := l.upKube(name, 2, 2, "vxlan")

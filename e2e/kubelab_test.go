@@ -79,6 +79,7 @@ func snapshotHost() hostSnapshot {
 // containerds: `twillctl lab up --kubernetes` applies dist/kube-twill.yml,
 // and the test checks what an operator would, for host-gw and vxlan.
 func TestKubeLab(t *testing.T) {
+	alone(t)
 	for _, backend := range []string{"host-gw", "vxlan"} {
 		t.Run(backend, func(t *testing.T) { testKubeLab(t, backend) })
 	}

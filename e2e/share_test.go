@@ -9,38 +9,49 @@ import (
 
 // How the e2e tier shares the machine's two cores.
 //
-// go test first runs, one at a time, the tests that do not call
-// t.Parallel. Those are the tests that bound a gap in traffic, or when a pod
-// starts against twilld, under their own load alone: the flannel takeovers
-// and the Kubernetes labs with probers (TestKubeLab, TestKubeLabWireGuard,
-// TestKubeLabFlannelTakeover, TestKubeNetworkPolicy).
-//
-// Every other test then runs beside the others, in one of two lanes:
+// Every test runs in parallel, in one of two lanes:
 //   - kubeLab: a Kubernetes lab (a control plane, and a containerd and a
 //     kubelet per node) keeps about a core busy: two run at once, the
-//     longest first, so that the longest does not start last;
+//     longest first, so that the longest does not start last. The tests
+//     that bound a gap in traffic, or when a pod starts against twilld,
+//     under their own load take the whole lane (alone) and go before the
+//     others: the flannel takeovers and the Kubernetes labs with probers
+//     (TestKubeLab, TestKubeLabWireGuard, TestKubeLabFlannelTakeover,
+//     TestKubeNetworkPolicy, TestFlannelTakeover);
 //   - beside: an etcd cluster of namespaces, a lone apiserver or a lab
 //     without Kubernetes mostly waits (15-30% of the two cores, one by one,
 //     sampled over a CI run): one runs at a time, next to the Kubernetes
-//     labs.
+//     labs, and next to the tests alone in theirs.
 //
-// Before the lanes, the light tests ran one by one before every parallel
-// test: about 8 minutes of a mostly idle machine. make test runs go test
-// with -parallel well above the number of parallel tests, so that a test
-// waiting for its lane never holds up another.
+// The tests alone in the kubeLab lane used to run one by one before every
+// other test, as go test runs tests that do not call t.Parallel: about 11
+// minutes with a third of the two cores idle (sampled over a run,
+// 2026-11-27), while the beside lane's 15 minutes of mostly waiting came
+// after, on a machine the Kubernetes labs kept busy. make test runs go test
+// with -parallel well above the number of tests, so that a test waiting
+// for its lane never holds up another.
+// kubeLabSlots is how many Kubernetes labs run at once.
+const kubeLabSlots = 2
+
 var (
-	kubeLabLane = &lane{free: 2, first: []string{"TestKubeConformanceFast", "TestDocs"}}
+	kubeLabLane = &lane{free: kubeLabSlots, first: []string{"TestKubeConformanceFast", "TestDocs/kube"}}
 	besideLane  = &lane{free: 1}
 )
 
 // kubeLab runs t in parallel, in the Kubernetes labs' lane.
-func kubeLab(t *testing.T) { kubeLabLane.enter(t) }
+func kubeLab(t *testing.T) { kubeLabLane.enter(t, 1) }
+
+// alone runs t in parallel, alone in the Kubernetes labs' lane, before the
+// tests that share it.
+func alone(t *testing.T) { kubeLabLane.enter(t, kubeLabSlots) }
 
 // beside runs t in parallel, in the lane of the tests that mostly wait.
-func beside(t *testing.T) { besideLane.enter(t) }
+func beside(t *testing.T) { besideLane.enter(t, 1) }
 
-// A lane runs at most free tests at once: those named in first before the
-// others, then in the order they came.
+// A lane runs tests whose weights add up to at most free at once: the
+// heaviest (alone) first, then those named in first, then the others in the
+// order they came. The best-ranked test waits for room rather than let
+// lighter ones pass it, so that a test alone in the lane is not starved.
 type lane struct {
 	mu      sync.Mutex
 	free    int
@@ -49,8 +60,9 @@ type lane struct {
 }
 
 type waiter struct {
-	rank  int
-	admit chan struct{}
+	rank   int
+	weight int
+	admit  chan struct{}
 }
 
 // gathered closes a second after the first parallel test asks for a lane:
@@ -62,14 +74,17 @@ var (
 	gathered   = make(chan struct{})
 )
 
-func (l *lane) enter(t *testing.T) {
+func (l *lane) enter(t *testing.T, weight int) {
 	t.Parallel()
 	gatherOnce.Do(func() { time.AfterFunc(time.Second, func() { close(gathered) }) })
 	rank := slices.Index(l.first, t.Name())
-	if rank < 0 {
+	switch {
+	case weight > 1:
+		rank = -1
+	case rank < 0:
 		rank = len(l.first)
 	}
-	w := waiter{rank: rank, admit: make(chan struct{})}
+	w := waiter{rank: rank, weight: weight, admit: make(chan struct{})}
 	l.mu.Lock()
 	l.waiting = append(l.waiting, w)
 	l.mu.Unlock()
@@ -85,25 +100,30 @@ func (l *lane) enter(t *testing.T) {
 	// next test starts once this one's namespaces and processes are gone.
 	t.Cleanup(func() {
 		l.mu.Lock()
-		l.free++
+		l.free += weight
 		l.mu.Unlock()
 		l.admit()
 	})
 }
 
-// admit lets in the best-ranked waiting tests while the lane has room.
+// admit lets in the best-ranked waiting tests while the lane has room for
+// them.
 func (l *lane) admit() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for l.free > 0 && len(l.waiting) > 0 {
+	for len(l.waiting) > 0 {
 		best := 0
 		for i, w := range l.waiting {
 			if w.rank < l.waiting[best].rank {
 				best = i
 			}
 		}
-		close(l.waiting[best].admit)
+		w := l.waiting[best]
+		if w.weight > l.free {
+			return
+		}
+		close(w.admit)
 		l.waiting = slices.Delete(l.waiting, best, best+1)
-		l.free--
+		l.free -= w.weight
 	}
 }
