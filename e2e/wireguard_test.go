@@ -365,6 +365,42 @@ func TestEtcdWireGuard(t *testing.T) {
 		t.Logf("back in %s", took.Round(time.Millisecond))
 	})
 
+	t.Run("with twilld stopped and the device deleted, nothing crosses in clear", func(t *testing.T) {
+		// A node has a default route (here via node2): without a route of
+		// its own to the pod network, a pod's packet to node2's pod would
+		// take it, onto the underlay in clear. twill's blackhole route for
+		// the pod network drops it (backend/wireguard's failClosed).
+		node := c.topo.Nodes[0].NS
+		if out, err := execIn(node, "ip", "route", "show", "default"); err != nil || strings.TrimSpace(out) != "" {
+			t.Fatalf("node1 has a default route already (%v): %s", err, out)
+		}
+		if out, err := execIn(node, "ip", "route", "add", "default", "via", c.topo.Nodes[1].Addr.Addr().String()); err != nil {
+			t.Fatalf("ip route add default: %v: %s", err, out)
+		}
+		defer execIn(node, "ip", "route", "del", "default")
+		c.daemons[0].Stop(t)
+		if out, err := execIn(node, "ip", "link", "del", wireguard.DeviceName); err != nil {
+			t.Fatalf("ip link del %s: %v: %s", wireguard.DeviceName, err, out)
+		}
+		cp := startCapture(t, c.topo.Underlay)
+		for range 3 {
+			if ping(podA, addrB) == nil {
+				t.Error("node1's pod reached node2's with node1's device gone")
+			}
+		}
+		frames := cp.stop()
+		nodes := map[netip.Addr]bool{}
+		for _, n := range c.topo.Nodes {
+			nodes[n.Addr.Addr()] = true
+		}
+		if _, err := onlyWireGuard(frames, nodes, []netip.Addr{addrA, addrB, addrC}, []byte("no marker here"), wireguard.DefaultListenPort); err != nil {
+			t.Errorf("with the device gone: %v", err)
+		}
+		t.Logf("6 pings with the device gone: %d frames on the underlay, none with a pod's address", len(frames))
+		c.startDaemon(0, "--healthz-port", "9412")
+		waitFor(t, 10*time.Second, "a ping from node1's pod to node2's once twilld made the device again", func() bool { return ping(podA, addrB) == nil })
+	})
+
 	t.Run("a removed node's peer is gone from every device within 2s", func(t *testing.T) {
 		c.daemons[2].Stop(t)
 		c.del("/twill.io/network/subnets/" + strings.Replace(subnets[2].String(), "/", "-", 1))

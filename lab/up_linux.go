@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -235,7 +236,7 @@ func (s *State) start(role, ns string, argv []string, attr *syscall.SysProcAttr)
 		return 0, fmt.Errorf("starting %s in %s: %w", role, ns, err)
 	}
 	s.mu.Lock()
-	s.Processes = append(s.Processes, Process{PID: cmd.Process.Pid, Role: role, NS: ns, Log: log})
+	s.Processes = append(s.Processes, Process{PID: cmd.Process.Pid, Role: role, NS: ns, Log: log, Argv: argv})
 	s.mu.Unlock()
 	go func() { _ = cmd.Wait() }() // reap it if it dies while we run
 	return cmd.Process.Pid, s.save()
@@ -283,6 +284,8 @@ func (s *State) waitReady(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
+			// A peer's route, not the wireguard backend's blackhole.
+			rs = slices.DeleteFunc(rs, func(r nl.Route) bool { return r.Type == nl.RouteBlackhole })
 			if len(rs) < want {
 				return s.daemonError(n.NS, fmt.Errorf("%d of %d routes", len(rs), want))
 			}

@@ -290,7 +290,7 @@ func appendRouteMsg(buf []byte, op RouteOp, seq uint32) []byte {
 	if r.OnLink {
 		rtFlags |= unix.RTNH_F_ONLINK
 	}
-	buf = append(buf, family, byte(r.Dst.Bits()), 0, 0, rtTable, byte(r.Protocol), byte(r.Scope), unix.RTN_UNICAST)
+	buf = append(buf, family, byte(r.Dst.Bits()), 0, 0, rtTable, byte(r.Protocol), byte(r.Scope), r.rtnType())
 	buf = binary.NativeEndian.AppendUint32(buf, rtFlags)
 	buf = appendAttr(buf, unix.RTA_DST, r.Dst.Addr().AsSlice())
 	if r.Gw.IsValid() {

@@ -111,6 +111,14 @@ func attrs(b []byte, each func(typ uint16, v []byte)) {
 	}
 }
 
+// ownType reports whether a route of type typ and protocol proto is one a
+// dump or a watch decodes: unicast, or a blackhole twill made. Anyone
+// else's blackhole, like every other type, stays out of dumps (and a watch
+// marks it NonUnicast: put at twill's route's key, it replaced it).
+func ownType(typ, proto uint8) bool {
+	return typ == unix.RTN_UNICAST || (typ == unix.RTN_BLACKHOLE && proto == RouteProtocol)
+}
+
 // routeDumpRequest is the struct rtmsg of a route dump of one family.
 func routeDumpRequest(family Family) []byte {
 	b := make([]byte, unix.SizeofRtMsg)
@@ -119,7 +127,8 @@ func routeDumpRequest(family Family) []byte {
 }
 
 // parseRoute decodes an RTM_NEWROUTE payload (struct rtmsg and its
-// attributes) and reports whether it is a unicast IPv4 or IPv6 route that
+// attributes) and reports whether it is a unicast IPv4 or IPv6 route (or a
+// blackhole of twill's, see ownType) that
 // f and family select, the way the netlink package's filtered list does:
 // cloned routes are left out, the table is RTA_TABLE when present, a route
 // without RTA_DST is the default route of its family.
@@ -132,10 +141,13 @@ func parseRoute(p []byte, family Family, f RouteFilter) (Route, bool) {
 		return Route{}, false
 	}
 	rtFlags := binary.NativeEndian.Uint32(p[8:12])
-	if p[7] != unix.RTN_UNICAST || rtFlags&unix.RTM_F_CLONED != 0 {
+	if !ownType(p[7], p[5]) || rtFlags&unix.RTM_F_CLONED != 0 {
 		return Route{}, false
 	}
 	r := Route{Table: int(p[4]), Protocol: int(p[5]), Scope: Scope(p[6]), OnLink: rtFlags&unix.RTNH_F_ONLINK != 0}
+	if p[7] == unix.RTN_BLACKHOLE {
+		r.Type = RouteBlackhole
+	}
 	var dst netip.Addr
 	attrs(p[unix.SizeofRtMsg:], func(typ uint16, v []byte) {
 		switch typ {
@@ -166,6 +178,9 @@ func parseRoute(p []byte, family Family, f RouteFilter) (Route, bool) {
 		}
 	}
 	r.Gw, r.Src = r.Gw.Unmap(), r.Src.Unmap()
+	if r.Type == RouteBlackhole {
+		r.LinkIndex = 0 // an IPv6 blackhole is reported on lo
+	}
 	r.Dst = netip.PrefixFrom(dst, dstLen)
 	if !r.Dst.IsValid() {
 		return Route{}, false

@@ -24,7 +24,19 @@ type Route struct {
 	Scope     Scope
 	Src       netip.Addr
 	Priority  int // the metric (RTA_PRIORITY); part of the route's identity
+	Type      RouteType
 }
+
+// RouteType is a route's type (RTN_*) among those twill programs; the zero
+// value is unicast.
+type RouteType uint8
+
+const (
+	// RouteUnicast forwards to a gateway or out of a link.
+	RouteUnicast RouteType = 0
+	// RouteBlackhole drops silently: no link, no gateway.
+	RouteBlackhole RouteType = 6 // RTN_BLACKHOLE
+)
 
 // Scope is a route scope (RT_SCOPE_*).
 type Scope uint8
@@ -52,6 +64,14 @@ func (r Route) Key() Key {
 	return Key{Addr: r.Dst.Addr().As16(), Bits: uint8(r.Dst.Bits()), V4: r.Dst.Addr().Is4(), Table: uint32(r.table()), Priority: uint32(r.Priority)}
 }
 
+// rtnType is r's RTN_* type.
+func (r Route) rtnType() uint8 {
+	if r.Type == RouteUnicast {
+		return 1 // RTN_UNICAST
+	}
+	return uint8(r.Type)
+}
+
 func (r Route) table() int {
 	if r.Table == 0 {
 		return 254
@@ -63,11 +83,14 @@ func (r Route) table() int {
 func (r Route) Equal(o Route) bool {
 	return r.Dst == o.Dst && r.Gw == o.Gw && r.LinkIndex == o.LinkIndex &&
 		r.table() == o.table() && r.Protocol == o.Protocol && r.OnLink == o.OnLink &&
-		r.Scope == o.Scope && r.Src == o.Src && r.Priority == o.Priority
+		r.Scope == o.Scope && r.Src == o.Src && r.Priority == o.Priority && r.Type == o.Type
 }
 
 func (r Route) String() string {
 	s := r.Dst.String()
+	if r.Type == RouteBlackhole {
+		s = "blackhole " + s
+	}
 	if r.Gw.IsValid() {
 		s += " via " + r.Gw.String()
 	}

@@ -110,6 +110,9 @@ func fromNetlinkRoute(r netlink.Route) Route {
 		Scope:     Scope(r.Scope),
 		Priority:  r.Priority,
 	}
+	if r.Type == unix.RTN_BLACKHOLE {
+		out.Type, out.LinkIndex = RouteBlackhole, 0 // an IPv6 blackhole is reported on lo
+	}
 	if r.Dst != nil {
 		out.Dst = prefixFromIPNet(r.Dst)
 	}
@@ -135,7 +138,7 @@ func toNetlinkRoute(r Route) *netlink.Route {
 		Table:     r.Table,
 		Protocol:  netlink.RouteProtocol(r.Protocol),
 		Scope:     netlink.Scope(r.Scope),
-		Type:      unix.RTN_UNICAST,
+		Type:      int(r.rtnType()),
 		Priority:  r.Priority,
 	}
 	if r.Gw.IsValid() {

@@ -107,7 +107,7 @@ func routeEvents(msg []byte, fn func(RouteEvent)) {
 		if len(p) < unix.SizeofRtMsg || p[1] == 0 {
 			return true // a default route
 		}
-		other := p[7] != unix.RTN_UNICAST
+		other := !ownType(p[7], p[5])
 		if other {
 			// Decoded as the unicast route it stands in for (rare: the
 			// copy costs nothing that matters).

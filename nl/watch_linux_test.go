@@ -41,7 +41,10 @@ func TestWatchRoutes(t *testing.T) {
 		{Route: Route{Dst: netip.MustParsePrefix("10.4.0.0/24"), Gw: netip.MustParseAddr("192.168.1.4"), LinkIndex: eth.Index, Table: 100, Protocol: 167}},
 		{Route: Route{Dst: netip.MustParsePrefix("fd00:10:1::/64"), Gw: netip.MustParseAddr("fd00::11"), LinkIndex: eth.Index, Table: 254, Protocol: 167, Priority: 7}},
 		{Deleted: true, Route: Route{Dst: netip.MustParsePrefix("10.1.0.0/24"), Gw: netip.MustParseAddr("192.168.1.1"), LinkIndex: eth.Index, Table: 254, Protocol: 167, Priority: 1048832}},
-		{NonUnicast: true, Route: Route{Dst: netip.MustParsePrefix("10.4.0.0/24"), Table: 100, Protocol: 167}},
+		// A blackhole of twill's protocol is decoded as one (twill makes
+		// them: the wireguard backend's fail-closed routes); anyone else's
+		// is marked, above.
+		{Route: Route{Dst: netip.MustParsePrefix("10.4.0.0/24"), Table: 100, Protocol: 167, Type: RouteBlackhole}},
 	}
 	seen := func(n int) []RouteEvent {
 		deadline := time.Now().Add(10 * time.Second)

@@ -97,7 +97,7 @@ func (n *Network) Drift(ctx context.Context, peers []subnet.Lease) (backend.Drif
 	key := n.currentKey()
 	var (
 		d  backend.Drift
-		rs []nl.Route
+		rs = failClosed(n.b.tunnels, n.b.opts.Config, nil)
 	)
 	for _, t := range n.b.tunnels {
 		want, refused, _ := desired(t, key, peers)

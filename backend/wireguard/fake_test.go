@@ -108,13 +108,17 @@ func (f *fakeDevice) Set(_ context.Context, cfg wgtypes.Config) error {
 
 // fakeDevices is the devices of one node, by name.
 type fakeDevices struct {
-	mu   sync.Mutex
-	devs map[string]*fakeDevice
+	mu       sync.Mutex
+	devs     map[string]*fakeDevice
+	failOpen bool // no device opens (as with no module and no keeper)
 }
 
 func (f *fakeDevices) open(name, _ string) (Device, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.failOpen {
+		return nil, fmt.Errorf("opening %s: no device", name)
+	}
 	if f.devs == nil {
 		f.devs = map[string]*fakeDevice{}
 	}

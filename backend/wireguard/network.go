@@ -113,6 +113,7 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 		changed int
 		nudges  []fresh
 	)
+	rs = failClosed(n.b.tunnels, n.b.opts.Config, rs)
 	for _, t := range n.b.tunnels {
 		want, ref, conflicted := desired(t, key, peers)
 		refused = append(refused, ref...)

@@ -120,6 +120,29 @@ func routes(want map[wgtypes.Key]peer, link int, emit func(nl.Route)) {
 	}
 }
 
+// failClosed adds to rs a blackhole route for each pod network the tunnels
+// carry, below every route through a device (less specific, and at
+// twill's metric, above anyone else's default 0). While a device is
+// missing (deleted, or its keeper between two pods), its routes go with
+// it, and a pod's packet to another node would otherwise follow the
+// node's default route onto the underlay in clear: the blackhole drops
+// it. So does a peer refused, or not yet on the device.
+func failClosed(ts []tunnel, cfg *subnet.Config, rs []nl.Route) []nl.Route {
+	var v4, v6 bool
+	for _, t := range ts {
+		v4, v6 = v4 || t.pod4, v6 || t.pod6
+	}
+	for _, n := range []struct {
+		on  bool
+		net netip.Prefix
+	}{{v4, cfg.Network}, {v6, cfg.IPv6Network}} {
+		if n.on && n.net.IsValid() {
+			rs = append(rs, nl.Route{Dst: n.net.Masked(), Type: nl.RouteBlackhole})
+		}
+	}
+	return rs
+}
+
 // settingsFor is what every peer of a tunnel shares.
 type shared struct {
 	psk       wgtypes.Key // zero: none

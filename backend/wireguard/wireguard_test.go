@@ -371,3 +371,75 @@ func TestKeyAbove(t *testing.T) {
 		}
 	}
 }
+
+// blackholes are the fake kernel's blackhole routes, as "dst metric".
+func blackholes(t testing.TB, k *nlfake.Kernel) []string {
+	t.Helper()
+	rs, err := k.Routes(nl.FamilyAll, nl.RouteFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, r := range rs {
+		if r.Type == nl.RouteBlackhole {
+			out = append(out, fmt.Sprintf("%s %d", r.Dst, r.Priority))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestFailsClosed: each pod network the devices carry has a blackhole
+// route of twill's below the routes through the devices, so that a pod's
+// packet to another node is dropped, not sent in clear by the node's
+// default route, while a device is missing; and it is there before any
+// device is.
+func TestFailsClosed(t *testing.T) {
+	ctx := context.Background()
+	self := lease("10.244.1.0/24", "fd10:0:0:1::/64", "192.168.1.1", "fd00::1", wgtypes.Key{})
+	n := newNode(t, `{"Type":"wireguard"}`, t.TempDir(), self)
+	want := []string{fmt.Sprintf("10.244.0.0/16 %d", nl.RouteMetric(netip.MustParsePrefix("10.244.0.0/16"))),
+		fmt.Sprintf("fd10::/56 %d", nl.RouteMetric(netip.MustParsePrefix("fd10::/56")))}
+	p2 := lease("10.244.2.0/24", "fd10:0:0:2::/64", "192.168.1.2", "fd00::2", key(t))
+	// No device can be made: the blackholes are there all the same.
+	n.devs.failOpen = true
+	if err := n.nw.Reconcile(ctx, []subnet.Lease{p2}); err == nil {
+		t.Fatal("a reconcile with no device succeeded")
+	}
+	if got := blackholes(t, n.k); !slices.Equal(got, want) {
+		t.Fatalf("with no device, blackhole routes %v, want %v", got, want)
+	}
+	n.devs.failOpen = false
+	if err := n.nw.Reconcile(ctx, []subnet.Lease{p2}); err != nil {
+		t.Fatal(err)
+	}
+	// The device deleted: its routes go with it, the blackholes stay.
+	link, err := n.k.LinkByName(DeviceName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.k.LinkDel(link.Index); err != nil {
+		t.Fatal(err)
+	}
+	if got := blackholes(t, n.k); !slices.Equal(got, want) {
+		t.Fatalf("with the device gone, blackhole routes %v, want %v", got, want)
+	}
+	// A blackhole deleted by hand is drift (the daemon's route watch
+	// tells the route set, which reads the kernel again), and comes back.
+	if err := n.k.RouteDel(nl.Route{Dst: netip.MustParsePrefix("10.244.0.0/16"), Priority: nl.RouteMetric(netip.MustParsePrefix("10.244.0.0/16")), Type: nl.RouteBlackhole}); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := n.nw.Drift(ctx, []subnet.Lease{p2}); err != nil || !strings.Contains(strings.Join(d.Missing, ";"), "blackhole 10.244.0.0/16") {
+		t.Fatalf("drift %+v (%v), want the blackhole missing", d, err)
+	}
+	n.nw.routes.Invalidate()
+	if err := n.nw.Reconcile(ctx, []subnet.Lease{p2}); err != nil {
+		t.Fatal(err)
+	}
+	if got := blackholes(t, n.k); !slices.Equal(got, want) {
+		t.Fatalf("after a repair, blackhole routes %v, want %v", got, want)
+	}
+	if got := routeDsts(t, n.k, DeviceName); !slices.Equal(got, []string{"10.244.2.0/24"}) {
+		t.Fatalf("routes via the device made again %v", got)
+	}
+}

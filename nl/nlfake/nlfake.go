@@ -448,12 +448,19 @@ func (k *Kernel) route(op nl.Op, r nl.Route) error {
 		k.emitRouteLocked(nl.RouteEvent{Deleted: true, Route: old})
 		return nil
 	}
-	l, err := k.linkLocked(r.LinkIndex)
-	if err != nil {
-		return fmt.Errorf("route %s: %w", r, err)
-	}
-	if !l.l.Up {
-		return fmt.Errorf("route %s: %w", r, unix.ENETDOWN)
+	if r.Type == nl.RouteBlackhole {
+		// A blackhole has no link and no gateway.
+		if r.LinkIndex != 0 || r.Gw.IsValid() {
+			return fmt.Errorf("route %s: %w", r, unix.EINVAL)
+		}
+	} else {
+		l, err := k.linkLocked(r.LinkIndex)
+		if err != nil {
+			return fmt.Errorf("route %s: %w", r, err)
+		}
+		if !l.l.Up {
+			return fmt.Errorf("route %s: %w", r, unix.ENETDOWN)
+		}
 	}
 	if _, ok := k.routes[key]; ok && op == nl.OpAdd {
 		return fmt.Errorf("adding route %s: %w", r, unix.EEXIST)
