@@ -3,14 +3,17 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/twill-net/twill/backend/wireguard"
 	"github.com/twill-net/twill/lab"
 )
 
@@ -23,6 +26,27 @@ func startKubeDisruption(t *testing.T, s *lab.State, bin, backend string) *disru
 		t.Fatal(err)
 	}
 	return startDisruption(t, backend+", Kubernetes lab", bin, from, to, pairs)
+}
+
+// startDisruptionBut holds connections between the pods of every node but
+// leaving, each to every pod of another of those nodes (not through the
+// Service, whose backends may be leaving's pods), while leaving's pods move
+// or go.
+func startDisruptionBut(t *testing.T, s *lab.State, bin, title, leaving string) *disruption {
+	t.Helper()
+	from, to, pairs, err := lab.HoldPlan(context.Background(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeOf := map[string]string{}
+	for _, p := range s.Pods {
+		nodeOf[p.Label()], nodeOf[p.Label()+"-v6"] = p.Node, p.Node
+	}
+	stays := func(name string) bool { n, ok := nodeOf[name]; return ok && n != leaving }
+	from = slices.DeleteFunc(from, func(v lab.Vantage) bool { return !stays(v.Name) })
+	return startDisruption(t, title, bin, from, to, func(v lab.Vantage, tg lab.Target) bool {
+		return pairs(v, tg) && stays(v.Name) && stays(tg.Name)
+	})
 }
 
 // twillPodOn is the name of node's twill pod.
@@ -103,4 +127,37 @@ func killTwilld(t *testing.T, s *lab.State, node string) {
 	}
 	waitFor(t, 60*time.Second, "kubelet restarting twilld", func() bool { return restarts() != "0" })
 	waitTwillReady(t, s)
+}
+
+// restartControlPlane restarts the lab's process of role (lab restart)
+// and waits until twill is ready on every node again.
+func restartControlPlane(t *testing.T, s *lab.State, role string) {
+	t.Helper()
+	if err := s.Restart(context.Background(), role); err != nil {
+		t.Fatal(err)
+	}
+	waitTwillReady(t, s)
+}
+
+// checkNothingInClear fails if a captured underlay frame of a Kubernetes
+// lab carries a pod's address or the harness's payload in clear, or if
+// two nodes exchanged anything but WireGuard.
+func checkNothingInClear(t *testing.T, s *lab.State, frames [][]byte) {
+	t.Helper()
+	if err := s.RefreshPods(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	nodes := map[netip.Addr]bool{}
+	for _, n := range s.Nodes {
+		nodes[n.Addr] = true
+	}
+	var pods []netip.Addr
+	for _, p := range s.Pods {
+		pods = append(pods, p.Addrs()...)
+	}
+	wg, err := onlyWireGuard(frames, nodes, pods, []byte(lab.HoldMarker), wireguard.DefaultListenPort)
+	if err != nil {
+		t.Errorf("the underlay: %v", err)
+	}
+	t.Logf("the underlay: %d frames captured, %d WireGuard between nodes, none with a pod's address or the payload in clear", len(frames), wg)
 }

@@ -185,6 +185,7 @@ func testKubeLab(t *testing.T, backend string) {
 	// From here, every pod holds connections to every pod of the other
 	// node and to the Service through each event: none may break.
 	kubectl("-n", "lab", "rollout", "status", "deploy/echo", "--timeout", "2m")
+	earlier := earlierBuild(t, s)
 	d := startKubeDisruption(t, s, l.bin, backend)
 
 	// The twill pod on node2 deleted: the DaemonSet makes another, and the
@@ -197,9 +198,15 @@ func testKubeLab(t *testing.T, backend string) {
 	// A rolling update of the DaemonSet to a new image tag.
 	d.event("rolling update of the DaemonSet", false, func() { rollTwill(t, s) })
 	d.event("twilld kill -9 (node1), restarted by kubelet", false, func() { killTwilld(t, s, node1) })
+	d.event("kube-apiserver restart", false, func() { restartControlPlane(t, s, "kube-apiserver") })
+	d.event("etcd restart (the apiserver's)", false, func() { restartControlPlane(t, s, "etcd") })
+	// Version skew: down to the previous round's build (its manifests and
+	// image), then up again, one node after the other.
+	d.event("downgrade to "+earlier.name, false, func() { earlier.install(t, s) })
+	d.event("upgrade from it to this build", false, func() { thisBuild(s).install(t, s) })
 	d.finish()
 	gap, fails, total := p.stop()
-	t.Logf("pod %s -> %s: %d probes over the pod delete, the twill pod delete and the rolling update; %d failed; longest gap %s",
+	t.Logf("pod %s -> %s: %d probes over the pod delete and every event above; %d failed; longest gap %s",
 		a.Label(), b.Label(), total, fails, gap.Round(time.Millisecond))
 	if gap > time.Second {
 		t.Errorf("pod-to-pod traffic stopped for %s while twill restarted; want no gap over 1s", gap)

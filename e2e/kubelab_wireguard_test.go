@@ -101,6 +101,7 @@ func TestKubeLabWireGuard(t *testing.T) {
 
 	// Every pod holds connections to every pod of another node and to
 	// the Service through each event: none may break.
+	earlier := earlierBuild(t, s)
 	d := startKubeDisruption(t, s, l.bin, "wireguard")
 	// twilld restarted on both ends, then upgraded (a rolling update).
 	d.event("twill pods deleted (node1, node2)", false, func() {
@@ -126,12 +127,33 @@ func TestKubeLabWireGuard(t *testing.T) {
 		})
 	})
 	d.event("twilld kill -9 (node2), restarted by kubelet", false, func() { killTwilld(t, s, node(1)) })
+	d.event("kube-apiserver restart", false, func() { restartControlPlane(t, s, "kube-apiserver") })
+	// The keeper's rollout on node1 (its DaemonSet is OnDelete: a pod
+	// deleted is replaced by the new template): the userspace devices live
+	// in the keeper, so traffic between node1 and the others stops until
+	// twilld has the next keeper make them again. It fails closed:
+	// nothing crosses the underlay in clear meanwhile.
+	d.eventStalls("wireguard keeper pod replaced (node1)", "the devices live in the keeper's process", func() {
+		cp := startCapture(t, s.UnderlayNS())
+		keeper := kubectl("-n", lab.TwillNamespace, "get", "pods", "-l", "app.kubernetes.io/name=twill-wireguard",
+			"--field-selector", "spec.nodeName="+node(0), "-o", "jsonpath={.items[0].metadata.name}")
+		kubectl("-n", lab.TwillNamespace, "delete", "pod", keeper, "--wait=true")
+		kubectl("-n", lab.TwillNamespace, "rollout", "status", "ds/kube-twill-wireguard", "--timeout", "2m")
+		took := waitFor(t, time.Minute, "node1's device holding node2's peer again", func() bool { return peers(0)[pub(1)] })
+		l.checkAll(name)
+		checkNothingInClear(t, s, cp.stop())
+		t.Logf("keeper replaced: node1's device back %s after the old keeper was gone", took.Round(time.Millisecond))
+	})
+	// Version skew: twilld down to the previous round's build and up again,
+	// beside keepers of this one (their DaemonSet is OnDelete).
+	d.event("downgrade to "+earlier.name, false, func() { earlier.install(t, s) })
+	d.event("upgrade from it to this build", false, func() { thisBuild(s).install(t, s) })
 	d.finish()
 	gap, failed, total := p.stop()
 	for _, f := range p.failures() {
 		t.Logf("probe failed at %s", f.Format("15:04:05.000"))
 	}
-	t.Logf("pod %s -> %s: %d probes over twill's pod deletes, its rolling update and a key rotation; %d failed; longest gap %s",
+	t.Logf("pod %s -> %s: %d probes over every event above; %d failed; longest gap %s",
 		a.Label(), b.Label(), total, failed, gap.Round(time.Millisecond))
 	if gap > time.Second {
 		t.Errorf("pod-to-pod traffic stopped for %s; want no gap over 1s", gap)
@@ -144,14 +166,26 @@ func TestKubeLabWireGuard(t *testing.T) {
 	took := waitFor(t, 5*time.Second, "node2's peer back on node1's device", func() bool { return peers(0)[pub(1)] })
 	t.Logf("hand-removed peer back in %s", took.Round(time.Millisecond))
 
-	// A deleted Node's peer leaves every other device.
-	gone := pub(2)
-	kubectl("delete", "node", node(2), "--wait=false")
-	took = waitFor(t, 2*time.Second, "node3's peer gone from node1's and node2's devices", func() bool {
-		p0, p1 := peers(0), peers(1)
-		return p0 != nil && p1 != nil && !p0[gone] && !p1[gone]
+	// node3 drained (its pods move to the others) and uncordoned, then
+	// removed: the connections between node1's and node2's pods stay.
+	d = startDisruptionBut(t, s, l.bin, "wireguard, Kubernetes lab, node3 leaving", node(2))
+	d.event("node3 drained (its pods move), uncordoned", false, func() {
+		kubectl("drain", node(2), "--ignore-daemonsets", "--delete-emptydir-data", "--timeout", "3m")
+		kubectl("-n", "lab", "rollout", "status", "deploy/echo", "--timeout", "3m")
+		kubectl("uncordon", node(2))
+		l.checkAll(name) // the moved pods reach, and are reached by, every pod
 	})
-	t.Logf("deleted Node's peer gone in %s", took.Round(time.Millisecond))
+	// A deleted Node's peer leaves every other device.
+	d.event("node3 removed (its Node deleted)", false, func() {
+		gone := pub(2)
+		kubectl("delete", "node", node(2), "--wait=false")
+		took := waitFor(t, 2*time.Second, "node3's peer gone from node1's and node2's devices", func() bool {
+			p0, p1 := peers(0), peers(1)
+			return p0 != nil && p1 != nil && !p0[gone] && !p1[gone]
+		})
+		t.Logf("deleted Node's peer gone in %s", took.Round(time.Millisecond))
+	})
+	d.finish()
 
 	if out, err := l.run("down", "--name", name); err != nil {
 		t.Fatalf("lab down: %v\n%s", err, out)

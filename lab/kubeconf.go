@@ -109,7 +109,13 @@ iptables: {minSyncPeriod: 0s}
 // network (the one more edit Documentation/kubernetes.md gives); for
 // wireguard, with dist/kube-twill-wireguard.yml after it.
 func InstallManifest(image, backendType, family string) ([]byte, error) {
-	m := dist.KubeManifest
+	return EditManifest(dist.KubeManifest, dist.WireGuardKeeperManifest, image, backendType, family)
+}
+
+// EditManifest is InstallManifest of another kube-twill.yml and
+// kube-twill-wireguard.yml (an earlier build's, for version skew).
+func EditManifest(kube, keeper []byte, image, backendType, family string) ([]byte, error) {
+	m := kube
 	if !bytes.Contains(m, []byte(dist.ShippedImage)) {
 		return nil, fmt.Errorf("kube-twill.yml no longer names %s; update dist.ShippedImage", dist.ShippedImage)
 	}
@@ -128,7 +134,7 @@ func InstallManifest(image, backendType, family string) ([]byte, error) {
 	}
 	if backendType == "wireguard" {
 		// This machine's kernel has no wireguard module: the keeper too.
-		k := bytes.ReplaceAll(dist.WireGuardKeeperManifest, []byte(dist.ShippedImage), []byte(image))
+		k := bytes.ReplaceAll(keeper, []byte(dist.ShippedImage), []byte(image))
 		m = append(append(m, []byte("\n---\n")...), k...)
 	}
 	return m, nil

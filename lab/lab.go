@@ -312,6 +312,9 @@ type Process struct {
 	Role string `json:"role"`
 	NS   string `json:"netns"`
 	Log  string `json:"log"`
+	// Argv is how it was started (its launcher, ip netns exec or
+	// nsenter, first), for lab restart.
+	Argv []string `json:"argv,omitempty"`
 }
 
 func (s *State) save() error {

@@ -48,7 +48,7 @@ by the twill CNI plugin. Nothing outside the lab's own namespaces is changed.`,
 	cmd.PersistentFlags().StringVar(&o.NetnsPrefix, "netns-prefix", env("TWILL_LAB_NETNS_PREFIX", lab.DefaultNetnsPrefix),
 		"first part of the lab's namespace names, <prefix>-<name>-n1 (env TWILL_LAB_NETNS_PREFIX)")
 	cmd.AddCommand(labUpCommand(&o), labCheckCommand(&o), labStatusCommand(&o), labExecCommand(&o), labDownCommand(&o),
-		labKubectlCommand(&o), labHelmCommand(&o), labConformanceCommand(&o), labEchoCommand(), labProbeCommand(), labHoldCommand(), labNodeRootCommand())
+		labKubectlCommand(&o), labHelmCommand(&o), labRestartCommand(&o), labConformanceCommand(&o), labEchoCommand(), labProbeCommand(), labHoldCommand(), labNodeRootCommand())
 	return cmd
 }
 
@@ -194,6 +194,19 @@ func onLab(o *labOptions, use, short string, args cobra.PositionalArgs, run func
 		}
 		return run(cmd, s, args)
 	}}
+}
+
+func labRestartCommand(o *labOptions) *cobra.Command {
+	return onLab(o, "restart ROLE", "Stop and start a control-plane process of the lab ("+strings.Join(lab.Restartable, ", ")+
+		") and wait until it serves again: with lab check --hold beside it, what users' connections see", cobra.ExactArgs(1),
+		func(cmd *cobra.Command, s *lab.State, args []string) error {
+			start := time.Now()
+			if err := s.Restart(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s restarted; serving again after %s\n", args[0], time.Since(start).Round(10*time.Millisecond))
+			return nil
+		})
 }
 
 func labDownCommand(o *labOptions) *cobra.Command {
