@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -66,7 +67,7 @@ func (b twillBuild) install(t *testing.T, s *lab.State) {
 	kubectl("-n", lab.TwillNamespace, "rollout", "status", "ds/"+lab.TwillDaemonSet, "--timeout", "3m")
 	waitTwillReady(t, s)
 	running := kubectl("-n", lab.TwillNamespace, "get", "pods", "-l", "app.kubernetes.io/name=twill", "-o", `jsonpath={range .items[*]}{.spec.containers[0].image}{"\n"}{end}`)
-	if strings.Count(running, b.image+"\n") != len(s.Nodes) {
+	if lines := strings.Fields(running); len(lines) != len(s.Nodes) || slices.ContainsFunc(lines, func(l string) bool { return l != b.image }) {
 		t.Fatalf("twill pods after installing %s (%s) run:\n%s", b.name, b.image, running)
 	}
 }

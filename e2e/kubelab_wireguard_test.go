@@ -128,22 +128,6 @@ func TestKubeLabWireGuard(t *testing.T) {
 	})
 	d.event("twilld kill -9 (node2), restarted by kubelet", false, func() { killTwilld(t, s, node(1)) })
 	d.event("kube-apiserver restart", false, func() { restartControlPlane(t, s, "kube-apiserver") })
-	// The keeper's rollout on node1 (its DaemonSet is OnDelete: a pod
-	// deleted is replaced by the new template): the userspace devices live
-	// in the keeper, so traffic between node1 and the others stops until
-	// twilld has the next keeper make them again. It fails closed:
-	// nothing crosses the underlay in clear meanwhile.
-	d.eventStalls("wireguard keeper pod replaced (node1)", "the devices live in the keeper's process", func() {
-		cp := startCapture(t, s.UnderlayNS())
-		keeper := kubectl("-n", lab.TwillNamespace, "get", "pods", "-l", "app.kubernetes.io/name=twill-wireguard",
-			"--field-selector", "spec.nodeName="+node(0), "-o", "jsonpath={.items[0].metadata.name}")
-		kubectl("-n", lab.TwillNamespace, "delete", "pod", keeper, "--wait=true")
-		kubectl("-n", lab.TwillNamespace, "rollout", "status", "ds/kube-twill-wireguard", "--timeout", "2m")
-		took := waitFor(t, time.Minute, "node1's device holding node2's peer again", func() bool { return peers(0)[pub(1)] })
-		l.checkAll(name)
-		checkNothingInClear(t, s, cp.stop())
-		t.Logf("keeper replaced: node1's device back %s after the old keeper was gone", took.Round(time.Millisecond))
-	})
 	// Version skew: twilld down to the previous round's build and up again,
 	// beside keepers of this one (their DaemonSet is OnDelete).
 	d.event("downgrade to "+earlier.name, false, func() { earlier.install(t, s) })
@@ -166,14 +150,34 @@ func TestKubeLabWireGuard(t *testing.T) {
 	took := waitFor(t, 5*time.Second, "node2's peer back on node1's device", func() bool { return peers(0)[pub(1)] })
 	t.Logf("hand-removed peer back in %s", took.Round(time.Millisecond))
 
-	// node3 drained (its pods move to the others) and uncordoned, then
-	// removed: the connections between node1's and node2's pods stay.
-	d = startDisruptionBut(t, s, l.bin, "wireguard, Kubernetes lab, node3 leaving", node(2))
-	d.event("node3 drained (its pods move), uncordoned", false, func() {
+	// Then connections between node1's and node2's pods only (node3's pods
+	// move, and the Service's backends with them).
+	d = startDisruptionBut(t, s, l.bin, "wireguard, Kubernetes lab, node1 and node2", node(2))
+	// The keeper's rollout on node1 (its DaemonSet is OnDelete: a pod
+	// deleted is replaced by the new template): the userspace devices live
+	// in the keeper, so traffic between node1 and the others stops until
+	// twilld has the next keeper make them again. It fails closed:
+	// nothing crosses the underlay in clear meanwhile.
+	d.eventStalls("wireguard keeper pod replaced (node1)", "the devices live in the keeper's process", func() {
+		cp := startCapture(t, s.UnderlayNS())
+		keeper := kubectl("-n", lab.TwillNamespace, "get", "pods", "-l", "app.kubernetes.io/name=twill-wireguard",
+			"--field-selector", "spec.nodeName="+node(0), "-o", "jsonpath={.items[0].metadata.name}")
+		kubectl("-n", lab.TwillNamespace, "delete", "pod", keeper, "--wait=true")
+		kubectl("-n", lab.TwillNamespace, "rollout", "status", "ds/kube-twill-wireguard", "--timeout", "2m")
+		took := waitFor(t, time.Minute, "node1's device holding node2's peer again", func() bool { return peers(0)[pub(1)] })
+		l.checkAll(name)
+		checkNothingInClear(t, s, cp.stop())
+		t.Logf("keeper replaced: node1's device back %s after the old keeper was gone", took.Round(time.Millisecond))
+	})
+	// node3 drained (its pods evicted) and uncordoned, then removed: the
+	// connections between node1's and node2's pods stay.
+	d.event("node3 drained (its pods evicted), uncordoned", false, func() {
 		kubectl("drain", node(2), "--ignore-daemonsets", "--delete-emptydir-data", "--timeout", "3m")
-		kubectl("-n", "lab", "rollout", "status", "deploy/echo", "--timeout", "3m")
+		// The echo Deployment spreads one pod per node (DoNotSchedule):
+		// its evicted pod's replacement waits for node3 to take pods again.
 		kubectl("uncordon", node(2))
-		l.checkAll(name) // the moved pods reach, and are reached by, every pod
+		kubectl("-n", "lab", "rollout", "status", "deploy/echo", "--timeout", "3m")
+		l.checkAll(name) // the new pods reach, and are reached by, every pod
 	})
 	// A deleted Node's peer leaves every other device.
 	d.event("node3 removed (its Node deleted)", false, func() {

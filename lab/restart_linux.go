@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/twill-net/twill/lab/cluster"
+	etcdsm "github.com/twill-net/twill/subnet/etcd"
 )
 
 // Restartable are the roles lab restart stops and starts: the control
@@ -62,8 +63,18 @@ func (s *State) waitServing(ctx context.Context, role string) error {
 			return s.processError(err, role)
 		})
 	case "etcd":
-		if !s.Kubernetes {
-			return nil
+		cli, err := etcdsm.NewClient(etcdsm.ClientOptions{Endpoints: []string{"unix://" + s.EtcdSock}})
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		if err := cluster.Poll(ctx, 30*time.Second, "etcd to answer", func() error {
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			_, err := cli.Get(cctx, "ping")
+			return s.processError(err, role)
+		}); err != nil || !s.Kubernetes {
+			return err
 		}
 		// The apiserver is ready again once it reaches etcd.
 		return s.waitServing(ctx, "kube-apiserver")
