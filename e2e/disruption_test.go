@@ -35,6 +35,7 @@ type disruptEvent struct {
 // rotation. No held
 // connection may break. The table (event × backend) is printed.
 func TestEtcdDisruption(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ backend, conf string }{{"host-gw", netConfHostGW}, {"vxlan", netConfVXLAN}, {"wireguard", netConfWireGuard}} {
 		t.Run(tc.backend, func(t *testing.T) {
 			beside(t)

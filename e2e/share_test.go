@@ -57,6 +57,7 @@ type lane struct {
 	free    int
 	first   []string
 	waiting []waiter
+	settle  *time.Timer // admits a second after the last test asked
 }
 
 type waiter struct {
@@ -65,18 +66,8 @@ type waiter struct {
 	admit  chan struct{}
 }
 
-// gathered closes a second after the first parallel test asks for a lane:
-// go test releases every parallel test at once when the sequential ones
-// are done, and by then each has asked, so that the order of the first
-// admissions is the lanes' and not the goroutines'.
-var (
-	gatherOnce sync.Once
-	gathered   = make(chan struct{})
-)
-
 func (l *lane) enter(t *testing.T, weight int) {
 	t.Parallel()
-	gatherOnce.Do(func() { time.AfterFunc(time.Second, func() { close(gathered) }) })
 	rank := slices.Index(l.first, t.Name())
 	switch {
 	case weight > 1:
@@ -85,15 +76,24 @@ func (l *lane) enter(t *testing.T, weight int) {
 		rank = len(l.first)
 	}
 	w := waiter{rank: rank, weight: weight, admit: make(chan struct{})}
+	// Admission waits until no test has asked for a second: go test
+	// releases its parallel tests in a burst, in the goroutines' order, and
+	// a free slot must go to the best-ranked of the burst, not the first.
+	// (A sequential test's parallel subtests, run before that burst, once
+	// set off a one-time gathering early, and the burst came in the
+	// goroutines' order.)
 	l.mu.Lock()
 	l.waiting = append(l.waiting, w)
+	if l.settle == nil {
+		l.settle = time.AfterFunc(time.Second, l.admit)
+	} else {
+		l.settle.Reset(time.Second)
+	}
 	l.mu.Unlock()
-	<-gathered
-	l.admit()
 	asked := time.Now()
 	<-w.admit
 	// go test counts the wait in the test's time: say how much of it it was.
-	if waited := time.Since(asked); waited > time.Second {
+	if waited := time.Since(asked); waited > 2*time.Second {
 		t.Logf("waited %s for its lane", waited.Round(time.Second))
 	}
 	// Registered first, so it runs after every cleanup the test adds: the
