@@ -163,7 +163,16 @@ func TestKubeLabWireGuard(t *testing.T) {
 		keeper := kubectl("-n", lab.TwillNamespace, "get", "pods", "-l", "app.kubernetes.io/name=twill-wireguard",
 			"--field-selector", "spec.nodeName="+node(0), "-o", "jsonpath={.items[0].metadata.name}")
 		kubectl("-n", lab.TwillNamespace, "delete", "pod", keeper, "--wait=true")
-		kubectl("-n", lab.TwillNamespace, "rollout", "status", "ds/kube-twill-wireguard", "--timeout", "2m")
+		// OnDelete has no rollout status: wait for the new pod itself.
+		waitFor(t, 2*time.Minute, "a new keeper on node1, ready", func() bool {
+			for _, line := range strings.Split(kubectl("-n", lab.TwillNamespace, "get", "pods", "-l", "app.kubernetes.io/name=twill-wireguard",
+				"--field-selector", "spec.nodeName="+node(0), "-o", `jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[0].ready}{"\n"}{end}`), "\n") {
+				if f := strings.Fields(line); len(f) == 2 && f[0] != keeper && f[1] == "true" {
+					return true
+				}
+			}
+			return false
+		})
 		took := waitFor(t, time.Minute, "node1's device holding node2's peer again", func() bool { return peers(0)[pub(1)] })
 		l.checkAll(name)
 		checkNothingInClear(t, s, cp.stop())
