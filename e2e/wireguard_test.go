@@ -553,6 +553,24 @@ func parseIPv4(f []byte) (ipv4Packet, bool) {
 	return p, true
 }
 
+// quotesWireGuard reports whether an ICMP error frame quotes a UDP datagram
+// to or from port (the original's IPv4 header and first 8 bytes follow the
+// ICMP header).
+func quotesWireGuard(f []byte, port int) bool {
+	ip := f[14:]
+	ihl := int(ip[0]&0x0f) * 4
+	if len(ip) < ihl+8+20 {
+		return false
+	}
+	q := ip[ihl+8:]
+	qihl := int(q[0]&0x0f) * 4
+	if q[9] != unix.IPPROTO_UDP || len(q) < qihl+4 {
+		return false
+	}
+	sp, dp := int(binary.BigEndian.Uint16(q[qihl:])), int(binary.BigEndian.Uint16(q[qihl+2:]))
+	return sp == port || dp == port
+}
+
 // onlyWireGuard checks captured frames: none holds the marker or has a pod
 // address in an IPv4 header, and every IPv4 packet between two nodes is
 // UDP to or from port. It returns how many of those there were.
@@ -573,6 +591,9 @@ func onlyWireGuard(frames [][]byte, nodes map[netip.Addr]bool, pods []netip.Addr
 		}
 		if !nodes[p.src] || !nodes[p.dst] {
 			continue // to or from etcd
+		}
+		if p.proto == unix.IPPROTO_ICMP && p.sport == 3 && quotesWireGuard(f, port) {
+			continue // unreachable: a node without its device refused a WireGuard datagram
 		}
 		if p.proto != unix.IPPROTO_UDP || (p.sport != port && p.dport != port) {
 			return wg, fmt.Errorf("a packet between nodes is not WireGuard's: %s:%d -> %s:%d proto %d", p.src, p.sport, p.dst, p.dport, p.proto)
