@@ -30,6 +30,7 @@ import (
 // after, on a machine the Kubernetes labs kept busy. make test runs go test
 // with -parallel well above the number of tests, so that a test waiting
 // for its lane never holds up another.
+
 // kubeLabSlots is how many Kubernetes labs run at once.
 const kubeLabSlots = 2
 
