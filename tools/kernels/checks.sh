@@ -4,7 +4,8 @@
 # in /twill/bin). Each check prints "KCHECK PASS|FAIL <name>"; the last line
 # is "KCHECKS <n> passed, <m> failed", which vm.sh reads.
 #
-# KCHECKS_ONLY (a grep -E pattern over check names) narrows the run.
+# KCHECKS_ONLY (a grep -E pattern over check names) narrows the run; KCOUNT
+# runs TestEtcdWireGuard that many times (a flaky gap, looked into).
 pass=0 fail=0
 check() {
 	name=$1
@@ -54,11 +55,12 @@ done
 # rotation, stale-peer and capture checks; vxlan's checksum workaround with
 # TCP across masquerade; the policy table on this kernel's nf_tables.
 export TWILL_TEST_BIN_DIR=/twill/bin
-# Waits (not the gaps measured) are three times as long: the emulated CPU is
-# several times slower than the machine.
+# Waits are three times as long: the emulated CPU is several times slower
+# than the machine. A held probe's gap may reach 3s instead of 1s (a loaded
+# host stalls the emulator; WireGuard's own handshake retry is 5s).
 export TWILL_E2E_WAIT_SCALE=3
 cd /tmp
-check "e2e TestEtcdWireGuard (kernel device)" e2e.test -test.run '^TestEtcdWireGuard$' -test.v -test.count 1 -test.timeout 10m
+check "e2e TestEtcdWireGuard (kernel device)" e2e.test -test.run '^TestEtcdWireGuard$' -test.v -test.count ${KCOUNT:-1} -test.timeout 10m
 check "e2e TestEtcdVXLANChecksumOffload" e2e.test -test.run '^TestEtcdVXLANChecksumOffload$' -test.v -test.count 1 -test.timeout 10m
 check "policy table (TestPrivilegedPolicy*)" policy.test -test.run '^TestPrivilegedPolicy' -test.v -test.count 1 -test.timeout 10m
 echo "KCHECKS $pass passed, $fail failed"

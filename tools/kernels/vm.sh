@@ -49,8 +49,9 @@ cp "$kdir/lib/modules/$release"/modules.{order,builtin}* "$root/lib/modules/$rel
 depmod -b "$root" "$release" 2>/dev/null
 cp "$bin"/* "$root/twill/bin/"
 cp "$checks" "$root/checks.sh"
-# What the checks are told (vm.sh's environment: KCHECKS_ONLY).
+# What the checks are told (vm.sh's environment: KCHECKS_ONLY, KCOUNT).
 printf 'KCHECKS_ONLY=%s\n' "'${KCHECKS_ONLY:-}'" >"$root/checks.env"
+printf 'KCOUNT=%s\n' "'${KCOUNT:-1}'" >>"$root/checks.env"
 printf 'root:x:0:0:root:/root:/bin/sh\n' >"$root/etc/passwd"
 printf 'root:x:0:\n' >"$root/etc/group"
 printf '127.0.0.1 localhost\n::1 localhost\n' >"$root/etc/hosts"
