@@ -25,7 +25,7 @@ check() {
 		# What the test said first, then how the run ended.
 		grep -E '_test\.go:[0-9]+: |^\s*--- ' /tmp/check.out | head -40 | sed 's/^/  | /'
 		echo "  | ..."
-		tail -40 /tmp/check.out | sed 's/^/  | /'
+		tail -60 /tmp/check.out | sed 's/^/  | /'
 	fi
 }
 
@@ -33,7 +33,16 @@ check() {
 # make lab does; with wireguard, the nodes must use the kernel's device,
 # and say so in twillctl status.
 lab() {
-	twillctl lab up --name k --nodes 2 --pods-per-node 1 --backend "$1" --ip-family "$2" --netfilter "$3" || return 1
+	if ! twillctl lab up --name k --nodes 2 --pods-per-node 1 --backend "$1" --ip-family "$2" --netfilter "$3" --keep-on-failure; then
+		# What the daemons said, then the lab removed.
+		for f in /run/twill-lab/k/*.log; do
+			[ -f "$f" ] || continue
+			echo "--- $f (last 12 lines)"
+			tail -12 "$f"
+		done
+		twillctl lab down --name k >/dev/null 2>&1
+		return 1
+	fi
 	rc=0
 	twillctl lab check --name k || rc=1
 	if [ "$1" = wireguard ]; then
