@@ -13,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/twill-net/twill/policy/cnpapi"
 )
 
 // Snapshot is what Compile reads: the informers' state and this node.
@@ -24,6 +26,14 @@ type Snapshot struct {
 	Pods       []*corev1.Pod
 	Namespaces []*corev1.Namespace
 	Policies   []*networkingv1.NetworkPolicy
+	// ClusterPolicies are the ClusterNetworkPolicies (Admin and Baseline
+	// tiers); Nodes the cluster's Nodes (their addresses are a nodes
+	// peer's).
+	ClusterPolicies []*cnpapi.ClusterNetworkPolicy
+	Nodes           []*corev1.Node
+	// ClusterPolicyErrors are the ClusterNetworkPolicies the source could
+	// not read: Compile reports them with its own problems.
+	ClusterPolicyErrors []Problem
 	// LogDenied logs the packets an isolated pod's chain drops, rate
 	// limited, to NFLOG group LogGroup (--network-policy-log-denied).
 	LogDenied bool
@@ -83,6 +93,9 @@ type namedPort struct {
 // `twillctl status` and the metrics read.
 type Selection struct {
 	Ingress, Egress []string // namespace/name, sorted
+	// ClusterIngress and ClusterEgress are the ClusterNetworkPolicies
+	// (ClusterPolicyPrefix + name), in the order they are evaluated.
+	ClusterIngress, ClusterEgress []string `json:",omitempty"`
 }
 
 // Result is Compile's output.
@@ -98,6 +111,8 @@ func Compile(s Snapshot) Result {
 	for _, p := range c.policies {
 		c.addPolicy(p)
 	}
+	c.problems = append(c.problems, s.ClusterPolicyErrors...)
+	c.addClusterPolicies(s.ClusterPolicies)
 	return c.result()
 }
 
@@ -118,7 +133,12 @@ type compiler struct {
 	now           time.Time
 	waiting       bool // a pod placed on the node has no address reported yet
 
+	nodes []*corev1.Node
+
 	ingress, egress map[string][][]Rule // local pod key → allow rules, by policy
+	// admin and baseline are the ClusterNetworkPolicy rules of each local
+	// pod and direction ("ns/pod in"), in the order they are evaluated.
+	admin, baseline map[string][]tierRule
 	selected        map[string]*Selection
 	sets            map[string]Set
 	peerCache       map[ruleID][]peer
@@ -127,7 +147,8 @@ type compiler struct {
 
 func newCompiler(s Snapshot) *compiler {
 	c := &compiler{nsLabels: map[string]labels.Set{}, cidrs: s.LocalCIDRs, logDenied: s.LogDenied, allocations: s.Allocations, now: s.Now,
-		ingress: map[string][][]Rule{}, egress: map[string][][]Rule{},
+		ingress: map[string][][]Rule{}, egress: map[string][][]Rule{}, nodes: s.Nodes,
+		admin: map[string][]tierRule{}, baseline: map[string][]tierRule{},
 		selected: map[string]*Selection{}, sets: map[string]Set{}, peerCache: map[ruleID][]peer{}, localNS: map[string][]*pod{}}
 	c.logAllowedAll, c.sample, c.logNS = s.LogAllowed && !s.LogOff, s.LogSample, map[string]bool{}
 	c.logDenied = s.LogDenied && !s.LogOff

@@ -96,6 +96,11 @@ func (w *walker) chain(name string, depth int) Verdict {
 			if v := w.chain(r.Target, depth+1); v == Accept || v == Drop {
 				return v
 			}
+		case Goto:
+			if r.Why != "" { // a Pass, not the Admin tier's end
+				w.t.Steps = append(w.t.Steps, Step{Chain: name, Comment: r.Comment, Why: r.Why, Verdict: Goto})
+			}
+			return w.chain(r.Target, depth+1)
 		}
 	}
 	return Return

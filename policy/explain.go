@@ -3,11 +3,14 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/twill-net/twill/policy/cnpapi"
 )
 
 // Cluster is the apiserver's state that Explain reads. Explain compiles
@@ -18,6 +21,9 @@ type Cluster struct {
 	Pods       []*corev1.Pod
 	Namespaces []*corev1.Namespace
 	Policies   []*networkingv1.NetworkPolicy
+	// ClusterPolicies are the ClusterNetworkPolicies (none when their CRD
+	// is not installed).
+	ClusterPolicies []*cnpapi.ClusterNetworkPolicy
 
 	compiled map[string]Ruleset // by node
 }
@@ -71,16 +77,19 @@ func (c *Cluster) Explain(q Query) (Answer, error) {
 
 // side says what decided in one direction, from a node's trace.
 func side(t Trace, dir, podKey string, ip netip.Addr) string {
-	chain, what := ChainName(dir, podKey), dirField(dir)
+	chain, rest, what := ChainName(dir, podKey), RestChainName(dir, podKey), dirField(dir)
 	unknown := "unknown destination"
 	if dir == "eg" {
 		unknown = "unknown source"
 	}
 	for _, s := range t.Steps {
+		mine := s.Chain == chain || s.Chain == rest
 		switch {
-		case s.Chain == chain && s.Verdict == Return:
+		case mine && s.Verdict == Return:
 			return "allowed by " + s.Why
-		case s.Chain == chain && s.Verdict == Drop:
+		case mine && s.Verdict == Drop && s.Why != "":
+			return "denied by " + s.Why
+		case mine && s.Verdict == Drop:
 			return fmt.Sprintf("denied: %s is isolated for %s and no rule of the policies that select it allows this (%q)", podKey, what, s.Comment)
 		case s.Chain == ChainForward && s.Verdict == Drop && s.Comment == unknown:
 			return fmt.Sprintf("denied: %s (%s) is not yet known to its node's twilld (%q)", podKey, ip, s.Comment)
@@ -88,6 +97,9 @@ func side(t Trace, dir, podKey string, ip netip.Addr) string {
 	}
 	if !t.Allowed && dir == "in" {
 		return "not reached: dropped on egress first"
+	}
+	if slices.Contains(t.Isolated, chain) {
+		return fmt.Sprintf("allowed: no rule of the ClusterNetworkPolicies that select %s for %s decided (the default)", podKey, what)
 	}
 	return fmt.Sprintf("allowed: no policy selects %s for %s", podKey, what)
 }
@@ -183,7 +195,7 @@ func (c *Cluster) ruleset(node string) Ruleset {
 	if rs, ok := c.compiled[node]; ok {
 		return rs
 	}
-	s := Snapshot{Node: node, Pods: c.Pods, Namespaces: c.Namespaces, Policies: c.Policies}
+	s := Snapshot{Node: node, Pods: c.Pods, Namespaces: c.Namespaces, Policies: c.Policies, ClusterPolicies: c.ClusterPolicies, Nodes: c.Nodes}
 	for _, n := range c.Nodes {
 		if n.Name != node {
 			continue

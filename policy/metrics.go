@@ -55,6 +55,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			for _, p := range c.Enforcer.Selected(strings.TrimPrefix(cmt, "deny egress ")).Egress {
 				sum[key{p, "denied"}] += n
 			}
+		case strings.HasPrefix(cmt, "deny "+ClusterPolicyPrefix):
+			sum[key{strings.TrimPrefix(cmt, "deny "), "denied"}] += n
+		case strings.HasPrefix(cmt, "pass "+ClusterPolicyPrefix):
+			sum[key{strings.TrimPrefix(cmt, "pass "), "passed"}] += n
 		case strings.HasPrefix(cmt, "unknown "):
 			unknown += n
 		case strings.HasPrefix(cmt, UnloggedPrefix):

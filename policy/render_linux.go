@@ -137,6 +137,8 @@ func ruleExprs(r Rule) []expr.Any {
 		es = append(es, &expr.Verdict{Kind: expr.VerdictReturn})
 	case Jump:
 		es = append(es, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.Target})
+	case Goto:
+		es = append(es, &expr.Verdict{Kind: expr.VerdictGoto, Chain: r.Target})
 	case Continue:
 	}
 	return es

@@ -107,41 +107,13 @@ func (c *compiler) result() Result {
 	jumpMaps := addJumpMaps(&base, v4, v6)
 	for _, dir := range []string{"eg", "in"} {
 		for _, p := range c.local {
-			allow := c.ingress[p.key]
-			if dir == "eg" {
-				allow = c.egress[p.key]
-			}
-			s := c.selected[p.key]
-			if s == nil || dir == "in" && len(s.Ingress) == 0 || dir == "eg" && len(s.Egress) == 0 {
-				continue
-			}
-			name := ChainName(dir, p.key)
-			// The chain opens with the policies that select the pod, for
-			// twillctl status; each counts the pod's new connections.
-			by := s.Ingress
-			if dir == "eg" {
-				by = s.Egress
-			}
-			n := len(by) + 2
-			for _, a := range allow {
-				n += len(a)
-			}
-			rules := make([]Rule, 0, n)
-			for _, pol := range by {
-				rules = append(rules, Rule{Counter: true, Verdict: Continue, Comment: SelectedBy + pol})
-			}
-			for _, a := range allow {
-				rules = append(rules, a...)
-			}
-			if c.logDenied {
-				rules = append(rules, Rule{Verdict: Continue, Limit: LogRate, Log: LogPrefix(denyComment(dir, p.key))},
-					Rule{Verdict: Continue, Limit: LogRate, LimitOver: true, Counter: true, Comment: UnloggedPrefix + denyComment(dir, p.key)})
-			}
-			ch := Chain{Name: name, Rules: append(rules, Rule{Counter: true, Verdict: Drop, Comment: denyComment(dir, p.key)})}
-			chains = append(chains, ch)
-			for _, ip := range p.ips {
-				if m := jumpMaps[JumpMap(dir, ip.Is6())]; m != nil {
-					m.Elems, m.Jumps = append(m.Elems, ip), append(m.Jumps, name)
+			chains = append(chains, c.podChains(dir, p)...)
+			if c.hasChain(dir, p) {
+				name := ChainName(dir, p.key)
+				for _, ip := range p.ips {
+					if m := jumpMaps[JumpMap(dir, ip.Is6())]; m != nil {
+						m.Elems, m.Jumps = append(m.Elems, ip), append(m.Jumps, name)
+					}
 				}
 			}
 		}
@@ -161,6 +133,72 @@ func (c *compiler) result() Result {
 		sel[k] = *s
 	}
 	return Result{Ruleset: rs, Selected: sel, Problems: c.problems}
+}
+
+// hasChain says whether a policy of any tier selects p in direction dir.
+func (c *compiler) hasChain(dir string, p *pod) bool {
+	s := c.selected[p.key]
+	if s == nil {
+		return false
+	}
+	if dir == "in" {
+		return len(s.Ingress) > 0 || len(s.ClusterIngress) > 0
+	}
+	return len(s.Egress) > 0 || len(s.ClusterEgress) > 0
+}
+
+// podChains is a local pod's chain for one direction (none when no
+// policy selects it there), and its Admin tier's rest chain when a Pass
+// rule needs one.
+func (c *compiler) podChains(dir string, p *pod) []Chain {
+	if !c.hasChain(dir, p) {
+		return nil
+	}
+	s := c.selected[p.key]
+	by, allow := s.Ingress, c.ingress[p.key]
+	if dir == "eg" {
+		by, allow = s.Egress, c.egress[p.key]
+	}
+	admin, baseline := c.admin[p.key+" "+dir], c.baseline[p.key+" "+dir]
+	// The chain opens with the policies that select the pod, for
+	// twillctl status; each counts the pod's new connections.
+	cluster := s.ClusterIngress
+	if dir == "eg" {
+		cluster = s.ClusterEgress
+	}
+	rules := make([]Rule, 0, len(by)+len(cluster)+2)
+	for _, pol := range append(slices.Clone(by), cluster...) {
+		rules = append(rules, Rule{Counter: true, Verdict: Continue, Comment: SelectedBy + pol})
+	}
+	// After the Admin tier: NetworkPolicy when one isolates the pod,
+	// else the Baseline tier.
+	var rest []Rule
+	if len(by) > 0 {
+		n := 2
+		for _, a := range allow {
+			n += len(a)
+		}
+		rest = make([]Rule, 0, n)
+		for _, a := range allow {
+			rest = append(rest, a...)
+		}
+		if c.logDenied {
+			rest = append(rest, Rule{Verdict: Continue, Limit: LogRate, Log: LogPrefix(denyComment(dir, p.key))},
+				Rule{Verdict: Continue, Limit: LogRate, LimitOver: true, Counter: true, Comment: UnloggedPrefix + denyComment(dir, p.key)})
+		}
+		rest = append(rest, Rule{Counter: true, Verdict: Drop, Comment: denyComment(dir, p.key)})
+	} else {
+		rest = tierRules(baseline, "")
+	}
+	name := ChainName(dir, p.key)
+	if !passes(admin) {
+		rules = append(rules, tierRules(admin, "")...)
+		return []Chain{{Name: name, Rules: append(rules, rest...)}}
+	}
+	restName := RestChainName(dir, p.key)
+	rules = append(rules, tierRules(admin, restName)...)
+	rules = append(rules, Rule{Verdict: Goto, Target: restName})
+	return []Chain{{Name: name, Rules: rules}, {Name: restName, Rules: rest}}
 }
 
 // sortJumps sorts a verdict map's elements by address, each keeping its

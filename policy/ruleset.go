@@ -37,6 +37,10 @@ const (
 	Return // back to the base chain: allowed by this chain
 	Jump
 	Continue // no verdict: the next rule decides
+	// Goto goes on in chain Target and does not come back: its return
+	// is this chain's (a ClusterNetworkPolicy's Pass, to the tiers after
+	// the Admin tier).
+	Goto
 )
 
 // Addr matches a packet's source or destination address. At most one of
@@ -83,7 +87,7 @@ type Rule struct {
 	PortHi      uint16
 	Counter     bool
 	Verdict     Verdict
-	Target      string // Jump's chain
+	Target      string // Jump's or Goto's chain
 	Comment     string // shown by nft list; names the policy for metrics
 	// Why names the part of the policy the rule comes from
 	// ("ns/name spec.ingress[0]"). It is not written to the kernel: the
