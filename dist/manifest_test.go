@@ -99,7 +99,8 @@ func TestManifestKinds(t *testing.T) {
 
 // TestClusterRoleLeastPrivilege: the role grants nodes get/list/watch,
 // nodes/status patch, and (for --network-policy) get/list/watch on pods,
-// namespaces and networkpolicies, and nothing more.
+// namespaces, networkpolicies and clusternetworkpolicies, and patch on
+// clusternetworkpolicies/status, and nothing more.
 func TestClusterRoleLeastPrivilege(t *testing.T) {
 	m := load(t)
 	allowed := map[string]bool{
@@ -107,6 +108,8 @@ func TestClusterRoleLeastPrivilege(t *testing.T) {
 		"/pods/get": true, "/pods/list": true, "/pods/watch": true,
 		"/namespaces/get": true, "/namespaces/list": true, "/namespaces/watch": true,
 		"networking.k8s.io/networkpolicies/get": true, "networking.k8s.io/networkpolicies/list": true, "networking.k8s.io/networkpolicies/watch": true,
+		"policy.networking.k8s.io/clusternetworkpolicies/get": true, "policy.networking.k8s.io/clusternetworkpolicies/list": true,
+		"policy.networking.k8s.io/clusternetworkpolicies/watch": true, "policy.networking.k8s.io/clusternetworkpolicies/status/patch": true,
 	}
 	granted := map[string]bool{}
 	for i, r := range m.role.Rules {

@@ -480,7 +480,8 @@ func TestKubeHostGWIPv6Only(t *testing.T) {
 
 // TestKubeRBAC asks the apiserver what dist/kube-twill.yml's ServiceAccount
 // may do: exactly what twilld needs (get, list and watch, and no more, on
-// pods, namespaces and networkpolicies for --network-policy).
+// pods, namespaces, networkpolicies and clusternetworkpolicies for
+// --network-policy, and the latter's status patched).
 func TestKubeRBAC(t *testing.T) {
 	beside(t)
 	k := newKubeCluster(t, 1, "host-gw")
@@ -499,6 +500,10 @@ func TestKubeRBAC(t *testing.T) {
 		{"list", "pods", "", true}, {"watch", "namespaces", "", true}, {"list", "networkpolicies.networking.k8s.io", "", true},
 		{"create", "pods", "", false}, {"delete", "pods", "", false}, {"update", "namespaces", "", false},
 		{"create", "networkpolicies.networking.k8s.io", "", false}, {"get", "pods", "log", false},
+		// ClusterNetworkPolicies: read, and their status patched.
+		{"watch", "clusternetworkpolicies.policy.networking.k8s.io", "", true}, {"patch", "clusternetworkpolicies.policy.networking.k8s.io", "status", true},
+		{"patch", "clusternetworkpolicies.policy.networking.k8s.io", "", false}, {"create", "clusternetworkpolicies.policy.networking.k8s.io", "", false},
+		{"update", "clusternetworkpolicies.policy.networking.k8s.io", "status", false},
 		{"get", "secrets", "", false}, {"list", "configmaps", "", false},
 		{"create", "serviceaccounts/token", "", false},
 	} {

@@ -59,6 +59,9 @@ type Enforcer struct {
 	Applied func(time.Duration)
 	// Repaired, when set, is called after each repair of drift.
 	Repaired func()
+	// Compiled, when set, gets each snapshot written and its compile
+	// (ClusterStatus.Update).
+	Compiled func(Snapshot, Result)
 
 	mu       sync.Mutex // guards the fields below
 	local    []netip.Prefix
@@ -298,10 +301,13 @@ func (e *Enforcer) syncOnce(reread bool) (Changes, error) {
 	for _, p := range r.Problems {
 		seen[p.Policy] = p.Err.Error()
 		if e.problems[p.Policy] != p.Err.Error() {
-			e.Logger.Warn("network policy cannot be applied in full; what cannot be read allows nothing", "policy", p.Policy, "err", p.Err)
+			e.Logger.Warn("network policy cannot be applied in full; what cannot be read fails closed", "policy", p.Policy, "err", p.Err)
 		}
 	}
 	e.problems = seen
+	if e.Compiled != nil {
+		e.Compiled(s, r)
+	}
 	if !ch.Clean() {
 		e.Logger.Debug("network policy table written", "full", ch.Full, "chains", ch.Chains, "elements", ch.Elems, "sets", ch.Sets, "deleted", ch.Del)
 	}

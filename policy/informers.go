@@ -2,25 +2,33 @@ package policy
 
 import (
 	"context"
+	"fmt"
 	"maps"
+	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/twill-net/twill/policy/cnpapi"
 	kubesm "github.com/twill-net/twill/subnet/kube"
 )
 
-// Informers is the Source for a cluster: informers on pods, namespaces
-// and networkpolicies, which need list and watch on each and nothing more.
+// Informers is the Source for a cluster: informers on pods, namespaces,
+// networkpolicies, nodes and clusternetworkpolicies, which need list and
+// watch on each and nothing more.
 type Informers struct {
-	pods, namespaces, policies cache.SharedIndexInformer
+	pods, namespaces, policies, nodes, clusterPolicies cache.SharedIndexInformer
 }
 
 var _ Source = (*Informers)(nil)
@@ -35,11 +43,65 @@ func NewInformers(cfg *rest.Config) (*Informers, error) {
 	if err != nil {
 		return nil, err
 	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("a client for ClusterNetworkPolicies: %w", err)
+	}
 	return &Informers{
-		pods:       cache.NewSharedIndexInformer(core.listWatch("pods", &corev1.PodList{}), &corev1.Pod{}, 0, cache.Indexers{}),
-		namespaces: cache.NewSharedIndexInformer(core.listWatch("namespaces", &corev1.NamespaceList{}), &corev1.Namespace{}, 0, cache.Indexers{}),
-		policies:   cache.NewSharedIndexInformer(netw.listWatch("networkpolicies", &networkingv1.NetworkPolicyList{}), &networkingv1.NetworkPolicy{}, 0, cache.Indexers{}),
+		pods:            cache.NewSharedIndexInformer(core.listWatch("pods", &corev1.PodList{}), &corev1.Pod{}, 0, cache.Indexers{}),
+		namespaces:      cache.NewSharedIndexInformer(core.listWatch("namespaces", &corev1.NamespaceList{}), &corev1.Namespace{}, 0, cache.Indexers{}),
+		policies:        cache.NewSharedIndexInformer(netw.listWatch("networkpolicies", &networkingv1.NetworkPolicyList{}), &networkingv1.NetworkPolicy{}, 0, cache.Indexers{}),
+		nodes:           cache.NewSharedIndexInformer(core.listWatch("nodes", &corev1.NodeList{}), &corev1.Node{}, 0, cache.Indexers{}),
+		clusterPolicies: cache.NewSharedIndexInformer(clusterPolicyListWatch(dyn), &unstructured.Unstructured{}, 0, cache.Indexers{}),
 	}, nil
+}
+
+// CRDRecheck is how often twilld asks again for ClusterNetworkPolicies
+// while their CRD is not installed: a CRD installed later is read within
+// it.
+const CRDRecheck = 30 * time.Second
+
+// clusterPolicyListWatch lists and watches ClusterNetworkPolicies. While
+// their CRD is not installed (the apiserver answers 404), it lists none
+// and its watch ends after CRDRecheck, so that policy is enforced without
+// them and picks them up once installed.
+func clusterPolicyListWatch(dyn dynamic.Interface) cache.ListerWatcher {
+	res := dyn.Resource(cnpapi.GroupVersionResource)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			l, err := res.List(ctx, opts)
+			if apierrors.IsNotFound(err) {
+				return &unstructured.UnstructuredList{Object: map[string]any{"apiVersion": cnpapi.Group + "/" + cnpapi.Version, "kind": cnpapi.Kind + "List"}}, nil
+			}
+			return l, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			w, err := res.Watch(ctx, opts)
+			if apierrors.IsNotFound(err) {
+				return endsAfter(ctx, CRDRecheck), nil
+			}
+			return w, err
+		},
+	}
+	// Lists and watches, not a watch-list: the 404 answer is a list's.
+	return cache.ToListWatcherWithWatchListSemantics(lw, noWatchList{})
+}
+
+type noWatchList struct{}
+
+func (noWatchList) IsWatchListSemanticsUnSupported() bool { return true }
+
+// endsAfter is a watch with no events that ends after d.
+func endsAfter(ctx context.Context, d time.Duration) watch.Interface {
+	w := watch.NewFake()
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
+		w.Stop()
+	}()
+	return w
 }
 
 type restGroup struct {
@@ -81,13 +143,14 @@ func (i *Informers) Start(ctx context.Context, changed func()) <-chan struct{} {
 		DeleteFunc: func(any) { changed() },
 	}
 	_ = i.pods.SetTransform(stripPod)
-	for _, inf := range []cache.SharedIndexInformer{i.pods, i.namespaces, i.policies} {
+	_ = i.nodes.SetTransform(stripNode)
+	for _, inf := range []cache.SharedIndexInformer{i.pods, i.namespaces, i.policies, i.nodes, i.clusterPolicies} {
 		_, _ = inf.AddEventHandler(h)
 		go inf.RunWithContext(ctx)
 	}
 	synced := make(chan struct{})
 	go func() {
-		if cache.WaitForCacheSync(ctx.Done(), i.pods.HasSynced, i.namespaces.HasSynced, i.policies.HasSynced) {
+		if cache.WaitForCacheSync(ctx.Done(), i.pods.HasSynced, i.namespaces.HasSynced, i.policies.HasSynced, i.nodes.HasSynced, i.clusterPolicies.HasSynced) {
 			close(synced)
 		}
 	}()
@@ -112,8 +175,34 @@ func pertinent(old, new any) bool {
 	case *corev1.Namespace:
 		o, ok := old.(*corev1.Namespace)
 		return !ok || !maps.Equal(o.Labels, n.Labels) || o.Annotations[LogAllowedAnnotation] != n.Annotations[LogAllowedAnnotation]
+	case *corev1.Node:
+		o, ok := old.(*corev1.Node)
+		return !ok || !maps.Equal(o.Labels, n.Labels) || !slices.Equal(o.Status.Addresses, n.Status.Addresses) ||
+			!slices.Equal(o.Status.Conditions, n.Status.Conditions)
+	case *unstructured.Unstructured:
+		o, ok := old.(*unstructured.Unstructured)
+		// A status written (by twilld itself) changes no rule.
+		return !ok || o.GetGeneration() != n.GetGeneration() || !equality.Semantic.DeepEqual(o.Object["spec"], n.Object["spec"])
 	}
 	return true
+}
+
+// stripNode keeps what a nodes peer reads (labels and addresses) and
+// whether the node is Ready (ClusterStatus's pick of a writer), without
+// the heartbeat's times.
+func stripNode(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	out := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: n.Labels, ResourceVersion: n.ResourceVersion},
+		Spec: corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs}, Status: corev1.NodeStatus{Addresses: n.Status.Addresses}}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			out.Status.Conditions = []corev1.NodeCondition{{Type: c.Type, Status: c.Status}}
+		}
+	}
+	return out, nil
 }
 
 // stripPod keeps what Compile reads, so that a cluster's pods cost the
@@ -153,5 +242,27 @@ func (i *Informers) Snapshot() Snapshot {
 	for _, o := range i.policies.GetStore().List() {
 		s.Policies = append(s.Policies, o.(*networkingv1.NetworkPolicy))
 	}
+	for _, o := range i.nodes.GetStore().List() {
+		s.Nodes = append(s.Nodes, o.(*corev1.Node))
+	}
+	s.ClusterPolicies, s.ClusterPolicyErrors = decodeClusterPolicies(i.clusterPolicies.GetStore().List())
 	return s
+}
+
+// decodeClusterPolicies reads the informer's objects; one it cannot read
+// is a problem of its own (and enforced not at all).
+func decodeClusterPolicies(objs []any) (out []*cnpapi.ClusterNetworkPolicy, problems []Problem) {
+	for _, o := range objs {
+		u, ok := o.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		p, err := cnpapi.Decode(u.Object)
+		if err != nil {
+			problems = append(problems, Problem{ClusterPolicyPrefix + u.GetName(), fmt.Errorf("%w: the policy is not enforced", err)})
+			continue
+		}
+		out = append(out, p)
+	}
+	return out, problems
 }

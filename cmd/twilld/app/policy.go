@@ -11,11 +11,16 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/twill-net/twill/internal/allocations"
 	"github.com/twill-net/twill/internal/version"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/policy"
+	"github.com/twill-net/twill/policy/cnpapi"
 	"github.com/twill-net/twill/policy/verdictlog"
 	kubesm "github.com/twill-net/twill/subnet/kube"
 )
@@ -29,7 +34,9 @@ type enforcement struct {
 	fixed prometheus.Counter
 	// verdicts is the verdict log: it reads what the table logs.
 	verdicts *verdictlog.Log
-	log      *slog.Logger
+	// status writes the ClusterNetworkPolicies' conditions.
+	status *policy.ClusterStatus
+	log    *slog.Logger
 }
 
 func newEnforcement(log *slog.Logger, o options, node string) (*enforcement, error) {
@@ -56,8 +63,34 @@ func newEnforcement(log *slog.Logger, o options, node string) (*enforcement, err
 			return nl.WatchNftablesTable(ctx, policy.TableName, subscribed, changed)
 		}, Applied: func(d time.Duration) { en.apply.Observe(d.Seconds()) }, Repaired: en.fixed.Inc}
 	en.verdicts = &verdictlog.Log{Logger: verdictLogger(o.logLevel), Node: node, Namer: en.e}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	en.status = &policy.ClusterStatus{Logger: log.With("component", "network-policy"), Node: node, Apply: applyCondition(dyn)}
+	en.e.Compiled = en.status.Update
 	en.log = log
 	return en, nil
+}
+
+// applyCondition writes a ClusterNetworkPolicy's condition by server-side
+// apply of its status: twilld owns that condition and nothing else of the
+// object (clusternetworkpolicies/status patch).
+func applyCondition(dyn dynamic.Interface) func(ctx context.Context, name string, c metav1.Condition) error {
+	res := dyn.Resource(cnpapi.GroupVersionResource)
+	return func(ctx context.Context, name string, c metav1.Condition) error {
+		cond, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&c)
+		if err != nil {
+			return err
+		}
+		obj := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": cnpapi.Group + "/" + cnpapi.Version, "kind": cnpapi.Kind,
+			"metadata": map[string]any{"name": name},
+			"status":   map[string]any{"conditions": []any{cond}},
+		}}
+		_, err = res.ApplyStatus(ctx, name, obj, metav1.ApplyOptions{FieldManager: "twilld", Force: true})
+		return err
+	}
 }
 
 // verdictLogger writes verdict records as JSON lines to twilld's stderr,
@@ -93,6 +126,7 @@ func (en *enforcement) run() func(ctx context.Context, local []netip.Prefix, syn
 				}
 			}()
 		}
+		go func() { _ = en.status.Run(ctx) }()
 		return en.e.Run(ctx, local)
 	}
 }
