@@ -101,7 +101,7 @@ e2e-images: build kube-tools ## make kube-images, and stand-ins for the images K
 setup: setup-base setup-tools ## Install what a fresh machine lacks: Debian packages (iproute2, iptables, containerd, ...), Go modules, the Kubernetes binaries, flanneld, etcdctl, helm; only what is missing
 
 .PHONY: setup-tools
-setup-tools: kube-tools flannel-tools etcd-tools helm-tools ## The tools the e2e tier runs, built from the Go module proxy: the Kubernetes binaries, e2e.test, flanneld, etcdctl, helm
+setup-tools: kube-tools flannel-tools etcd-tools helm-tools cnp-tools ## The tools the e2e tier runs, built from the Go module proxy: the Kubernetes binaries, e2e.test, flanneld, etcdctl, helm, the ClusterNetworkPolicy CRDs
 
 .PHONY: setup-base
 setup-base: ## What the lab needs: the Debian packages and the Go modules
@@ -123,6 +123,10 @@ kube-tools: ## Build the Kubernetes binaries and crictl from the Go module proxy
 .PHONY: flannel-tools
 flannel-tools: ## Build flanneld from the Go module proxy, for the flannel-takeover tests (cached in build/flannel/<version>)
 	bash tools/flannel/build.sh
+
+.PHONY: cnp-tools
+cnp-tools: ## Fetch the ClusterNetworkPolicy CRDs of sigs.k8s.io/network-policy-api from the Go module proxy (cached in build/cnp/<version>)
+	bash tools/cnp/build.sh
 
 .PHONY: helm-tools
 helm-tools: ## Build helm from the Go module proxy, for dist/chart/twill's tests and lab up --helm (cached in build/helm/<version>)

@@ -19,7 +19,8 @@ import (
 // isolates the pods it selects, from other nodes and from their own node;
 // a label change lets a client in; a flushed policy chain is put back;
 // and a pod whose egress a policy denies never gets a packet through, from
-// its container's first instruction on, even while twilld restarts.
+// its container's first instruction on, even while twilld restarts. Then
+// ClusterNetworkPolicy's tiers around NetworkPolicy (clusterTiers).
 func TestKubeNetworkPolicy(t *testing.T) {
 	alone(t)
 	l := newLabCtl(t)
@@ -99,8 +100,14 @@ spec:
 	t.Logf("flushed policy chain repaired within %s", time.Since(start).Round(time.Millisecond))
 
 	firstPacket(t, s, b1)
-	firstPacketAcrossRestart(t, s, b1, [2]lab.Pod{b1, b0})
+	firstPacketAcrossRestart(t, s, b1, [2]lab.Pod{b1, b0}, "restart", npProbeLabels)
+
+	clusterTiers(t, s, reaches, a0, b0, b1)
 }
+
+// npProbeLabels are firstPacket's probe pods' labels: the first's egress
+// a NetworkPolicy denies, the second's none selects.
+var npProbeLabels = [2]string{"egress: denied", "egress: allowed"}
 
 // firstPacket starts, on node2, a pod whose egress a policy denies and a
 // control pod no policy selects, both probing target from their first
@@ -115,7 +122,7 @@ spec:
   podSelector: {matchLabels: {egress: denied}}
   policyTypes: [Egress]
 `)
-	checkProbes(t, s, target, probePods(t, s, target, "first-packet", 8*time.Second))
+	checkProbes(t, s, target, probePods(t, s, target, "first-packet", 8*time.Second, npProbeLabels))
 }
 
 // firstPacketAcrossRestart: node2's twilld pod is deleted (its DaemonSet
@@ -123,7 +130,7 @@ spec:
 // forbidden (a pod the policy isolates, from a pod it does not let in) is
 // probed from the test all along: no forbidden probe gets through, and the
 // control pod does once the new twilld knows its address.
-func firstPacketAcrossRestart(t *testing.T, s *lab.State, target lab.Pod, forbidden [2]lab.Pod) {
+func firstPacketAcrossRestart(t *testing.T, s *lab.State, target lab.Pod, forbidden [2]lab.Pod, name string, labels [2]string) {
 	t.Helper()
 	old := twillPod(t, s, s.Nodes[1].Name)
 	stop := make(chan struct{})
@@ -133,7 +140,7 @@ func firstPacketAcrossRestart(t *testing.T, s *lab.State, target lab.Pod, forbid
 		close(stop)
 		t.Fatalf("deleting %s's twill pod %s: %v\n%s", s.Nodes[1].Name, old, err, out)
 	}
-	pods := probePods(t, s, target, "restart", 20*time.Second)
+	pods := probePods(t, s, target, name, 20*time.Second, labels)
 	close(stop)
 	if msg := <-leaked; msg != "" {
 		t.Errorf("while twilld restarted: %s", msg)
@@ -200,10 +207,11 @@ func probeUntil(s *lab.State, from, to lab.Pod, stop <-chan struct{}) string {
 	}
 }
 
-// probePods starts, on node2, <name> (egress: denied) and <name>-control
-// (no policy selects it), each probing target every 200 ms for d from its
-// first instruction, waits for both to finish and returns their names.
-func probePods(t *testing.T, s *lab.State, target lab.Pod, name string, d time.Duration) [2]string {
+// probePods starts, on node2, <name> (labels[0]: a pod whose packets to
+// target policy denies) and <name>-control (labels[1]: one it allows),
+// each probing target every 200 ms for d from its first instruction,
+// waits for both to finish and returns their names.
+func probePods(t *testing.T, s *lab.State, target lab.Pod, name string, d time.Duration, labels [2]string) [2]string {
 	t.Helper()
 	kubectl := labKubectl(t, s)
 	pod := func(name, labels string) string {
@@ -222,7 +230,7 @@ spec:
 `
 	}
 	pods := [2]string{name, name + "-control"}
-	apply(t, s, pod(pods[0], "egress: denied")+"---\n"+pod(pods[1], "egress: allowed"))
+	apply(t, s, pod(pods[0], labels[0])+"---\n"+pod(pods[1], labels[1]))
 	for _, p := range pods {
 		waitFor(t, 90*time.Second+d, p+" done", func() bool {
 			phase := kubectl("-n", "lab", "get", "pod", p, "-o", "jsonpath={.status.phase}")
@@ -260,13 +268,13 @@ func checkProbes(t *testing.T, s *lab.State, target lab.Pod, pods [2]string) {
 		t.Fatalf("%s probed %d times; want a probe every 200 ms for 8 s or more", pods[0], total)
 	}
 	if ok != 0 {
-		t.Errorf("%s, whose egress a policy denies, got %d of %d probes through", pods[0], ok, total)
+		t.Errorf("%s, whose packets a policy denies, got %d of %d probes through", pods[0], ok, total)
 	}
 	cok, ctotal, first := through(pods[1])
 	if cok == 0 {
-		t.Fatalf("the control pod %s (no policy) never got through in %d probes: the probe itself is broken", pods[1], ctotal)
+		t.Fatalf("the control pod %s (allowed) never got through in %d probes", pods[1], ctotal)
 	}
-	t.Logf("%s, which no policy selects, got its first packet through at probe %d (every 200 ms) of %d", pods[1], first, ctotal)
+	t.Logf("%s, allowed, got its first packet through at probe %d (every 200 ms) of %d", pods[1], first, ctotal)
 }
 
 // apply runs kubectl apply on a manifest.

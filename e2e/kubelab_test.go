@@ -33,7 +33,7 @@ func (l *labCtl) upKube(name string, nodes, podsPerNode int, backend string, ext
 	l.t.Helper()
 	images := labImages(l.t, l.bin, kubeImages, "e2e")
 	l.up(name, append([]string{"--kubernetes", "--nodes", strconv.Itoa(nodes), "--pods-per-node", strconv.Itoa(podsPerNode), "--backend", backend,
-		"--kube-bin-dir", kubeBinDir(l.t), "--image-dir", images}, extra...)...)
+		"--kube-bin-dir", kubeBinDir(l.t), "--image-dir", images, "--crd", kubetest.ClusterPolicyCRD(l.t)}, extra...)...)
 	s, err := lab.Load(l.root, name)
 	if err != nil {
 		l.t.Fatal(err)

@@ -54,6 +54,16 @@ func (o *Options) validateKube() error {
 	if o.ImageDir == "" {
 		o.ImageDir = filepath.Join(defaultBuildDir(o.BinDir), "images")
 	}
+	if o.CRDs == nil {
+		if f := filepath.Join(defaultBuildDir(o.BinDir), "cnp", "current", "crd-experimental.yaml"); fileExists(f) {
+			o.CRDs = []string{f}
+		}
+	}
+	for _, f := range o.CRDs {
+		if !fileExists(f) {
+			return fmt.Errorf("--crd %s: no such file", f)
+		}
+	}
 	// The nodes' processes start in mount namespaces of their own, from
 	// other working directories: relative paths would not find them.
 	for _, d := range []*string{&o.KubeBinDir, &o.ImageDir} {
@@ -196,4 +206,9 @@ func joinAddrs(addrs []netip.Addr) string {
 		out[i] = a.String()
 	}
 	return strings.Join(out, ",")
+}
+
+func fileExists(f string) bool {
+	st, err := os.Stat(f)
+	return err == nil && !st.IsDir()
 }

@@ -80,6 +80,9 @@ func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, 
 		return err
 	}
 
+	if err := s.installCRDs(ctx, o.CRDs, step); err != nil {
+		return err
+	}
 	if err := s.installNetwork(ctx, o, step); err != nil {
 		return err
 	}
@@ -88,6 +91,32 @@ func (s *State) upKube(ctx context.Context, o Options, topo *topology.Topology, 
 		return err
 	}
 	return s.save()
+}
+
+// installCRDs applies each CRD file and waits until the apiserver serves
+// them all.
+func (s *State) installCRDs(ctx context.Context, files []string, step func(string, ...any)) error {
+	for _, f := range files {
+		step("CRDs: kubectl apply -f %s", f)
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("--crd: %w", err)
+		}
+		if out, err := s.Kubectl(ctx, bytes.NewReader(data), "apply", "--server-side", "-f", "-"); err != nil {
+			return fmt.Errorf("kubectl apply -f %s: %w\n%s", f, err, out)
+		}
+	}
+	if len(files) == 0 {
+		return nil
+	}
+	// kubectl wait fails, rather than waits, on a CRD with no conditions
+	// yet: the poll asks again.
+	return cluster.Poll(ctx, 60*time.Second, "the CRDs to be established", func() error {
+		if out, err := s.Kubectl(ctx, nil, "wait", "--for=condition=Established", "--timeout=5s", "crd", "--all"); err != nil {
+			return fmt.Errorf("%w: %s", err, strings.TrimSpace(out))
+		}
+		return nil
+	})
 }
 
 // installNetwork installs the lab's network: kube-flannel (--flannel), or

@@ -54,6 +54,11 @@ type Options struct {
 	Kubernetes bool
 	KubeBinDir string
 	ImageDir   string
+	// CRDs are applied before the network is installed (kubectl apply,
+	// then wait until established). Default: the ClusterNetworkPolicy CRD
+	// make setup fetches, build/cnp/current/crd-experimental.yaml next to
+	// BinDir, when it is there.
+	CRDs []string
 	// Helm installs twill with helm install from dist/chart/twill
 	// instead of kubectl apply -f dist/kube-twill.yml; HelmSet are more
 	// values (helm --set), HelmBin the helm binary (default:

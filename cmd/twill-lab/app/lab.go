@@ -103,6 +103,7 @@ func labUpCommand(o *labOptions) *cobra.Command {
 	up.Flags().BoolVar(&o.Kubernetes, "kubernetes", false, "a Kubernetes cluster: control plane, containerd, kubelet and kube-proxy per node, twill installed from dist/kube-twill.yml")
 	up.Flags().BoolVar(&o.Helm, "helm", false, "with --kubernetes: install twill with helm install from dist/chart/twill instead of kubectl apply -f dist/kube-twill.yml")
 	up.Flags().StringArrayVar(&o.HelmSet, "helm-set", nil, "with --helm: a chart value, key=value as helm --set takes it (repeatable)")
+	up.Flags().StringArrayVar(&o.CRDs, "crd", nil, "with --kubernetes: a CRD file to apply before the network (repeatable; default: build/cnp/current/crd-experimental.yaml, the ClusterNetworkPolicy CRD make setup fetches, when present)")
 	up.Flags().StringVar(&o.HelmBin, "helm-bin", "", "with --kubernetes: the helm binary of --helm and lab helm (default: build/helm/current/helm next to bin/, made by make helm-tools)")
 	up.Flags().BoolVar(&o.Flannel, "flannel", false, "with --kubernetes: install flannel (kube-flannel's DaemonSet, image-dir's flannel.tar) instead of twill, to try the migration on")
 	up.Flags().StringVar(&o.KubeBinDir, "kube-bin-dir", "", "with --kubernetes: the Kubernetes binaries (default: build/kube/current next to bin/, made by make setup)")

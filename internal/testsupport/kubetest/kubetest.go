@@ -403,3 +403,25 @@ func randomToken(t testing.TB) string {
 	}
 	return fmt.Sprintf("%x", b)
 }
+
+// ClusterPolicyCRD fetches (or finds cached) the ClusterNetworkPolicy CRD
+// tools/cnp pins, experimental channel, and returns its file.
+func ClusterPolicyCRD(t testing.TB) string {
+	t.Helper()
+	root := Root(t)
+	crd.mu.Lock()
+	defer crd.mu.Unlock()
+	if crd.file == "" {
+		out, err := exec.Command("bash", filepath.Join(root, "tools", "cnp", "build.sh")).CombinedOutput()
+		if err != nil {
+			t.Fatalf("fetching the ClusterNetworkPolicy CRD (tools/cnp/build.sh): %v\n%s", err, out)
+		}
+		crd.file = filepath.Join(root, "build", "cnp", "current", "crd-experimental.yaml")
+	}
+	return crd.file
+}
+
+var crd struct {
+	mu   sync.Mutex
+	file string
+}
