@@ -485,6 +485,11 @@ func TestKubeHostGWIPv6Only(t *testing.T) {
 func TestKubeRBAC(t *testing.T) {
 	beside(t)
 	k := newKubeCluster(t, 1, "host-gw")
+	// kubectl auth can-i answers no for a resource the apiserver does
+	// not serve.
+	if out, err := k.api.Kubectl("apply", "--server-side", "-f", kubetest.ClusterPolicyCRD(t)); err != nil {
+		t.Fatalf("kubectl apply the ClusterNetworkPolicy CRD: %v\n%s", err, out)
+	}
 	sa := "--as=system:serviceaccount:kube-twill:twill"
 	for _, tc := range []struct {
 		verb, resource string
