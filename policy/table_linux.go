@@ -214,11 +214,30 @@ func (t *Table) Sync(rs Ruleset, reread bool) (Changes, error) {
 	if !ch.Clean() {
 		if err := conn.Flush(); err != nil {
 			t.cached = nil
-			return Changes{}, fmt.Errorf("writing table inet %s: %w", TableName, err)
+			if ch.Full {
+				return Changes{}, fmt.Errorf("writing table inet %s: %w", TableName, err)
+			}
+			// A diff the kernel refused (the batch is all or nothing):
+			// the whole table once more, in one transaction.
+			if ch, err = t.rewrite(conn, rs, err); err != nil {
+				return Changes{}, err
+			}
 		}
 	}
 	t.cached, err = model(rs)
 	return ch, err
+}
+
+// rewrite writes the whole table after the kernel refused a diff (why).
+func (t *Table) rewrite(conn *nftables.Conn, rs Ruleset, why error) (Changes, error) {
+	ch, err := writeAll(conn, rs)
+	if err == nil {
+		err = conn.Flush()
+	}
+	if err != nil {
+		return Changes{}, fmt.Errorf("writing table inet %s: %w (the change alone was refused too: %v)", TableName, err, why)
+	}
+	return ch, nil
 }
 
 // model is the kernel's table once rs is written.

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/twill-net/twill/internal/testsupport/netnstest"
+	"github.com/twill-net/twill/policy/cnpapi"
 )
 
 // node is a node namespace forwarding between pod namespaces, each wired
@@ -241,4 +242,50 @@ type networkingv1NetworkPolicySpec = networkingv1.NetworkPolicySpec
 func fromNamespaces(ns string) []networkingv1.NetworkPolicyIngressRule {
 	return []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{
 		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}}}}}
+}
+
+// TestPrivilegedPolicyClusterTiers: on a real kernel, ClusterNetworkPolicy
+// tiers written as changes to a table already there (an Admin Pass adds a
+// pod's rest chain, which a goto names), then taken away: each change is
+// written as a diff, and pings answer as the tiers say.
+func TestPrivilegedPolicyClusterTiers(t *testing.T) {
+	n := newNode(t)
+	for _, ip := range []string{"10.244.1.2", "10.244.1.3"} {
+		n.pod(ip)
+	}
+	s := snapshot() // x/a at .2, y/a at .3
+	n.sync(s)
+	if !n.reaches("10.244.1.3", "10.244.1.2") {
+		t.Fatal("y/a cannot reach x/a with no policy")
+	}
+	// An Admin Pass of y's pods, then an Admin Deny of them below it, and
+	// a Baseline Deny: the Pass skips the Admin Deny, the Baseline denies.
+	from := func(a cnpapi.Action) []cnpapi.IngressRule {
+		return []cnpapi.IngressRule{{Action: a, From: []cnpapi.IngressPeer{{Namespaces: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "y"}}}}}}
+	}
+	s.ClusterPolicies = []*cnpapi.ClusterNetworkPolicy{
+		testCNP("pass", cnpapi.Admin, 1, func(sp *cnpapi.Spec) { sp.Ingress = from(cnpapi.Pass) }),
+		testCNP("deny", cnpapi.Admin, 2, func(sp *cnpapi.Spec) { sp.Ingress = from(cnpapi.Deny) }),
+		testCNP("baseline", cnpapi.Baseline, 1, func(sp *cnpapi.Spec) { sp.Ingress = from(cnpapi.Deny) }),
+	}
+	if ch := n.sync(s); ch.Full {
+		t.Errorf("the tiers were written as the whole table (%+v), want a change", ch)
+	}
+	if n.reaches("10.244.1.3", "10.244.1.2") {
+		out, _ := netnstest.Exec(n.name, "nft", "list", "table", "inet", TableName)
+		t.Fatalf("y/a reaches x/a through a Pass to a Baseline Deny:\n%s", out)
+	}
+	// An Admin Accept above them all lets it in.
+	s.ClusterPolicies = append(s.ClusterPolicies, testCNP("accept", cnpapi.Admin, 0, func(sp *cnpapi.Spec) { sp.Ingress = from(cnpapi.Accept) }))
+	n.sync(s)
+	if !n.reaches("10.244.1.3", "10.244.1.2") {
+		t.Fatal("y/a cannot reach x/a under an Admin Accept")
+	}
+	s.ClusterPolicies = nil
+	if ch := n.sync(s); ch.Full || ch.Del == 0 {
+		t.Errorf("taking the tiers away wrote %+v, want a change deleting their chains", ch)
+	}
+	if ch := n.syncFrom(s, true); !ch.Clean() {
+		t.Errorf("the kernel's table differs from the one without tiers: a Sync wrote %+v", ch)
+	}
 }

@@ -66,7 +66,8 @@ func addRules(conn *nftables.Conn, kc *nftables.Chain, c Chain) error {
 }
 
 // writeDiff queues what differs: sets and their elements first (a rule
-// may name a new set), then the pods' chains, then the verdict maps that
+// may name a new set), then the pods' chains (the missing ones created
+// before any is written), then the verdict maps that
 // jump to them, then the base chain that looks the maps up; last, what is
 // no longer wanted (a chain once no map jumps to it, a set once no rule
 // names it).
@@ -77,6 +78,13 @@ func writeDiff(conn *nftables.Conn, ks kernelState, rs Ruleset) (Changes, error)
 		return Changes{}, err
 	}
 	wantChain := map[string]bool{}
+	// Every missing chain first: a rule may jump or go to one that sorts
+	// after its own (in:<pod> goes to in+:<pod>).
+	for i := 1; i < len(rs.Chains); i++ {
+		if _, ok := ks.chains[rs.Chains[i].Name]; !ok {
+			conn.AddChain(&nftables.Chain{Table: table(), Name: rs.Chains[i].Name})
+		}
+	}
 	for i := len(rs.Chains) - 1; i >= 1; i-- {
 		if err := writeChain(conn, ks, rs.Chains[i], false, &ch); err != nil {
 			return Changes{}, err
