@@ -255,6 +255,27 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: kube-apiserve
 	return nil
 }
 
+// CNPHostPorts are the ports network-policy-api's conformance suite (v0.3.0)
+// has its hostNetwork pods serve on.
+const CNPHostPorts = "34345-34352"
+
+// nodeSysctls sets, in node n's namespace, IP forwarding (a Kubernetes
+// node prerequisite) and the ports network-policy-api's conformance suite
+// serves on from hostNetwork pods (fixed, 34345 on), which the node's own
+// connections (kubelet's, containerd's) must not take as source ports.
+func (s *State) nodeSysctls(n Node) error {
+	set := map[string]string{"net/ipv4/ip_forward": "1", "net/ipv4/ip_local_reserved_ports": CNPHostPorts}
+	if s.IPFamily != "ipv4" {
+		set["net/ipv6/conf/all/forwarding"] = "1"
+	}
+	for k, v := range set {
+		if err := sysctl.SetIn("/var/run/netns/"+n.NS, k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // startNode makes node i a Kubernetes node: its own root (mount
 // namespace), Debian's containerd with the lab's images imported, kubelet
 // and kube-proxy.
@@ -264,16 +285,10 @@ func (s *State) startNode(ctx context.Context, i int, nodeCrt, nodeKey string) e
 	if err := os.MkdirAll(filepath.Join(dir, "rootfs", "opt", "cni", "bin"), 0o755); err != nil {
 		return err
 	}
-	// The node's operating system: IP forwarding on (a Kubernetes node
-	// prerequisite), the CNI plugins the OS package provides, cgroups for
-	// its pods under a parent the lab owns.
-	if err := sysctl.SetIn("/var/run/netns/"+n.NS, "net/ipv4/ip_forward", "1"); err != nil {
+	// The node's operating system: its sysctls, the CNI plugins the OS
+	// package provides, cgroups for its pods under a parent the lab owns.
+	if err := s.nodeSysctls(n); err != nil {
 		return err
-	}
-	if s.IPFamily != "ipv4" {
-		if err := sysctl.SetIn("/var/run/netns/"+n.NS, "net/ipv6/conf/all/forwarding", "1"); err != nil {
-			return err
-		}
 	}
 	for _, p := range []string{"loopback", "portmap"} {
 		if err := copyFile("/usr/lib/cni/"+p, filepath.Join(dir, "rootfs", "opt", "cni", "bin", p), 0o755); err != nil {

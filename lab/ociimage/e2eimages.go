@@ -117,9 +117,14 @@ func CoreDNSImage(ref, coredns string) Spec {
 	return Spec{Ref: ref, Entrypoint: []string{"/coredns"}, Files: []File{{Src: coredns, Dst: "/coredns"}}}
 }
 
+// CNPConformanceImages are the images network-policy-api's conformance
+// suite (make cnp) runs, stood in for with the e2e suite's: its client and
+// server pods run agnhost's connect, serve-hostname and porter.
+var CNPConformanceImages = []string{"registry.k8s.io/e2e-test-images/agnhost:2.45"}
+
 // WriteE2EImages writes the stand-ins for the images the e2e suite in
 // kubeBinDir (e2e.test, agnhost, coredns, regression-issue-74839, as
-// tools/kube/build.sh leaves them) asks for to out, the userland's packages cached in debDir. It
+// tools/kube/build.sh leaves them) asks for, and CNPConformanceImages, to out, the userland's packages cached in debDir. It
 // returns the references it has no stand-in for.
 func WriteE2EImages(out, kubeBinDir, pauseBin, debDir string) (missing []string, err error) {
 	list, err := exec.Command(filepath.Join(kubeBinDir, "e2e.test"), "--list-images").Output()
@@ -134,7 +139,8 @@ func WriteE2EImages(out, kubeBinDir, pauseBin, debDir string) (missing []string,
 	if err != nil {
 		return nil, err
 	}
-	specs, missing := E2EImages(strings.Fields(string(list)), E2EBinaries{Agnhost: filepath.Join(kubeBinDir, "agnhost"),
+	refs := append(strings.Fields(string(list)), CNPConformanceImages...)
+	specs, missing := E2EImages(refs, E2EBinaries{Agnhost: filepath.Join(kubeBinDir, "agnhost"),
 		CoreDNS: filepath.Join(kubeBinDir, "coredns"), Pause: pauseBin,
 		Regression74839: filepath.Join(kubeBinDir, "regression-issue-74839")}, debs)
 	if len(specs) == 0 {
