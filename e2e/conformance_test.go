@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/twill-net/twill/internal/testsupport/kubetest"
 	"github.com/twill-net/twill/lab"
 )
 
@@ -17,14 +18,15 @@ import (
 // subset (lab.DualStackFast) against a dual-stack vxlan Kubernetes lab
 // running twill as dist/kube-twill.yml installs it, through twillctl lab
 // conformance --fast as make conformance IP_FAMILY=dual runs the whole set;
-// and then the NetworkPolicy subset on the same lab.
+// then the NetworkPolicy subset on the same lab, and network-policy-api's
+// ClusterNetworkPolicy subset (lab.CNPFast), as make cnp runs its suite.
 func TestKubeConformanceFast(t *testing.T) {
 	kubeLab(t)
 	l := newLabCtl(t)
 	images := labImages(t, l.bin, e2eImages, "e2e")
 	name := labName("cf")
 	l.up(name, "--kubernetes", "--nodes", "2", "--pods-per-node", "1", "--backend", "vxlan", "--ip-family", "dual",
-		"--kube-bin-dir", kubeBinDir(t), "--image-dir", images)
+		"--kube-bin-dir", kubeBinDir(t), "--image-dir", images, "--crd", kubetest.ClusterPolicyCRD(t))
 	// The subsets run one after the other: side by side they saved about
 	// 20 s, and the Netpol specs' pods and probes loaded the nodes enough
 	// that the dual-stack spec's first curl, which upstream sends the
@@ -42,6 +44,14 @@ func TestKubeConformanceFast(t *testing.T) {
 	// passed spec, and none failed.
 	checkFast(t, "conformance", outcomes[0], slices.Concat(lab.ConformanceFast, lab.DualStackFast), 11)
 	checkFast(t, "Netpol", outcomes[1], lab.NetpolFast, len(lab.NetpolFast))
+
+	out, err := l.run("conformance", "--name", name, "--suite", "cnp", "--fast", "--markdown", "--report-dir", t.TempDir(),
+		"--cnp-suite", kubetest.ClusterPolicySuite(t))
+	want := fmt.Sprintf(": %d passed, 0 failed;", len(lab.CNPFast))
+	if err != nil || !strings.Contains(out, want) {
+		t.Fatalf("lab conformance --suite cnp --fast (%v), want %q:\n%s", err, want, tail(out, 200))
+	}
+	t.Logf("ClusterNetworkPolicy subset:\n%s", tail(out, len(lab.CNPFast)+4))
 }
 
 // runFast runs lab conformance --fast of suite on the lab and reads its

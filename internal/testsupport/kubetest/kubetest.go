@@ -425,3 +425,12 @@ var crd struct {
 	mu   sync.Mutex
 	file string
 }
+
+// ClusterPolicySuite builds (or finds cached) network-policy-api's
+// conformance suite, as tools/cnp/build.sh builds it, and returns its test
+// binary.
+func ClusterPolicySuite(t testing.TB) string {
+	t.Helper()
+	ClusterPolicyCRD(t) // the same build
+	return filepath.Join(Root(t), "build", "cnp", "current", "conformance-nosctp.test")
+}
