@@ -56,7 +56,7 @@ func (o CNPOutcome) Counts() (passed, failed, withSCTP int) {
 
 var (
 	cnpResult = regexp.MustCompile(`^    --- (PASS|FAIL): TestConformanceProfiles/(\S+) `)
-	cnpRun    = regexp.MustCompile(`^=== RUN   TestConformanceProfiles/([^/\s]+)$`)
+	cnpRun    = regexp.MustCompile(`^=== (?:RUN|NAME|CONT|PAUSE)\s+TestConformanceProfiles/([^/\s]+)`)
 	cnpProbe  = regexp.MustCompile(`FAILED Command was \[/agnhost connect --timeout=\S+ --protocol=(\S+) (\S+)\]`)
 	cnpSCTP   = regexp.MustCompile(`SCTP probe of \S+ not run`)
 )
