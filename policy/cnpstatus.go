@@ -70,6 +70,7 @@ func (w *ClusterStatus) Update(s Snapshot, r Result) {
 		c := metav1.Condition{Type: ConditionAccepted, Status: metav1.ConditionTrue, Reason: ReasonEnforced, ObservedGeneration: gen,
 			Message: "twill enforces every rule, in nftables"}
 		if m := msgs[name]; len(m) > 0 {
+			slices.Sort(m)
 			c.Status, c.Reason = metav1.ConditionFalse, ReasonNotInFull
 			c.Message = truncate(strings.Join(slices.Compact(m), "; "), 32768)
 		}

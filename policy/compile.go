@@ -113,6 +113,7 @@ func Compile(s Snapshot) Result {
 	}
 	c.problems = append(c.problems, s.ClusterPolicyErrors...)
 	c.addClusterPolicies(s.ClusterPolicies)
+	c.problems = uniqueProblems(c.problems)
 	return c.result()
 }
 

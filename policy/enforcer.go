@@ -66,9 +66,9 @@ type Enforcer struct {
 	mu       sync.Mutex // guards the fields below
 	local    []netip.Prefix
 	selected map[string]Selection
-	problems map[string]string // policy → its last reported problem
-	last     Ruleset           // as last written
-	pods     []*corev1.Pod     // of the last snapshot
+	problems map[string]bool // policy + "\x00" + problem, as last reported
+	last     Ruleset         // as last written
+	pods     []*corev1.Pod   // of the last snapshot
 	byIP     map[netip.Addr]string
 }
 
@@ -297,10 +297,11 @@ func (e *Enforcer) syncOnce(reread bool) (Changes, error) {
 	defer e.mu.Unlock()
 	e.selected = r.Selected
 	e.last, e.pods, e.byIP = r.Ruleset, s.Pods, nil
-	seen := map[string]string{}
+	seen := map[string]bool{}
 	for _, p := range r.Problems {
-		seen[p.Policy] = p.Err.Error()
-		if e.problems[p.Policy] != p.Err.Error() {
+		key := p.Policy + "\x00" + p.Err.Error()
+		seen[key] = true
+		if !e.problems[key] {
 			e.Logger.Warn("network policy cannot be applied in full; what cannot be read fails closed", "policy", p.Policy, "err", p.Err)
 		}
 	}

@@ -150,6 +150,7 @@ func (c *compiler) addClusterPolicies(ps []*cnpapi.ClusterNetworkPolicy) {
 		if !cp.ok {
 			continue
 		}
+		c.checkClusterPolicy(cp)
 		tier := c.admin
 		if cp.p.Spec.Tier == cnpapi.Baseline {
 			tier = c.baseline
@@ -188,6 +189,34 @@ func (c *compiler) addClusterPolicies(ps []*cnpapi.ClusterNetworkPolicy) {
 			}
 		}
 	}
+}
+
+// checkClusterPolicy reports every problem of a policy's rules, whether or
+// not it selects a local pod: each node's twilld then says the same of it
+// (its status is one node's). The rules are compiled for no pod, on a copy
+// whose sets are thrown away.
+func (c *compiler) checkClusterPolicy(cp clusterPolicy) {
+	v := *c
+	v.sets, v.problems = map[string]Set{}, nil
+	for _, dir := range []string{"in", "eg"} {
+		v.clusterRules(cp, dir, &pod{})
+	}
+	c.problems = append(c.problems, v.problems...)
+}
+
+// uniqueProblems drops the repeats of a problem (a policy's rules are
+// compiled for each pod it selects), keeping the first of each.
+func uniqueProblems(ps []Problem) []Problem {
+	seen := map[string]bool{}
+	out := ps[:0]
+	for _, p := range ps {
+		key := p.Policy + "\x00" + p.Err.Error()
+		if !seen[key] {
+			seen[key] = true
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func (cp clusterPolicy) namedIngress() bool {

@@ -232,3 +232,26 @@ func TestTiersUnknownFields(t *testing.T) {
 		t.Errorf("a refused policy made chains: %v", chainNames(r.Ruleset))
 	}
 }
+
+// TestTiersProblemsOnEveryNode: a policy's problems are reported by a
+// node where it selects no pod too (the node writing its status may be
+// one), once each, and without a set of its in the table.
+func TestTiersProblemsOnEveryNode(t *testing.T) {
+	s := snapshot(allowFromY)
+	want := Compile(s).Ruleset
+	s.ClusterPolicies = []*cnpapi.ClusterNetworkPolicy{testCNP("elsewhere", cnpapi.Admin, 1, func(sp *cnpapi.Spec) {
+		sp.Subject = cnpapi.Subject{Pods: &cnpapi.NamespacedPod{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"pod": "c"}}}} // y/c, on n2
+		sp.Egress = []cnpapi.EgressRule{{Action: cnpapi.Accept, To: []cnpapi.EgressPeer{{DomainNames: []string{"example.com"}}, {Pods: &cnpapi.NamespacedPod{}}}}}
+	})}
+	r := Compile(s)
+	if len(r.Problems) != 1 || !strings.Contains(r.Problems[0].Err.Error(), "spec.egress[0].to[0].domainNames") {
+		t.Errorf("problems on n1, where the policy selects no pod: %v, want one naming domainNames", r.Problems)
+	}
+	if len(r.Ruleset.Sets) != len(want.Sets) || len(r.Ruleset.Chains) != len(want.Chains) {
+		t.Errorf("checking a policy that selects no local pod changed the table: sets %d, want %d", len(r.Ruleset.Sets), len(want.Sets))
+	}
+	s.Node = "n2"
+	if r := Compile(s); len(r.Problems) != 1 {
+		t.Errorf("problems on n2, where it selects y/c: %v, want the same one, once", r.Problems)
+	}
+}
