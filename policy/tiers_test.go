@@ -255,3 +255,21 @@ func TestTiersProblemsOnEveryNode(t *testing.T) {
 		t.Errorf("problems on n2, where it selects y/c: %v, want the same one, once", r.Problems)
 	}
 }
+
+// TestTiersSubsetKeepsTheRestChain: a pod's subset (what explain compares
+// with the node's) holds its rest chain, so a Pass decides in it as in the
+// whole table.
+func TestTiersSubsetKeepsTheRestChain(t *testing.T) {
+	s := snapshot(allowFromY)
+	s.ClusterPolicies = []*cnpapi.ClusterNetworkPolicy{testCNP("pass-y", cnpapi.Admin, 1, func(sp *cnpapi.Spec) { sp.Ingress = []cnpapi.IngressRule{fromNS("y", cnpapi.Pass)} })}
+	full := Compile(s).Ruleset
+	sub := full.Subset([]string{"x/a"}, []string{"10.244.1.2", "10.244.1.3"})
+	if !slices.Contains(chainNames(sub), RestChainName("in", "x/a")) {
+		t.Fatalf("x/a's subset lacks its rest chain: %v", chainNames(sub))
+	}
+	pkt := Packet{Src: netip.MustParseAddr("10.244.1.3"), Dst: netip.MustParseAddr("10.244.1.2"), Proto: unix.IPPROTO_TCP, Port: 80}
+	sub.Chains = append([]Chain{{Name: ChainForward, Rules: full.Chains[0].Rules}}, sub.Chains...)
+	if a, b := Evaluate(full, pkt), Evaluate(sub, pkt); a.Allowed != b.Allowed || len(a.Steps) != len(b.Steps) {
+		t.Errorf("the subset decides otherwise: %+v, the whole table %+v", b, a)
+	}
+}
