@@ -289,8 +289,16 @@ func (c *compiler) namedEgress(np *networkingv1.NetworkPolicy, id ruleID, to []n
 // allow is the rule letting one peer through on one port: back to the
 // base chain, counted for the policy.
 func (c *compiler) allow(id ruleID, pe peer, pt port, egress bool) Rule {
-	r := Rule{V6: pe.v6, Counter: true, Verdict: Return, Comment: "allow " + id.policyName(),
+	r := Rule{Counter: true, Verdict: Return, Comment: "allow " + id.policyName(),
 		Why: fmt.Sprintf("%s spec.%s[%d]", id.policyName(), dirField(id.dir), id.index)}
+	r.match(pe, pt, egress)
+	return r
+}
+
+// match makes r match one peer (the destination when egress, else the
+// source) on one port.
+func (r *Rule) match(pe peer, pt port, egress bool) {
+	r.V6 = pe.v6
 	if !pe.any {
 		if egress {
 			r.Dst = pe.addr
@@ -301,5 +309,4 @@ func (c *compiler) allow(id ruleID, pe peer, pt port, egress bool) Rule {
 	if !pt.any {
 		r.Proto, r.PortLo, r.PortHi = pt.proto, pt.lo, pt.hi
 	}
-	return r
 }

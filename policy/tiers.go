@@ -308,24 +308,12 @@ func (c *compiler) clusterRules(cp clusterPolicy, dir string, target *pod) []tie
 	return out
 }
 
+// tierRule matches one peer on one port; its verdict is tierRules'.
 func (c *compiler) tierRule(id cnpRule, pe peer, pt port) Rule {
-	r := Rule{V6: pe.v6, Counter: true, Why: id.policy + " " + id.field()}
-	if !pe.any {
-		if id.dir == "eg" {
-			r.Dst = pe.addr
-		} else {
-			r.Src = pe.addr
-		}
-	}
-	if !pt.any {
-		r.Proto, r.PortLo, r.PortHi = pt.proto, pt.lo, pt.hi
-	}
+	r := Rule{Counter: true, Why: id.policy + " " + id.field()}
+	r.match(pe, pt, id.dir == "eg")
 	return r
 }
-
-// anyPeer is a rule's "from" or "to" matching every address (in both
-// families, as a rule without an address matches).
-var anyPeer = []peer{{any: true}}
 
 // ingressPeers reads a rule's from: pods by their namespaces, or by their
 // namespaces and their own labels. A peer with no field it knows makes
