@@ -24,7 +24,7 @@ import (
 // hand-removed peer comes back within 5s; a deleted Node's peer is gone
 // from every device within 2s.
 func TestKubeLabWireGuard(t *testing.T) {
-	alone(t)
+	aloneOnMachine(t)
 	l := newLabCtl(t)
 	name := labName("kw")
 	s := l.upKube(name, 3, 1, "wireguard")
