@@ -102,8 +102,8 @@ func addrs(s ...string) []netip.Addr {
 
 func TestNoPolicyAllowsKnownPodsAndDropsUnknownAddresses(t *testing.T) {
 	r := Compile(snapshot())
-	if got := chainNames(r.Ruleset); !slices.Equal(got, []string{ChainForward}) {
-		t.Fatalf("chains = %v, want the base chain alone", got)
+	if got := chainNames(r.Ruleset); !slices.Equal(got, BaseChains) {
+		t.Fatalf("chains = %v, want the base chains alone", got)
 	}
 	if got, want := set(t, r.Ruleset, "known4"), addrs("10.244.1.2", "10.244.1.3"); !slices.Equal(got, want) {
 		t.Errorf("known4 = %v, want the local pods' addresses %v", got, want)

@@ -72,7 +72,7 @@ func (w *walker) chain(name string, depth int) Verdict {
 	if depth > maxJumps {
 		return Drop
 	}
-	if name != ChainForward {
+	if !IsBase(name) {
 		w.t.Isolated = append(w.t.Isolated, name)
 	}
 	for _, r := range w.chains[name].Rules {

@@ -19,14 +19,32 @@ func table() *nftables.Table {
 	return &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
 }
 
-// baseChain is the forward hook. It runs after twill's own forward chain
-// (priority filter) and kube-proxy's, and its drop is final whatever they
-// accepted: an accept in one base chain does not skip another.
-func baseChain() *nftables.Chain {
+// baseChain is a base chain of the table (BaseChains), nil for a pod's.
+// Forward runs after twill's own forward chain (priority filter) and
+// kube-proxy's, and its drop is final whatever they accepted: an accept in
+// one base chain does not skip another. Input does the same on the input
+// hook, for a local pod's packets to its own node.
+func baseChain(name string) *nftables.Chain {
+	hook := nftables.ChainHookForward
+	switch name {
+	case ChainForward:
+	case ChainInput:
+		hook = nftables.ChainHookInput
+	default:
+		return nil
+	}
 	accept := nftables.ChainPolicyAccept
 	prio := *nftables.ChainPriorityFilter + 10
-	return &nftables.Chain{Table: table(), Name: ChainForward, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookForward, Priority: &prio, Policy: &accept}
+	return &nftables.Chain{Table: table(), Name: name, Type: nftables.ChainTypeFilter,
+		Hooknum: hook, Priority: &prio, Policy: &accept}
+}
+
+// kernelChain is chain name as written: a base chain, or a regular one.
+func kernelChain(name string) *nftables.Chain {
+	if c := baseChain(name); c != nil {
+		return c
+	}
+	return &nftables.Chain{Table: table(), Name: name}
 }
 
 func kernelSet(s Set) *nftables.Set {

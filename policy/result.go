@@ -118,13 +118,21 @@ func (c *compiler) result() Result {
 			}
 		}
 	}
+	// The input hook sees a local pod's packets to its own node: the
+	// egress maps alone, after what conntrack already let through.
+	input := Chain{Name: ChainInput, Rules: []Rule{{Established: true, Verdict: Accept}}}
+	for _, r := range base.Rules {
+		if r.Src.VMap != "" {
+			input.Rules = append(input.Rules, r)
+		}
+	}
 	c.logAllowed(&base, v4, v6)
 	for _, m := range jumpMaps {
 		sortJumps(m)
 		c.sets[m.Name] = *m
 	}
 	slices.SortFunc(chains, func(a, b Chain) int { return strings.Compare(a.Name, b.Name) })
-	rs.Chains = append([]Chain{base}, chains...)
+	rs.Chains = append([]Chain{base, input}, chains...)
 	for _, name := range slices.Sorted(maps.Keys(c.sets)) {
 		rs.Sets = append(rs.Sets, c.sets[name])
 	}

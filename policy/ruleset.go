@@ -8,13 +8,26 @@ import (
 // masquerade table so that each is rewritten on its own.
 const TableName = "twill-policy"
 
-// ChainForward is the base chain; every other chain is a pod's.
+// ChainForward is the base chain on the forward hook: pod to pod, and
+// pod to anywhere off the node.
 const ChainForward = "forward"
+
+// ChainInput is the base chain on the input hook: a local pod's packets to
+// the node itself (its addresses, its hostPorts and hostNetwork pods),
+// which never cross the forward hook. It sends them to the pod's egress
+// chain, as ChainForward does. Every other chain is a pod's.
+const ChainInput = "input"
+
+// BaseChains are the base chains, in the order a Ruleset holds them.
+var BaseChains = []string{ChainForward, ChainInput}
+
+// IsBase says whether a chain of the table is a base chain.
+func IsBase(name string) bool { return name == ChainForward || name == ChainInput }
 
 // Ruleset is the desired content of the policy table.
 type Ruleset struct {
 	Sets   []Set   // sorted by name
-	Chains []Chain // the base chain first, then by name
+	Chains []Chain // the base chains first (BaseChains), then by name
 }
 
 // Set is a named set of addresses of one family. A verdict map (VMap)
@@ -126,7 +139,7 @@ const AllowedLogRate = 100
 // packets over LogRate, which are not logged.
 const UnloggedPrefix = "unlogged "
 
-// Chain is a regular chain (the base chain is ChainForward).
+// Chain is a chain: a base chain (BaseChains) or a pod's.
 type Chain struct {
 	Name  string
 	Rules []Rule

@@ -31,7 +31,7 @@ func (rs Ruleset) Subset(pods []string, ips []string) Ruleset {
 	used := map[string]bool{}
 	for _, c := range rs.Chains {
 		_, key, _ := strings.Cut(c.Name, ":")
-		if c.Name == ChainForward || !slices.Contains(pods, key) || c.Name != ChainName(c.Name[:2], key) && c.Name != RestChainName(c.Name[:2], key) {
+		if IsBase(c.Name) || !slices.Contains(pods, key) || c.Name != ChainName(c.Name[:2], key) && c.Name != RestChainName(c.Name[:2], key) {
 			continue // (a pod's chain, or its rest chain after the Admin tier)
 		}
 		kept := Chain{Name: c.Name}

@@ -77,7 +77,7 @@ type kernelRule struct {
 
 type kernelState struct {
 	exists bool
-	base   *nftables.Chain
+	bases  map[string]*nftables.Chain // the base chains it holds
 	chains map[string][]kernelRule
 	sets   map[string]*kernelSetState
 	// rules, in the table as last written (model), are its chains' rules
@@ -93,7 +93,7 @@ type kernelSetState struct {
 
 // read returns the policy table as the kernel holds it.
 func read(conn *nftables.Conn) (kernelState, error) {
-	ks := kernelState{chains: map[string][]kernelRule{}, sets: map[string]*kernelSetState{}}
+	ks := kernelState{chains: map[string][]kernelRule{}, sets: map[string]*kernelSetState{}, bases: map[string]*nftables.Chain{}}
 	tables, err := conn.ListTablesOfFamily(nftables.TableFamilyINet)
 	if err != nil {
 		return ks, fmt.Errorf("listing nftables tables: %w", err)
@@ -110,8 +110,8 @@ func read(conn *nftables.Conn) (kernelState, error) {
 		if c.Table.Name != TableName {
 			continue
 		}
-		if c.Name == ChainForward {
-			ks.base = c
+		if IsBase(c.Name) {
+			ks.bases[c.Name] = c
 		}
 		rules, err := conn.GetRules(c.Table, c)
 		if err != nil {
@@ -156,11 +156,17 @@ func read(conn *nftables.Conn) (kernelState, error) {
 	return ks, nil
 }
 
-// baseChainOK says whether the kernel's base chain hooks as baseChain does.
-func baseChainOK(c *nftables.Chain) bool {
-	want := baseChain()
-	return c != nil && c.Hooknum != nil && *c.Hooknum == *want.Hooknum && c.Priority != nil && *c.Priority == *want.Priority &&
-		c.Type == want.Type && c.Policy != nil && *c.Policy == *want.Policy
+// baseChainsOK says whether the kernel holds every base chain, hooked as
+// baseChain says (a table written by an older twilld may lack one).
+func baseChainsOK(ks kernelState) bool {
+	for _, name := range BaseChains {
+		c, want := ks.bases[name], baseChain(name)
+		if c == nil || c.Hooknum == nil || *c.Hooknum != *want.Hooknum || c.Priority == nil || *c.Priority != *want.Priority ||
+			c.Type != want.Type || c.Policy == nil || *c.Policy != *want.Policy {
+			return false
+		}
+	}
+	return true
 }
 
 type wantRule struct {
@@ -203,7 +209,7 @@ func (t *Table) Sync(rs Ruleset, reread bool) (Changes, error) {
 		ks = &k
 	}
 	var ch Changes
-	if !ks.exists || !baseChainOK(ks.base) || setTypesDiffer(*ks, rs) {
+	if !ks.exists || !baseChainsOK(*ks) || setTypesDiffer(*ks, rs) {
 		ch, err = writeAll(conn, rs)
 	} else {
 		ch, err = writeDiff(conn, *ks, rs)
@@ -242,7 +248,10 @@ func (t *Table) rewrite(conn *nftables.Conn, rs Ruleset, why error) (Changes, er
 
 // model is the kernel's table once rs is written.
 func model(rs Ruleset) (*kernelState, error) {
-	ks := &kernelState{exists: true, base: baseChain(), chains: map[string][]kernelRule{}, sets: map[string]*kernelSetState{}, rules: map[string][]Rule{}}
+	ks := &kernelState{exists: true, bases: map[string]*nftables.Chain{}, chains: map[string][]kernelRule{}, sets: map[string]*kernelSetState{}, rules: map[string][]Rule{}}
+	for _, name := range BaseChains {
+		ks.bases[name] = baseChain(name)
+	}
 	for _, c := range rs.Chains {
 		ks.chains[c.Name] = nil
 		ks.rules[c.Name] = c.Rules

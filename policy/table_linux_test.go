@@ -289,3 +289,52 @@ func TestPrivilegedPolicyClusterTiers(t *testing.T) {
 		t.Errorf("the kernel's table differs from the one without tiers: a Sync wrote %+v", ch)
 	}
 }
+
+// TestPrivilegedPolicyEgressToOwnNode: a pod's packets to its own node
+// (the node's address, where hostPorts and hostNetwork pods listen) take
+// the input hook, not forward; the pod's egress policy decides there too.
+// The node's own connections to the pod are untouched, and a table an
+// older twilld wrote (without the input chain) is rewritten whole.
+func TestPrivilegedPolicyEgressToOwnNode(t *testing.T) {
+	n := newNode(t)
+	for _, ip := range []string{"10.244.1.2", "10.244.1.3"} {
+		n.pod(ip)
+	}
+	netnstest.IP(t, n.name, "addr", "add", "192.0.2.1/32", "dev", "lo") // the node's address
+	nodeReached := func(from string) bool {
+		_, err := netnstest.Exec(n.pods[from], "ping", "-c1", "-W1", "192.0.2.1")
+		return err == nil
+	}
+	s := snapshot() // x/a at .2, y/a at .3
+	n.sync(s)
+	if !nodeReached("10.244.1.2") {
+		t.Fatal("x/a cannot reach its node with no policy")
+	}
+	s.Policies = []*networkingv1.NetworkPolicy{testPolicy("x", "no-egress", nil, func(sp *networkingv1.NetworkPolicySpec) {
+		sp.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+	})}
+	n.sync(s)
+	if nodeReached("10.244.1.2") {
+		out, _ := netnstest.Exec(n.name, "nft", "list", "table", "inet", TableName)
+		t.Fatalf("x/a reaches its own node's address under a deny-all egress policy:\n%s", out)
+	}
+	if !nodeReached("10.244.1.3") {
+		t.Fatal("y/a, which no policy selects, cannot reach its node")
+	}
+	if _, err := netnstest.Exec(n.name, "ping", "-c1", "-W1", "10.244.1.2"); err != nil {
+		t.Fatal("the node cannot reach x/a (nor x/a answer it) under x/a's egress policy")
+	}
+	// A table without the input chain, as twilld before it wrote it.
+	if out, err := netnstest.Exec(n.name, "nft", "delete", "chain", "inet", TableName, ChainInput); err != nil {
+		t.Fatalf("nft delete chain: %v: %s", err, out)
+	}
+	if !nodeReached("10.244.1.2") {
+		t.Fatal("x/a cannot reach its node once the input chain is gone")
+	}
+	if ch := n.syncFrom(s, true); !ch.Full {
+		t.Errorf("Sync of a table without the input chain wrote %+v, want it whole", ch)
+	}
+	if nodeReached("10.244.1.2") {
+		t.Fatal("x/a reaches its node after the input chain was put back")
+	}
+}

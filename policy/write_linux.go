@@ -35,10 +35,7 @@ func writeAll(conn *nftables.Conn, rs Ruleset) (Changes, error) {
 	}
 	kcs := make([]*nftables.Chain, len(rs.Chains))
 	for i, c := range rs.Chains {
-		kcs[i] = &nftables.Chain{Table: table(), Name: c.Name}
-		if i == 0 {
-			kcs[i] = baseChain()
-		}
+		kcs[i] = kernelChain(c.Name)
 		conn.AddChain(kcs[i])
 	}
 	if err := addSets(true); err != nil {
@@ -68,7 +65,7 @@ func addRules(conn *nftables.Conn, kc *nftables.Chain, c Chain) error {
 // writeDiff queues what differs: sets and their elements first (a rule
 // may name a new set), then the pods' chains (the missing ones created
 // before any is written), then the verdict maps that
-// jump to them, then the base chain that looks the maps up; last, what is
+// jump to them, then the base chains that look the maps up; last, what is
 // no longer wanted (a chain once no map jumps to it, a set once no rule
 // names it).
 func writeDiff(conn *nftables.Conn, ks kernelState, rs Ruleset) (Changes, error) {
@@ -80,13 +77,16 @@ func writeDiff(conn *nftables.Conn, ks kernelState, rs Ruleset) (Changes, error)
 	wantChain := map[string]bool{}
 	// Every missing chain first: a rule may jump or go to one that sorts
 	// after its own (in:<pod> goes to in+:<pod>).
-	for i := 1; i < len(rs.Chains); i++ {
-		if _, ok := ks.chains[rs.Chains[i].Name]; !ok {
-			conn.AddChain(&nftables.Chain{Table: table(), Name: rs.Chains[i].Name})
+	for _, c := range rs.Chains {
+		if _, ok := ks.chains[c.Name]; !ok && !IsBase(c.Name) {
+			conn.AddChain(kernelChain(c.Name))
 		}
 	}
-	for i := len(rs.Chains) - 1; i >= 1; i-- {
-		if err := writeChain(conn, ks, rs.Chains[i], false, &ch); err != nil {
+	for i := len(rs.Chains) - 1; i >= 0; i-- {
+		if IsBase(rs.Chains[i].Name) {
+			continue
+		}
+		if err := writeChain(conn, ks, rs.Chains[i], &ch); err != nil {
 			return Changes{}, err
 		}
 		wantChain[rs.Chains[i].Name] = true
@@ -94,11 +94,14 @@ func writeDiff(conn *nftables.Conn, ks kernelState, rs Ruleset) (Changes, error)
 	if err := writeSets(conn, ks, rs, true, &ch, wantSet); err != nil {
 		return Changes{}, err
 	}
-	if len(rs.Chains) > 0 {
-		if err := writeChain(conn, ks, rs.Chains[0], true, &ch); err != nil {
+	for _, c := range rs.Chains {
+		if !IsBase(c.Name) {
+			continue
+		}
+		if err := writeChain(conn, ks, c, &ch); err != nil {
 			return Changes{}, err
 		}
-		wantChain[rs.Chains[0].Name] = true
+		wantChain[c.Name] = true
 	}
 	deleteChains(conn, ks, wantChain, &ch)
 	for name, k := range ks.sets {
@@ -156,9 +159,9 @@ func writeSets(conn *nftables.Conn, ks kernelState, rs Ruleset, vmaps bool, ch *
 	return nil
 }
 
-// writeChain queues a chain (the base chain when base) if it is missing or
-// differs: created, or flushed, then its rules.
-func writeChain(conn *nftables.Conn, ks kernelState, c Chain, base bool, ch *Changes) error {
+// writeChain queues a chain if it is missing or differs: created, or
+// flushed, then its rules.
+func writeChain(conn *nftables.Conn, ks kernelState, c Chain, ch *Changes) error {
 	got, exists := ks.chains[c.Name]
 	if last, ok := ks.rules[c.Name]; ok && slices.EqualFunc(last, c.Rules, sameRule) {
 		return nil
@@ -170,10 +173,7 @@ func writeChain(conn *nftables.Conn, ks kernelState, c Chain, base bool, ch *Cha
 	if exists && ks.rules == nil && sameRulesFP(got, want) {
 		return nil
 	}
-	kc := &nftables.Chain{Table: table(), Name: c.Name}
-	if base {
-		kc = baseChain()
-	}
+	kc := kernelChain(c.Name)
 	if exists {
 		conn.FlushChain(kc)
 	} else {
