@@ -355,10 +355,10 @@ func (t *Table) Supported() error {
 	return nil
 }
 
-// Isolated reads, from the kernel's table, the local pods policies
-// isolate and the policies that select each (namespace/name): what
-// `twillctl status` shows. exists is false when there is no table
-// (enforcement off).
+// Isolated reads, from the kernel's table, the local pods a policy of
+// either API selects and the policies that select each (namespace/name;
+// a ClusterNetworkPolicy as ClusterNetworkPolicy/<name>): what `twillctl
+// status` shows. exists is false when there is no table (enforcement off).
 func (t *Table) Isolated() (pods map[string]Selection, exists bool, err error) {
 	conn, err := t.dial()
 	if err != nil {
@@ -368,31 +368,40 @@ func (t *Table) Isolated() (pods map[string]Selection, exists bool, err error) {
 	if err != nil || !ks.exists {
 		return nil, false, err
 	}
-	pods = map[string]Selection{}
+	// A pod's key, in full, from its default deny's comment (in its
+	// chain, or its rest chain): its chain's name is cut when long.
+	keys := map[string]string{}
 	for _, rules := range ks.chains {
-		var pod string
-		var by []string
-		ingress := false
 		for _, r := range rules {
-			switch {
-			case strings.HasPrefix(r.comment, SelectedBy):
-				by = append(by, strings.TrimPrefix(r.comment, SelectedBy))
-			case strings.HasPrefix(r.comment, "deny ingress "):
-				pod, ingress = strings.TrimPrefix(r.comment, "deny ingress "), true
-			case strings.HasPrefix(r.comment, "deny egress "):
-				pod = strings.TrimPrefix(r.comment, "deny egress ")
+			for _, dir := range []string{"in", "eg"} {
+				if key, ok := strings.CutPrefix(r.comment, denyComment(dir, "")); ok {
+					keys[ChainName(dir, key)] = key
+				}
 			}
 		}
-		if pod == "" {
-			continue
+	}
+	pods = map[string]Selection{}
+	for name, rules := range ks.chains {
+		var by []string
+		for _, r := range rules {
+			if p, ok := strings.CutPrefix(r.comment, SelectedBy); ok {
+				by = append(by, p)
+			}
 		}
-		s := pods[pod]
-		if ingress {
+		dir, key, _ := strings.Cut(name, ":")
+		if len(by) == 0 || dir != "in" && dir != "eg" {
+			continue // a base chain, or a rest chain
+		}
+		if full, ok := keys[name]; ok {
+			key = full
+		}
+		s := pods[key]
+		if dir == "in" {
 			s.Ingress = by
 		} else {
 			s.Egress = by
 		}
-		pods[pod] = s
+		pods[key] = s
 	}
 	return pods, true, nil
 }

@@ -275,6 +275,11 @@ func TestPrivilegedPolicyClusterTiers(t *testing.T) {
 		out, _ := netnstest.Exec(n.name, "nft", "list", "table", "inet", TableName)
 		t.Fatalf("y/a reaches x/a through a Pass to a Baseline Deny:\n%s", out)
 	}
+	// twillctl status lists x/a, which ClusterNetworkPolicies alone select.
+	want := []string{ClusterPolicyPrefix + "pass", ClusterPolicyPrefix + "deny", ClusterPolicyPrefix + "baseline"}
+	if sel, _, err := n.tb.Isolated(); err != nil || len(sel) != 1 || !sameElems(sel["x/a"].Ingress, want) || sel["x/a"].Egress != nil {
+		t.Errorf("Isolated() = %+v, %v; want x/a selected for ingress by %v", sel, err, want)
+	}
 	// An Admin Accept above them all lets it in.
 	s.ClusterPolicies = append(s.ClusterPolicies, testCNP("accept", cnpapi.Admin, 0, func(sp *cnpapi.Spec) { sp.Ingress = from(cnpapi.Accept) }))
 	n.sync(s)
@@ -337,4 +342,8 @@ func TestPrivilegedPolicyEgressToOwnNode(t *testing.T) {
 	if nodeReached("10.244.1.2") {
 		t.Fatal("x/a reaches its node after the input chain was put back")
 	}
+}
+
+func sameElems(a, b []string) bool {
+	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
 }

@@ -252,11 +252,12 @@ var errDrift = errors.New("the kernel differs from what twill should have (twill
 func newStatusPolicyCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "policy",
-		Short: "Name, for each pod of this node a NetworkPolicy isolates, the policies that select it",
+		Short: "Name, for each pod of this node a NetworkPolicy or ClusterNetworkPolicy selects, the policies that select it",
 		Long: `policy runs on a node (in a lab: twillctl lab exec node1 -- twillctl status policy).
 It reads twilld's NetworkPolicy table, inet twill-policy, from the kernel and
-lists each local pod that a policy isolates, with the policies that select it
-for ingress and for egress. A pod not listed is allowed everything.`,
+lists each local pod that a NetworkPolicy or a ClusterNetworkPolicy selects,
+with the policies that select it for ingress and for egress. A pod not
+listed is allowed everything.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
@@ -280,7 +281,7 @@ func printPolicy(tw io.Writer) error {
 		fmt.Fprintf(tw, "policy	not enforced (no table inet %s: twilld runs without --network-policy)\n", policy.TableName)
 		return nil
 	}
-	fmt.Fprintf(tw, "policy	enforced (table inet %s): %d local pods isolated\n", policy.TableName, len(pods))
+	fmt.Fprintf(tw, "policy	enforced (table inet %s): %d local pods selected by a policy\n", policy.TableName, len(pods))
 	names := make([]string, 0, len(pods))
 	for p := range pods {
 		names = append(names, p)
