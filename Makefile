@@ -60,7 +60,7 @@ IP_FAMILY ?= ipv4
 
 .PHONY: conformance
 conformance: setup e2e-images ## Kubernetes' own [sig-network] [Conformance] specs (SUITE=sig-network: the rest of [sig-network]) on a 3-node Kubernetes lab (BACKEND=vxlan|host-gw, IP_FAMILY=ipv4|dual|ipv6); fails if any spec does
-	@name=$$(case '$(SUITE)/$(IP_FAMILY)' in sig-network/*) echo sn;; */dual) echo ds;; */ipv6) echo v6;; *) echo cf;; esac)$$(echo '$(BACKEND)' | tr -dc a-z); \
+	@name=$$(case '$(SUITE)/$(IP_FAMILY)' in sig-network/*) echo sn;; */dual) echo ds;; */ipv6) echo v6;; *) echo cf;; esac)$$(echo '$(BACKEND)' | tr -dc a-z | cut -c1-6); \
 	bin/twillctl lab up --name $$name --kubernetes --nodes 3 --pods-per-node 1 --backend '$(BACKEND)' --ip-family '$(IP_FAMILY)'; rc=$$?; \
 	if [ $$rc = 0 ]; then rm -rf build/conformance/$$name; \
 		bin/twillctl lab conformance --name $$name --suite '$(SUITE)' --markdown --report-dir build/conformance/$$name; rc=$$?; fi; \
@@ -68,7 +68,7 @@ conformance: setup e2e-images ## Kubernetes' own [sig-network] [Conformance] spe
 
 .PHONY: netpol
 netpol: setup e2e-images ## Kubernetes' own [sig-network] Netpol (NetworkPolicy) specs on a 3-node Kubernetes lab (BACKEND=vxlan|host-gw), with ClusterNetworkPolicies that select nothing present; fails if any spec does
-	@name=np$$(echo '$(BACKEND)' | tr -dc a-z); \
+	@name=np$$(echo '$(BACKEND)' | tr -dc a-z | cut -c1-6); \
 	bin/twillctl lab up --name $$name --kubernetes --nodes 3 --pods-per-node 1 --backend '$(BACKEND)'; rc=$$?; \
 	if [ $$rc = 0 ]; then bin/twillctl lab kubectl --name $$name apply -f - < tools/cnp/select-nothing.yaml; rc=$$?; fi; \
 	if [ $$rc = 0 ]; then rm -rf build/conformance/$$name; \
@@ -77,10 +77,10 @@ netpol: setup e2e-images ## Kubernetes' own [sig-network] Netpol (NetworkPolicy)
 
 .PHONY: cnp
 cnp: setup e2e-images ## network-policy-api's own ClusterNetworkPolicy conformance suite (its profile, experimental features on; SCTP left out: this kernel has none) on a 3-node Kubernetes lab (BACKEND=vxlan|host-gw); its report in build/conformance/cnp<backend>/
-	@name=cnp$$(echo '$(BACKEND)' | tr -dc a-z); \
+	@name=cn$$(echo '$(BACKEND)' | tr -dc a-z | cut -c1-6); dir=build/conformance/cnp$$(echo '$(BACKEND)' | tr -dc a-z); \
 	bin/twillctl lab up --name $$name --kubernetes --nodes 3 --pods-per-node 1 --backend '$(BACKEND)'; rc=$$?; \
-	if [ $$rc = 0 ]; then rm -rf build/conformance/$$name; \
-		bin/twillctl lab conformance --name $$name --suite cnp --markdown --report-dir build/conformance/$$name; rc=$$?; fi; \
+	if [ $$rc = 0 ]; then rm -rf $$dir; \
+		bin/twillctl lab conformance --name $$name --suite cnp --markdown --report-dir $$dir; rc=$$?; fi; \
 	bin/twillctl lab down --name $$name; exit $$rc
 
 .PHONY: build
