@@ -110,8 +110,8 @@ func (w *walker) chain(name string, depth int) Verdict {
 // in it sends the packet to.
 func (w *walker) match(r Rule) (bool, string) {
 	p := w.p
-	if r.Established && !p.Established {
-		return false, ""
+	if r.Established && !p.Established || r.NeighbourDiscovery {
+		return false, "" // (a Packet is TCP, UDP or SCTP)
 	}
 	jump := ""
 	if !r.Src.empty() || !r.Dst.empty() {

@@ -121,6 +121,11 @@ func (c *compiler) result() Result {
 	// The input hook sees a local pod's packets to its own node: the
 	// egress maps alone, after what conntrack already let through.
 	input := Chain{Name: ChainInput, Rules: []Rule{{Established: true, Verdict: Accept}}}
+	if v6 {
+		// A pod's neighbour solicitations and advertisements to its node:
+		// without them no IPv6 packet reaches it, or leaves it.
+		input.Rules = append(input.Rules, Rule{V6: true, NeighbourDiscovery: true, Verdict: Accept})
+	}
 	for _, r := range base.Rules {
 		if r.Src.VMap != "" {
 			input.Rules = append(input.Rules, r)

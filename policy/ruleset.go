@@ -96,6 +96,10 @@ type Rule struct {
 	Established bool // ct state established,related
 	Src, Dst    Addr
 	Proto       uint8  // IPPROTO_TCP, UDP, SCTP; 0 is any
+	// NeighbourDiscovery matches IPv6 neighbour discovery (ICMPv6 types
+	// 133–137), which the input hook sees from a pod with the pod's
+	// address as source; conntrack never calls it established.
+	NeighbourDiscovery bool
 	PortLo      uint16 // destination port range; 0 is any
 	PortHi      uint16
 	Counter     bool

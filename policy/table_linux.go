@@ -269,7 +269,7 @@ func model(rs Ruleset) (*kernelState, error) {
 // sameRule compares two rules field by field.
 func sameRule(a, b Rule) bool {
 	return sameAddr(a.Src, b.Src) && sameAddr(a.Dst, b.Dst) && a.V6 == b.V6 && a.Established == b.Established &&
-		a.Proto == b.Proto && a.PortLo == b.PortLo && a.PortHi == b.PortHi && a.Counter == b.Counter &&
+		a.Proto == b.Proto && a.NeighbourDiscovery == b.NeighbourDiscovery && a.PortLo == b.PortLo && a.PortHi == b.PortHi && a.Counter == b.Counter &&
 		a.Verdict == b.Verdict && a.Target == b.Target && a.Comment == b.Comment && a.Log == b.Log &&
 		a.Sample == b.Sample && a.Limit == b.Limit && a.LimitOver == b.LimitOver
 }

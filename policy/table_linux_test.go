@@ -347,3 +347,45 @@ func TestPrivilegedPolicyEgressToOwnNode(t *testing.T) {
 func sameElems(a, b []string) bool {
 	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
 }
+
+// TestPrivilegedPolicyIPv6NeighbourDiscovery: a pod's neighbour
+// solicitations and advertisements reach its node through the input hook
+// with the pod's own address as source, and conntrack never calls them
+// established. A pod an egress policy isolates must still resolve its
+// gateway and answer its node, or no IPv6 packet reaches it or leaves it.
+func TestPrivilegedPolicyIPv6NeighbourDiscovery(t *testing.T) {
+	n := newNode(t)
+	if out, err := netnstest.Exec(n.name, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"); err != nil {
+		t.Fatalf("enabling IPv6 forwarding: %v: %s", err, out)
+	}
+	n.pod("10.244.1.2", "fd00:10:1::2")
+	n.pod("10.244.1.3", "fd00:10:1::3")
+	dual := func(p *corev1.Pod, v6 string) *corev1.Pod {
+		p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: v6})
+		return p
+	}
+	s := Snapshot{Node: "n1",
+		LocalCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:1::/64")},
+		Namespaces: []*corev1.Namespace{testNS("x", nil)},
+		Pods: []*corev1.Pod{
+			dual(testPod("x", "server", "n1", "10.244.1.2", map[string]string{"app": "server"}), "fd00:10:1::2"),
+			dual(testPod("x", "client", "n1", "10.244.1.3", map[string]string{"role": "client"}), "fd00:10:1::3"),
+		},
+		// The client may send to the server alone.
+		Policies: []*networkingv1.NetworkPolicy{testPolicy("x", "client-out", map[string]string{"role": "client"}, func(sp *networkingv1.NetworkPolicySpec) {
+			sp.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+			sp.Egress = []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}}}}}}
+		})},
+	}
+	n.sync(s)
+	for _, c := range []struct{ from, to string }{{"fd00:10:1::3", "fd00:10:1::2"}, {"fd00:10:1::2", "fd00:10:1::3"}} {
+		// No neighbour known yet, on either side: each ping resolves.
+		for _, ns := range []string{n.name, n.pods["fd00:10:1::2"], n.pods["fd00:10:1::3"]} {
+			netnstest.IP(t, ns, "-6", "neigh", "flush", "all")
+		}
+		if !n.reaches(c.from, c.to) {
+			out, _ := netnstest.Exec(n.name, "nft", "list", "table", "inet", TableName)
+			t.Errorf("%s -> %s: no answer (the client's egress policy allows the server; its neighbour discovery must pass):\n%s", c.from, c.to, out)
+		}
+	}
+}
