@@ -3,8 +3,11 @@ package e2e
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -20,8 +23,11 @@ import (
 	networkingv1client "k8s.io/client-go/kubernetes/typed/networking/v1"
 	"k8s.io/client-go/rest"
 
+	"github.com/twill-net/twill/internal/testsupport/kubetest"
 	"github.com/twill-net/twill/internal/testsupport/netnstest"
+	"github.com/twill-net/twill/internal/testsupport/policyscale"
 	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/policy/cnpapi"
 )
 
 // BenchmarkKubeNetworkPolicy measures twilld --network-policy as an
@@ -33,11 +39,21 @@ import (
 // p99; the patch call alone is the floor), then idle CPU and peak RSS.
 func BenchmarkKubeNetworkPolicy(b *testing.B) {
 	for range b.N {
-		benchKubePolicy(b)
+		benchKubePolicy(b, 0)
 	}
 }
 
-func benchKubePolicy(b *testing.B) {
+// BenchmarkKubeClusterNetworkPolicy is BenchmarkKubeNetworkPolicy with
+// the ClusterNetworkPolicy CRD installed and 50 ClusterNetworkPolicies
+// (policyscale.ClusterPolicies: 25 Admin, 25 Baseline) beside the 500
+// NetworkPolicies; twilld also writes their status.
+func BenchmarkKubeClusterNetworkPolicy(b *testing.B) {
+	for range b.N {
+		benchKubePolicy(b, 50)
+	}
+}
+
+func benchKubePolicy(b *testing.B, cnps int) {
 	k := newKubeClusterOn(b, 1, netip.MustParsePrefix("10.99.0.0/24"), "10.244.0.0/16", "host-gw")
 	self := k.topo.Nodes[0]
 	k.createNode(self.Name, "10.244.0.0/23", self.Addr.Addr(), nil)
@@ -47,7 +63,10 @@ func benchKubePolicy(b *testing.B) {
 	}
 	created := time.Now()
 	policyScale(b, api, self.Name)
-	b.Logf("10 namespaces, 1,000 pods and 500 NetworkPolicies created in %s", time.Since(created).Round(time.Millisecond))
+	if cnps > 0 {
+		createClusterPolicies(b, k.api, cnps)
+	}
+	b.Logf("10 namespaces, 1,000 pods, 500 NetworkPolicies and %d ClusterNetworkPolicies created in %s", cnps, time.Since(created).Round(time.Millisecond))
 
 	writes := watchPolicyTable(b, self.NS)
 	b.ResetTimer()
@@ -95,8 +114,8 @@ func benchKubePolicy(b *testing.B) {
 	b.ReportMetric(ms(median(patches)), "api-patch-p50-ms")
 	b.ReportMetric(idle, "idle-cpu-%")
 	b.ReportMetric(rss, "peak-rss-MiB")
-	b.Logf("kube, 1,000 pods and 500 policies: start→policy table %s; label patch→kernel p50/p99 %s/%s (the patch call alone p50 %s); idle CPU %s; peak RSS %.1f MiB",
-		startup.Round(time.Millisecond), r(median(changes)), r(quantile(changes, 0.99)), r(median(patches)), idleString(idle), rss)
+	b.Logf("kube, 1,000 pods, 500 policies and %d ClusterNetworkPolicies: start→policy table %s; label patch→kernel p50/p99 %s/%s (the patch call alone p50 %s); idle CPU %s; peak RSS %.1f MiB",
+		cnps, startup.Round(time.Millisecond), r(median(changes)), r(quantile(changes, 0.99)), r(median(patches)), idleString(idle), rss)
 }
 
 // policyScale creates, in the apiserver, what the policy package's scale()
@@ -154,6 +173,35 @@ func policyScale(b *testing.B, api policyAPI, node string) {
 		_, err := api.NetworkingV1().NetworkPolicies(np.Namespace).Create(ctx, np, metav1.CreateOptions{})
 		return err
 	})
+}
+
+// createClusterPolicies installs the ClusterNetworkPolicy CRD and n
+// policies (policyscale.ClusterPolicies) with kubectl.
+func createClusterPolicies(b *testing.B, api *kubetest.APIServer, n int) {
+	if out, err := api.Kubectl("apply", "--server-side", "-f", kubetest.ClusterPolicyCRD(b)); err != nil {
+		b.Fatalf("kubectl apply the ClusterNetworkPolicy CRD: %v\n%s", err, out)
+	}
+	if out, err := api.Kubectl("wait", "--for", "condition=Established", "--timeout", "50s", "crd/clusternetworkpolicies.policy.networking.k8s.io"); err != nil {
+		b.Fatalf("the ClusterNetworkPolicy CRD is not served: %v\n%s", err, out)
+	}
+	list := map[string]any{"apiVersion": "v1", "kind": "List"}
+	var items []any
+	for _, p := range policyscale.ClusterPolicies(n) {
+		p.APIVersion, p.Kind = cnpapi.Group+"/"+cnpapi.Version, "ClusterNetworkPolicy"
+		items = append(items, p)
+	}
+	list["items"] = items
+	data, err := json.Marshal(list)
+	if err != nil {
+		b.Fatal(err)
+	}
+	file := filepath.Join(b.TempDir(), "cnps.json")
+	if err := os.WriteFile(file, data, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	if out, err := api.Kubectl("create", "-f", file); err != nil {
+		b.Fatalf("kubectl create %d ClusterNetworkPolicies: %v\n%s", n, err, out)
+	}
 }
 
 // parallel runs do(0..n-1) over 16 workers and fails b on the first error.

@@ -11,6 +11,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/twill-net/twill/internal/testsupport/policyscale"
 )
 
 // scale is a cluster of 1,000 pods over 3 nodes in 10 namespaces, and 500
@@ -56,11 +58,25 @@ func scalePodIP(i int) string {
 // from the informers' state to the kernel's table (Compile, then Sync's
 // read, diff and write), p50 and p99 over 50 changes; and Compile alone.
 func BenchmarkPolicyChange(b *testing.B) {
-	benchChange(b, newNode(b).tb)
+	benchChange(b, newNode(b).tb, scale())
 }
 
-func benchChange(b *testing.B, tb *Table) {
+// BenchmarkClusterPolicyChange is BenchmarkPolicyChange with 50
+// ClusterNetworkPolicies beside the 500 NetworkPolicies (scaleCluster).
+func BenchmarkClusterPolicyChange(b *testing.B) {
+	benchChange(b, newNode(b).tb, scaleCluster())
+}
+
+// scaleCluster is scale() and 50 ClusterNetworkPolicies, 25 of each tier
+// (policyscale.ClusterPolicies): every local pod is selected by eight or
+// nine Admin policies and by the Baseline ones of its app.
+func scaleCluster() Snapshot {
 	s := scale()
+	s.ClusterPolicies = policyscale.ClusterPolicies(50)
+	return s
+}
+
+func benchChange(b *testing.B, tb *Table, s Snapshot) {
 	rs := Compile(s).Ruleset
 	if _, err := tb.Sync(rs, false); err != nil {
 		b.Fatal(err)

@@ -34,6 +34,20 @@ const (
 // chain) and throughput (iperf3, one stream: established packets meet the
 // table's first rule), conntrack on in both.
 func BenchmarkPolicyDataPath(b *testing.B) {
+	benchDataPath(b, scale(), "500-policies")
+}
+
+// BenchmarkClusterPolicyDataPath is BenchmarkPolicyDataPath with
+// scaleCluster's 50 ClusterNetworkPolicies too: the server and the client
+// are each selected by nine Admin policies, whose rules their connection
+// walks past before NetworkPolicy lets it in.
+func BenchmarkClusterPolicyDataPath(b *testing.B) {
+	benchDataPath(b, scaleCluster(), "500-policies-50-cnps")
+}
+
+// benchDataPath measures s's table against none; what names it in the
+// metrics.
+func benchDataPath(b *testing.B, s Snapshot, what string) {
 	n := newNode(b)
 	n.pod(benchServer)
 	n.pod(benchClient)
@@ -42,7 +56,6 @@ func BenchmarkPolicyDataPath(b *testing.B) {
 	if out, err := netnstest.Exec(n.name, "nft", "add table inet bench; add chain inet bench forward { type filter hook forward priority 0; }; add rule inet bench forward ct state established accept"); err != nil {
 		b.Fatalf("conntrack in the node namespace: %v: %s", err, out)
 	}
-	s := scale()
 	rs := Compile(s).Ruleset
 	on := func(enforced bool) {
 		if !enforced {
@@ -58,7 +71,7 @@ func BenchmarkPolicyDataPath(b *testing.B) {
 	// The table is in force: it lets the client in on port 80 only.
 	on(true)
 	if n.reaches(benchClient, benchServer) {
-		b.Fatal("a ping from the client reaches the server through 500 policies that allow TCP port 80 alone")
+		b.Fatalf("a ping from the client reaches the server through %s that allow TCP port 80 alone", what)
 	}
 	on(false)
 	if !n.reaches(benchClient, benchServer) {
@@ -69,13 +82,13 @@ func BenchmarkPolicyDataPath(b *testing.B) {
 		on(false)
 		tput := alternate(b, on, func() float64 { return iperfOnce(b, n) })
 		b.ReportMetric(lat.none, "connect-rtt-none-p50-µs")
-		b.ReportMetric(lat.with, "connect-rtt-500-policies-p50-µs")
+		b.ReportMetric(lat.with, "connect-rtt-"+what+"-p50-µs")
 		b.ReportMetric(lat.median, "connect-rtt-ratio-%")
 		b.ReportMetric(tput.none/1e9, "tput-none-Gbps")
-		b.ReportMetric(tput.with/1e9, "tput-500-policies-Gbps")
+		b.ReportMetric(tput.with/1e9, "tput-"+what+"-Gbps")
 		b.ReportMetric(tput.median, "tput-share-%")
-		b.Logf("500 policies against none, pod to pod on one node: connection round trip p50 %.0f µs against %.0f µs (%.0f%%, %.0f–%.0f%%); one TCP stream %.2f Gbit/s against %.2f (%.0f%%, %.0f–%.0f%%), each a median of %d runs",
-			lat.with, lat.none, lat.median, lat.lo, lat.hi, tput.with/1e9, tput.none/1e9, tput.median, tput.lo, tput.hi, dataPathReps)
+		b.Logf("%s against none, pod to pod on one node: connection round trip p50 %.0f µs against %.0f µs (%.0f%%, %.0f–%.0f%%); one TCP stream %.2f Gbit/s against %.2f (%.0f%%, %.0f–%.0f%%), each a median of %d runs",
+			what, lat.with, lat.none, lat.median, lat.lo, lat.hi, tput.with/1e9, tput.none/1e9, tput.median, tput.lo, tput.hi, dataPathReps)
 	}
 }
 

@@ -95,17 +95,17 @@ type Rule struct {
 	V6          bool // the family it matches (a rule matches one)
 	Established bool // ct state established,related
 	Src, Dst    Addr
-	Proto       uint8  // IPPROTO_TCP, UDP, SCTP; 0 is any
+	Proto       uint8 // IPPROTO_TCP, UDP, SCTP; 0 is any
 	// NeighbourDiscovery matches IPv6 neighbour discovery (ICMPv6 types
 	// 133–137), which the input hook sees from a pod with the pod's
 	// address as source; conntrack never calls it established.
 	NeighbourDiscovery bool
-	PortLo      uint16 // destination port range; 0 is any
-	PortHi      uint16
-	Counter     bool
-	Verdict     Verdict
-	Target      string // Jump's or Goto's chain
-	Comment     string // shown by nft list; names the policy for metrics
+	PortLo             uint16 // destination port range; 0 is any
+	PortHi             uint16
+	Counter            bool
+	Verdict            Verdict
+	Target             string // Jump's or Goto's chain
+	Comment            string // shown by nft list; names the policy for metrics
 	// Why names the part of the policy the rule comes from
 	// ("ns/name spec.ingress[0]"). It is not written to the kernel: the
 	// verdict log and `twillctl policy explain` read it from Compile's
