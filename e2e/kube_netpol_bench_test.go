@@ -187,8 +187,8 @@ func createClusterPolicies(b *testing.B, api *kubetest.APIServer, n int) {
 	list := map[string]any{"apiVersion": "v1", "kind": "List"}
 	var items []any
 	for _, p := range policyscale.ClusterPolicies(n) {
-		p.APIVersion, p.Kind = cnpapi.Group+"/"+cnpapi.Version, "ClusterNetworkPolicy"
-		items = append(items, p)
+		items = append(items, map[string]any{"apiVersion": cnpapi.Group + "/" + cnpapi.Version, "kind": "ClusterNetworkPolicy",
+			"metadata": map[string]any{"name": p.Name}, "spec": p.Spec}) // no status: the CRD requires its conditions
 	}
 	list["items"] = items
 	data, err := json.Marshal(list)
