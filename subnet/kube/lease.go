@@ -227,21 +227,22 @@ func (m *Manager) repairSelf(ctx context.Context) error {
 // UpdateBackendData publishes new backend data in the node's annotations
 // (a backend that had to change it, such as vxlan taking a new VTEP MAC);
 // Run keeps it there from then on.
+//
+// The new data is what Run keeps from before the patch is sent: the watch
+// may bring the patch back before the call returns, and Run, still
+// keeping the old data, took it for someone else's change and published
+// the old data again (on a key rotation, the peers took the old key back
+// for a moment). Should the patch fail, Run publishes the new data.
 func (m *Manager) UpdateBackendData(ctx context.Context, data, v6Data json.RawMessage) error {
-	m.mu.Lock()
-	attrs := m.lease.Attrs
-	attrs.BackendData, attrs.BackendV6Data = data, v6Data
-	want := m.ann.Publish(attrs)
-	m.mu.Unlock()
 	rv := ""
 	if n, ok := m.self(); ok {
 		rv = n.ResourceVersion
 	}
-	if err := m.patchAnnotations(ctx, want); err != nil {
-		return err
-	}
 	m.mu.Lock()
+	attrs := m.lease.Attrs
+	attrs.BackendData, attrs.BackendV6Data = data, v6Data
+	want := m.ann.Publish(attrs)
 	m.published, m.lease.Attrs, m.staleRV = want, attrs, rv
 	m.mu.Unlock()
-	return nil
+	return m.patchAnnotations(ctx, want)
 }

@@ -2,10 +2,13 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,5 +75,78 @@ func TestAcquireLeaseOnFirstSync(t *testing.T) {
 	}
 	if slow > 0 {
 		t.Fatalf("%d of 200 AcquireLease calls still waited after 3 s, with the first list in the informer", slow)
+	}
+}
+
+// hookClient is listClient with a hook on each patch.
+type hookClient struct {
+	listClient
+	hook func(patch []byte)
+}
+
+func (c hookClient) PatchNodeStatus(ctx context.Context, name string, pt types.PatchType, patch []byte) (*corev1.Node, error) {
+	c.hook(patch)
+	return c.listClient.PatchNodeStatus(ctx, name, pt, patch)
+}
+
+// TestUpdateBackendDataKeepsTheNewDataOnly: the watch brings the node's
+// own patch back before UpdateBackendData returns (a key rotation under
+// load); Run's repair must not take it for someone else's change and
+// publish the old data again, or the peers take the old key back.
+func TestUpdateBackendDataKeepsTheNewDataOnly(t *testing.T) {
+	nodes := []corev1.Node{*node("n1", "10.244.1.0/24", "10.0.0.1", nil)}
+	var m *Manager
+	var patches []string
+	echo := true
+	c := hookClient{listClient: listClient{nodes: nodes}, hook: func(patch []byte) {
+		patches = append(patches, string(patch))
+		if m == nil || !echo || !strings.Contains(string(patch), "new-key") {
+			return
+		}
+		echo = false // once: the watch's event for this patch, handled at once
+		var body struct {
+			Metadata struct{ Annotations map[string]string }
+		}
+		if err := json.Unmarshal(patch, &body); err != nil {
+			t.Error(err)
+		}
+		n, _ := m.self()
+		n = n.DeepCopy()
+		maps.Copy(n.Annotations, body.Metadata.Annotations)
+		n.ResourceVersion = "2"
+		if err := m.informer.GetStore().Update(n); err != nil {
+			t.Error(err)
+		}
+		if err := m.repairSelf(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	mm := New(Options{Client: c, NodeName: "n1", Annotations: ann(t), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), WaitReport: time.Hour})
+	cfg := &subnet.Config{Network: netip.MustParsePrefix("10.244.0.0/16"), EnableIPv4: true, BackendType: "wireguard"}
+	if _, err := mm.AcquireLease(ctx, cfg, subnet.LeaseAttrs{PublicIP: netip.MustParseAddr("10.0.0.1"), BackendType: "wireguard",
+		BackendData: []byte(`{"PublicKey":"old-key"}`)}, subnet.Lease{}); err != nil {
+		t.Fatal(err)
+	}
+	// The cache holds the first publication, as the watch brought it.
+	n, _ := mm.self()
+	n = n.DeepCopy()
+	n.Annotations = mm.ann.Publish(mm.lease.Attrs)
+	n.ResourceVersion = "1"
+	if err := mm.informer.GetStore().Update(n); err != nil {
+		t.Fatal(err)
+	}
+	m, patches = mm, nil
+	if err := m.UpdateBackendData(ctx, []byte(`{"PublicKey":"new-key"}`), nil); err != nil {
+		t.Fatal(err)
+	}
+	if echo {
+		t.Fatal("the patch with the new data was never sent")
+	}
+	for _, p := range patches {
+		if strings.Contains(p, "old-key") {
+			t.Fatalf("the old data was published again after the new: patches %q", patches)
+		}
 	}
 }
