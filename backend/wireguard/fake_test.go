@@ -22,6 +22,8 @@ type fakeDevice struct {
 	peers map[wgtypes.Key]wgtypes.Peer
 	// old: the device is a twill-wg from before the peers query.
 	old bool
+	// failSet: every Set fails (a device that refuses a change).
+	failSet bool
 }
 
 var _ Device = (*fakeDevice)(nil)
@@ -58,6 +60,9 @@ func (f *fakeDevice) Peers(_ context.Context, keys []wgtypes.Key) ([]wgtypes.Pee
 func (f *fakeDevice) Set(_ context.Context, cfg wgtypes.Config) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.failSet {
+		return fmt.Errorf("fake: the device refuses the change")
+	}
 	if f.peers == nil {
 		f.peers = map[wgtypes.Key]wgtypes.Peer{}
 	}

@@ -48,6 +48,9 @@ type Network struct {
 	greeting map[string]map[wgtypes.Key]greeting
 	publish  bool   // the public key changed since it was published
 	poke     func() // asks the daemon for a Reconcile (set by WatchKernel)
+	// held is the private key each device was last seen to hold (set by
+	// apply): a rotated key is published only once every device holds it.
+	held map[string]wgtypes.Key
 }
 
 // The optional interfaces wireguard's Network implements.
@@ -164,11 +167,14 @@ func (n *Network) apply(ctx context.Context, t tunnel, dev Device, link int, key
 	n.mu.Unlock()
 	if c == 0 {
 		n.record(t, want, link, conflicted, generation(ctx, dev))
+		n.hold(t.name, key)
 		return 0, nil, nil
 	}
 	if err := dev.Set(ctx, cfg); err != nil {
+		n.hold(t.name, have.PrivateKey)
 		return 0, nil, err
 	}
+	n.hold(t.name, key)
 	var was map[wgtypes.Key]peer
 	if prev != nil {
 		was = prev.peers
@@ -256,12 +262,31 @@ func (n *Network) record(t tunnel, want map[wgtypes.Key]peer, link int, conflict
 	n.last[t.name] = r
 }
 
-// BackendData publishes the public key again once it changed (rotation).
+// hold records the private key device name holds.
+func (n *Network) hold(name string, key wgtypes.Key) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.held == nil {
+		n.held = map[string]wgtypes.Key{}
+	}
+	n.held[name] = key
+}
+
+// BackendData publishes the public key again once it changed (rotation)
+// and every device holds the new private key: published before, the
+// peers would drop this node's packets, sealed with the old key, until
+// the device took it (a Reconcile under way when the key was rotated, or
+// one that failed to set it).
 func (n *Network) BackendData() (data, v6Data json.RawMessage, changed bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if !n.publish {
 		return nil, nil, false
+	}
+	for _, t := range n.b.tunnels {
+		if n.held[t.name] != n.key {
+			return nil, nil, false // the next Reconcile sets it, then publishes
+		}
 	}
 	n.publish = false
 	data, v6Data = n.b.data(n.key.PublicKey())

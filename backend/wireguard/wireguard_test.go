@@ -289,6 +289,25 @@ func TestRotate(t *testing.T) {
 	if err := n.nw.Rotate(); err != nil {
 		t.Fatal(err)
 	}
+	// Not published until the device holds the new key: its peers would
+	// drop what it sends, sealed with the old one.
+	if _, _, changed := n.nw.BackendData(); changed {
+		t.Fatal("the rotated key was published before the device held it")
+	}
+	refuse := func(on bool) {
+		d := n.devs.dev(DeviceName)
+		d.mu.Lock()
+		d.failSet = on
+		d.mu.Unlock()
+	}
+	refuse(true)
+	if err := n.nw.Reconcile(ctx, nil); err == nil {
+		t.Fatal("Reconcile succeeded with the device refusing every change")
+	}
+	if _, _, changed := n.nw.BackendData(); changed {
+		t.Fatal("the rotated key was published after the device refused it")
+	}
+	refuse(false)
 	if err := n.nw.Reconcile(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -342,6 +361,7 @@ func TestRotatesOnPeriod(t *testing.T) {
 	go func() { _ = n.nw.Run(ctx) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
+		_ = n.nw.Reconcile(ctx, nil) // what the daemon does when poked
 		if data, _, changed := n.nw.BackendData(); changed {
 			if strings.Contains(string(data), n.pub.String()) {
 				t.Fatal("published the old key again")
