@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"slices"
 	"testing"
@@ -88,12 +89,18 @@ func benchDataPath(b *testing.B, s Snapshot, what string) {
 		b.ReportMetric(tput.with/1e9, "tput-"+what+"-Gbps")
 		b.ReportMetric(tput.median, "tput-share-%")
 		b.Logf("%s against none, pod to pod on one node: connection round trip p50 %.0f µs against %.0f µs (%.0f%%, %.0f–%.0f%%); one TCP stream %.2f Gbit/s against %.2f (%.0f%%, %.0f–%.0f%%), each a median of %d runs",
-			what, lat.with, lat.none, lat.median, lat.lo, lat.hi, tput.with/1e9, tput.none/1e9, tput.median, tput.lo, tput.hi, dataPathReps)
+			what, lat.with, lat.none, lat.median, lat.lo, lat.hi, tput.with/1e9, tput.none/1e9, tput.median, tput.lo, tput.hi, dataPathReps())
 	}
 }
 
-// dataPathReps is how many runs with the policies each figure takes.
-const dataPathReps = 3
+// dataPathReps is how many runs with the policies each figure takes: one
+// under make bench-smoke (TWILL_BENCH_SMOKE), which checks that it runs.
+func dataPathReps() int {
+	if os.Getenv("TWILL_BENCH_SMOKE") != "" {
+		return 1
+	}
+	return 3
+}
 
 type paired struct{ none, with, median, lo, hi float64 }
 
@@ -104,7 +111,7 @@ func alternate(b *testing.B, on func(bool), measure func() float64) paired {
 	on(false)
 	none := []float64{measure()}
 	var with, shares []float64
-	for range dataPathReps {
+	for range dataPathReps() {
 		on(true)
 		with = append(with, measure())
 		on(false)
