@@ -45,3 +45,32 @@ func TestShippedBinariesLinkNoLab(t *testing.T) {
 		t.Fatalf("the image's binaries %v link %d lab or test packages: %v", cmds, len(bad), bad)
 	}
 }
+
+// TestTwilldLinksNoWireGuardDevice: twilld and twillctl link no
+// wireguard-go device, TUN or socket code, which only twill-wg runs:
+// twilld asks twill-wg's keeper for a userspace device over a socket
+// (package wgkeeper) and configures it over its userspace API.
+func TestTwilldLinksNoWireGuardDevice(t *testing.T) {
+	cmds := []string{"./cmd/twilld", "./cmd/twillctl"}
+	list := exec.Command("go", append([]string{"list", "-deps"}, cmds...)...)
+	list.Dir = ".."
+	out, err := list.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps %v: %v\n%s", cmds, err, out)
+	}
+	forbidden := regexp.MustCompile(`^(golang\.zx2c4\.com/wireguard/(device|tun|conn|ipc|ratelimiter|replay|tai64n|rwcancel)(/.*)?|github\.com/twill-net/twill/backend/wireguard/userspace)$`)
+	var bad []string
+	for _, pkg := range strings.Fields(string(out)) {
+		if forbidden.MatchString(pkg) {
+			bad = append(bad, pkg)
+		}
+	}
+	if len(bad) > 0 {
+		t.Fatalf("%v link wireguard-go's device side: %v", cmds, bad)
+	}
+	// twill-wg does, or this test checks nothing.
+	wg, err := exec.Command("go", "list", "-deps", "../cmd/twill-wg").CombinedOutput()
+	if err != nil || !strings.Contains(string(wg), "golang.zx2c4.com/wireguard/device\n") {
+		t.Fatalf("twill-wg does not link golang.zx2c4.com/wireguard/device: %v\n%s", err, wg)
+	}
+}

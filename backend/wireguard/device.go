@@ -21,7 +21,7 @@ import (
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/wireguard/uapi"
-	"github.com/twill-net/twill/backend/wireguard/userspace"
+	"github.com/twill-net/twill/backend/wireguard/wgkeeper"
 	"github.com/twill-net/twill/nl"
 )
 
@@ -224,9 +224,9 @@ func (d *devices) create(ctx context.Context, t tunnel) (nl.Link, error) {
 	if !errors.Is(err, nl.ErrNotSupported) {
 		return nl.Link{}, err
 	}
-	if keeper := KeeperSocket(d.stateDir); userspace.Answers(keeper) {
-		req := userspace.Request{Name: t.name, Socket: Socket(d.stateDir, t.name), MTU: t.mtu}
-		if err := userspace.Ask(ctx, keeper, req); err != nil {
+	if keeper := KeeperSocket(d.stateDir); wgkeeper.Answers(keeper) {
+		req := wgkeeper.Request{Name: t.name, Socket: Socket(d.stateDir, t.name), MTU: t.mtu}
+		if err := wgkeeper.Ask(ctx, keeper, req); err != nil {
 			return nl.Link{}, fmt.Errorf("wireguard: this kernel has no wireguard module, and the keeper failed: %w", err)
 		}
 		d.log.Info("this kernel has no wireguard module; the keeper runs a userspace device", "device", t.name, "keeper", keeper)

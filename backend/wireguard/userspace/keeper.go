@@ -12,26 +12,12 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/twill-net/twill/backend/wireguard/wgkeeper"
 )
 
-// A keeper runs userspace devices on request, in a process that lives
-// apart from twilld: on Kubernetes, the kube-twill-wireguard DaemonSet,
-// whose pods are not replaced when twilld's are (upgrades included), so
-// the devices and pod traffic carry on while twilld restarts. twilld asks
-// it for a device over a unix socket; a device lives until the keeper
-// stops or the device's TUN link is deleted.
-
-// Request asks a keeper for a device; the keeper answers with a Reply.
-type Request struct {
-	Name   string
-	Socket string
-	MTU    int
-}
-
-// Reply is a keeper's answer: Error is empty when the device runs.
-type Reply struct {
-	Error string `json:",omitempty"`
-}
+// The keeper's side of package wgkeeper's protocol: it runs userspace
+// devices on twilld's request.
 
 // KeeperOptions configure RunKeeper.
 type KeeperOptions struct {
@@ -89,7 +75,7 @@ type keeper struct {
 func (k *keeper) serve(c net.Conn) {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(15 * time.Second))
-	var req Request
+	var req wgkeeper.Request
 	line, err := bufio.NewReader(c).ReadBytes('\n')
 	if err == nil {
 		err = json.Unmarshal(line, &req)
@@ -97,7 +83,7 @@ func (k *keeper) serve(c net.Conn) {
 	if err == nil {
 		err = k.start(req)
 	}
-	var rep Reply
+	var rep wgkeeper.Reply
 	if err != nil {
 		rep.Error = err.Error()
 	}
@@ -107,7 +93,7 @@ func (k *keeper) serve(c net.Conn) {
 
 // start runs the device unless it runs already, and waits until it serves
 // its socket.
-func (k *keeper) start(req Request) error {
+func (k *keeper) start(req wgkeeper.Request) error {
 	if req.Name == "" || req.Socket == "" || !filepath.IsAbs(req.Socket) {
 		return fmt.Errorf("a device needs a name and an absolute socket path (got %q, %q)", req.Name, req.Socket)
 	}
@@ -142,45 +128,4 @@ func (k *keeper) start(req Request) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-// Ask asks the keeper at socket for a device.
-func Ask(ctx context.Context, socket string, req Request) error {
-	var d net.Dialer
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	c, err := d.DialContext(ctx, "unix", socket)
-	if err != nil {
-		return fmt.Errorf("asking the keeper at %s: %w", socket, err)
-	}
-	defer c.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = c.SetDeadline(dl)
-	}
-	b, _ := json.Marshal(req)
-	if _, err := c.Write(append(b, '\n')); err != nil {
-		return fmt.Errorf("asking the keeper at %s: %w", socket, err)
-	}
-	line, err := bufio.NewReader(c).ReadBytes('\n')
-	if err != nil {
-		return fmt.Errorf("asking the keeper at %s: %w", socket, err)
-	}
-	var rep Reply
-	if err := json.Unmarshal(line, &rep); err != nil {
-		return fmt.Errorf("the keeper at %s answered %q: %w", socket, line, err)
-	}
-	if rep.Error != "" {
-		return fmt.Errorf("the keeper at %s: %s", socket, rep.Error)
-	}
-	return nil
-}
-
-// Answers reports whether a keeper serves socket.
-func Answers(socket string) bool {
-	c, err := net.DialTimeout("unix", socket, time.Second)
-	if err != nil {
-		return false
-	}
-	c.Close()
-	return true
 }

@@ -12,6 +12,7 @@ import (
 	"golang.zx2c4.com/wireguard/tun/tuntest"
 
 	"github.com/twill-net/twill/backend/wireguard/uapi"
+	"github.com/twill-net/twill/backend/wireguard/wgkeeper"
 )
 
 // TestKeeper: a keeper runs the device asked for (once, however often it
@@ -32,7 +33,7 @@ func TestKeeper(t *testing.T) {
 			}})
 	}()
 	deadline := time.Now().Add(10 * time.Second)
-	for !Answers(sock) {
+	for !wgkeeper.Answers(sock) {
 		if time.Now().After(deadline) {
 			t.Fatal("the keeper never served its socket")
 		}
@@ -40,7 +41,7 @@ func TestKeeper(t *testing.T) {
 	}
 	devSock := filepath.Join(dir, "twill-wg.sock")
 	for range 2 {
-		if err := Ask(ctx, sock, Request{Name: "twill-wg", Socket: devSock, MTU: 1420}); err != nil {
+		if err := wgkeeper.Ask(ctx, sock, wgkeeper.Request{Name: "twill-wg", Socket: devSock, MTU: 1420}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -50,7 +51,7 @@ func TestKeeper(t *testing.T) {
 	if started != 1 {
 		t.Fatalf("the device was started %d times", started)
 	}
-	if err := Ask(ctx, sock, Request{Name: "x", Socket: "relative.sock"}); err == nil || !strings.Contains(err.Error(), "absolute socket path") {
+	if err := wgkeeper.Ask(ctx, sock, wgkeeper.Request{Name: "x", Socket: "relative.sock"}); err == nil || !strings.Contains(err.Error(), "absolute socket path") {
 		t.Fatalf("a relative socket path: %v", err)
 	}
 	cancel()
