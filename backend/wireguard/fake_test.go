@@ -24,12 +24,15 @@ type fakeDevice struct {
 	old bool
 	// failSet: every Set fails (a device that refuses a change).
 	failSet bool
+	// whole counts the reads of the whole device (Get).
+	whole int
 }
 
 var _ Device = (*fakeDevice)(nil)
 
 func (f *fakeDevice) Get(context.Context) (*wgtypes.Device, error) {
 	f.mu.Lock()
+	f.whole++
 	defer f.mu.Unlock()
 	d := &wgtypes.Device{PrivateKey: f.key, PublicKey: f.key.PublicKey(), ListenPort: f.port}
 	for _, p := range f.peers {

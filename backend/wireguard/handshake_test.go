@@ -94,6 +94,28 @@ func TestFollowsFirstHandshakesOnAnOlderTwillWG(t *testing.T) {
 	if addrs(n.nudged) != "10.244.2.0 10.244.2.0" || !putBack {
 		t.Fatalf("nudged %v, want node2's device address twice; put back: %v", n.nudged, putBack)
 	}
+	// The keeper is updated: its device answers the peers query, and is
+	// asked it again once peersQueryRetry has passed, not at twilld's
+	// next restart.
+	dev.mu.Lock()
+	dev.old = false
+	dev.mu.Unlock()
+	whole := func() int {
+		dev.mu.Lock()
+		defer dev.mu.Unlock()
+		return dev.whole
+	}
+	t1 := time.Now().Add(3 * retryGreeting) // the peer is due again
+	before := whole()
+	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t1)
+	if whole() == before {
+		t.Fatal("the device was asked the peers query again at once: it is read whole until peersQueryRetry has passed")
+	}
+	before = whole()
+	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t1.Add(peersQueryRetry))
+	if got := whole(); got != before {
+		t.Fatalf("the device, updated, was read whole %d more times peersQueryRetry later: it must be asked the peers query again", got-before)
+	}
 }
 
 // A peer whose key is below the node's leads: the node waits yieldFor

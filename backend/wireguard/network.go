@@ -35,9 +35,9 @@ type Network struct {
 	// opMu serializes the changes made to the devices: Reconcile's and
 	// Update's, and followHandshakes'.
 	opMu sync.Mutex
-	// noPeersQuery: the devices that did not answer a peers query
-	// (guarded by opMu).
-	noPeersQuery map[string]bool
+	// noPeersQuery: when each device last did not answer a peers query
+	// (guarded by opMu); it is asked again peersQueryRetry later.
+	noPeersQuery map[string]time.Time
 
 	mu sync.Mutex
 	// guarded by mu:
