@@ -65,32 +65,41 @@ func (n *node) reaches(from, to string) bool {
 	return err == nil
 }
 
-// TestPrivilegedPolicyDualStack: one policy isolates a dual-stack pod in
-// both families; its peers are allowed in both, and an IPv6 address no
-// known pod holds is dropped like an IPv4 one.
-func TestPrivilegedPolicyDualStack(t *testing.T) {
+// dualStackNode is a node forwarding both families with two dual-stack
+// pods of namespace x, and the snapshot that holds them: x/server
+// (app=server) at .2 and ::2, x/client (role=client) at .3 and ::3.
+func dualStackNode(t *testing.T) (*node, Snapshot) {
 	n := newNode(t)
 	if out, err := netnstest.Exec(n.name, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"); err != nil {
 		t.Fatalf("enabling IPv6 forwarding: %v: %s", err, out)
 	}
 	n.pod("10.244.1.2", "fd00:10:1::2")
 	n.pod("10.244.1.3", "fd00:10:1::3")
-	n.pod("10.244.1.4", "fd00:10:1::4")
-	dual := func(p *corev1.Pod, v6 string) *corev1.Pod {
-		p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: v6})
-		return p
-	}
-	s := Snapshot{Node: "n1",
+	return n, Snapshot{Node: "n1",
 		LocalCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:1::/64")},
 		Namespaces: []*corev1.Namespace{testNS("x", nil)},
 		Pods: []*corev1.Pod{
-			dual(testPod("x", "server", "n1", "10.244.1.2", map[string]string{"app": "server"}), "fd00:10:1::2"),
-			dual(testPod("x", "client", "n1", "10.244.1.3", map[string]string{"role": "client"}), "fd00:10:1::3"),
+			dualPod(testPod("x", "server", "n1", "10.244.1.2", map[string]string{"app": "server"}), "fd00:10:1::2"),
+			dualPod(testPod("x", "client", "n1", "10.244.1.3", map[string]string{"role": "client"}), "fd00:10:1::3"),
 		},
-		Policies: []*networkingv1.NetworkPolicy{testPolicy("x", "clients", map[string]string{"app": "server"}, func(sp *networkingv1.NetworkPolicySpec) {
-			sp.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "client"}}}}}}
-		})},
 	}
+}
+
+// dualPod gives p an IPv6 address after its IPv4 one.
+func dualPod(p *corev1.Pod, v6 string) *corev1.Pod {
+	p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: v6})
+	return p
+}
+
+// TestPrivilegedPolicyDualStack: one policy isolates a dual-stack pod in
+// both families; its peers are allowed in both, and an IPv6 address no
+// known pod holds is dropped like an IPv4 one.
+func TestPrivilegedPolicyDualStack(t *testing.T) {
+	n, s := dualStackNode(t)
+	n.pod("10.244.1.4", "fd00:10:1::4")
+	s.Policies = []*networkingv1.NetworkPolicy{testPolicy("x", "clients", map[string]string{"app": "server"}, func(sp *networkingv1.NetworkPolicySpec) {
+		sp.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "client"}}}}}}
+	})}
 	n.sync(s)
 	for _, c := range []struct {
 		from, to string
@@ -105,7 +114,7 @@ func TestPrivilegedPolicyDualStack(t *testing.T) {
 	}
 	// .4 becomes a known pod without the client's label: refused in both
 	// families, though it may now send and receive.
-	s.Pods = append(s.Pods, dual(testPod("x", "other", "n1", "10.244.1.4", nil), "fd00:10:1::4"))
+	s.Pods = append(s.Pods, dualPod(testPod("x", "other", "n1", "10.244.1.4", nil), "fd00:10:1::4"))
 	n.sync(s)
 	for _, c := range []struct {
 		from, to string
@@ -354,29 +363,12 @@ func sameElems(a, b []string) bool {
 // established. A pod an egress policy isolates must still resolve its
 // gateway and answer its node, or no IPv6 packet reaches it or leaves it.
 func TestPrivilegedPolicyIPv6NeighbourDiscovery(t *testing.T) {
-	n := newNode(t)
-	if out, err := netnstest.Exec(n.name, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"); err != nil {
-		t.Fatalf("enabling IPv6 forwarding: %v: %s", err, out)
-	}
-	n.pod("10.244.1.2", "fd00:10:1::2")
-	n.pod("10.244.1.3", "fd00:10:1::3")
-	dual := func(p *corev1.Pod, v6 string) *corev1.Pod {
-		p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: v6})
-		return p
-	}
-	s := Snapshot{Node: "n1",
-		LocalCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:1::/64")},
-		Namespaces: []*corev1.Namespace{testNS("x", nil)},
-		Pods: []*corev1.Pod{
-			dual(testPod("x", "server", "n1", "10.244.1.2", map[string]string{"app": "server"}), "fd00:10:1::2"),
-			dual(testPod("x", "client", "n1", "10.244.1.3", map[string]string{"role": "client"}), "fd00:10:1::3"),
-		},
-		// The client may send to the server alone.
-		Policies: []*networkingv1.NetworkPolicy{testPolicy("x", "client-out", map[string]string{"role": "client"}, func(sp *networkingv1.NetworkPolicySpec) {
-			sp.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
-			sp.Egress = []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}}}}}}
-		})},
-	}
+	n, s := dualStackNode(t)
+	// The client may send to the server alone.
+	s.Policies = []*networkingv1.NetworkPolicy{testPolicy("x", "client-out", map[string]string{"role": "client"}, func(sp *networkingv1.NetworkPolicySpec) {
+		sp.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+		sp.Egress = []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}}}}}}
+	})}
 	n.sync(s)
 	for _, c := range []struct{ from, to string }{{"fd00:10:1::3", "fd00:10:1::2"}, {"fd00:10:1::2", "fd00:10:1::3"}} {
 		// No neighbour known yet, on either side: each ping resolves.
