@@ -190,20 +190,20 @@ test-unit: ## Unit tier: no root needed (privileged tests skip themselves in -sh
 
 # The unit tier's coverage of backend/ (the netlink seam nl/ is the
 # privileged tier's: it is the code that talks to a real kernel).
-COVER_PKGS = $$($(GO) list ./backend/... ./internal/daemon | grep -v '/backend/backendtest$$' | paste -sd, -)
-COVER_FLOOR = github.com/twill-net/twill/backend github.com/twill-net/twill/backend/hostgw github.com/twill-net/twill/backend/vxlan github.com/twill-net/twill/internal/daemon
+COVER_PKGS = $$($(GO) list ./backend/... ./daemon | grep -v '/backend/backendtest$$' | paste -sd, -)
+COVER_FLOOR = github.com/twill-net/twill/backend github.com/twill-net/twill/backend/hostgw github.com/twill-net/twill/backend/vxlan github.com/twill-net/twill/daemon
 
 .PHONY: cover
 cover: ## Statement coverage by the unit tier, no root involved, per package: backend/, hostgw, vxlan and the daemon's engine at 80% or more each
 	@mkdir -p build
-	@echo '$(GO) test -vet=off -short -count=1 -coverpkg=... -coverprofile=build/cover.out ./backend/... ./internal/daemon'
-	@$(GO) test -vet=off -short -count=1 -coverpkg=$(COVER_PKGS) -coverprofile=build/cover.out ./backend/... ./internal/daemon >build/cover.log 2>&1 || \
+	@echo '$(GO) test -vet=off -short -count=1 -coverpkg=... -coverprofile=build/cover.out ./backend/... ./daemon'
+	@$(GO) test -vet=off -short -count=1 -coverpkg=$(COVER_PKGS) -coverprofile=build/cover.out ./backend/... ./daemon >build/cover.log 2>&1 || \
 		{ grep -v -e '^ok ' -e 'no test files' -e 'coverage: 0.0% of statements' build/cover.log; exit 1; }
 	@awk -v floor="$(COVER_FLOOR)" -f tools/cover.awk build/cover.out
 
 .PHONY: test-privileged
 test-privileged: setup ## Privileged tier: real netns, netlink, iptables (root)
-	$(RACE) -count=1 -run 'Privileged' ./nl/... ./backend/... ./network/... ./internal/... ./lab/... ./subnet/... ./plugin/...
+	$(RACE) -count=1 -run 'Privileged' ./nl/... ./backend/... ./network/... ./policy/... ./daemon/... ./internal/... ./lab/... ./subnet/... ./plugin/...
 
 .PHONY: e2e
 e2e: setup ## Multi-node clusters in network namespaces with the built binaries (root)
@@ -225,7 +225,7 @@ fuzz: ## Fuzz every parser of untrusted input for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzRouteEvents$$' -fuzztime $${FUZZTIME:-30s} ./nl/
 
 .PHONY: lint
-lint: ## gofmt, go vet, netlink only through nl/, no tracked file over 1 MB, no function over 80 lines (tools/sizecheck), one version of each shared dependency across the tools modules (tools/modalign)
+lint: ## gofmt, go vet, netlink only through nl/, no tracked file over 1 MB, no function over 80 lines (tools/sizecheck), one version of each shared dependency across the tools modules (tools/modalign), top-level folders layered and internal/ leaves only (tools/layers)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	@bad=$$(grep -rln --include='*.go' '"github.com/vishvananda/netlink"' . | grep -v '^./nl/' || true); \
@@ -234,6 +234,7 @@ lint: ## gofmt, go vet, netlink only through nl/, no tracked file over 1 MB, no 
 	if [ -n "$$big" ]; then echo "tracked files over 1 MB (build output? use make build, which writes bin/):"; echo "$$big"; exit 1; fi
 	$(GO) run ./tools/sizecheck
 	$(GO) run ./tools/modalign
+	$(GO) run ./tools/layers
 
 # The packages with benchmarks: go test ./... would link a test binary for
 # each of the others too, for nothing.

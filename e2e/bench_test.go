@@ -18,10 +18,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	twcluster "github.com/twill-net/twill/lab/cluster"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 const (

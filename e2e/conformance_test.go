@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/twill-net/twill/internal/testsupport/kubetest"
 	"github.com/twill-net/twill/lab"
+	"github.com/twill-net/twill/testsupport/kubetest"
 )
 
 // TestKubeConformanceFast runs the pod-networking subset of Kubernetes' own

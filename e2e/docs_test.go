@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/testsupport/kubetest"
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
+	"github.com/twill-net/twill/testsupport/kubetest"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 // The docs' shell commands are run as written, so that the docs cannot

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/lab/pki"
+	"github.com/twill-net/twill/internal/pki"
 )
 
 // etcdAuthPort is where TestEtcdTLSRBAC's etcd serves, beside the plain

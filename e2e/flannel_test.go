@@ -17,10 +17,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/testsupport/kubetest"
 	twcluster "github.com/twill-net/twill/lab/cluster"
 	"github.com/twill-net/twill/lab/cnidriver"
 	"github.com/twill-net/twill/lab/topology"
+	"github.com/twill-net/twill/testsupport/kubetest"
 )
 
 // These tests take over a running flannel cluster, node by node, with

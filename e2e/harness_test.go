@@ -26,11 +26,11 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/twill-net/twill/internal/testsupport/buildtest"
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/lab/cnidriver"
 	"github.com/twill-net/twill/lab/topology"
 	"github.com/twill-net/twill/subnet"
+	"github.com/twill-net/twill/testsupport/buildtest"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 func TestMain(m *testing.M) {

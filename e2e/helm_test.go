@@ -18,8 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/yaml"
 
 	"github.com/twill-net/twill/dist"
-	"github.com/twill-net/twill/internal/testsupport/kubetest"
 	"github.com/twill-net/twill/lab"
+	"github.com/twill-net/twill/testsupport/kubetest"
 )
 
 // helmChart is dist/chart/twill in the tree, and helm, built from the Go

@@ -9,8 +9,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/twill-net/twill/internal/testsupport/buildtest"
-	"github.com/twill-net/twill/internal/testsupport/kubetest"
+	"github.com/twill-net/twill/testsupport/buildtest"
+	"github.com/twill-net/twill/testsupport/kubetest"
 )
 
 // The Kubernetes labs' images are written once per test process, by

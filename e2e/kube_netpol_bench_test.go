@@ -23,11 +23,11 @@ import (
 	networkingv1client "k8s.io/client-go/kubernetes/typed/networking/v1"
 	"k8s.io/client-go/rest"
 
-	"github.com/twill-net/twill/internal/testsupport/kubetest"
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
-	"github.com/twill-net/twill/internal/testsupport/policyscale"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/policy/cnpapi"
+	"github.com/twill-net/twill/testsupport/kubetest"
+	"github.com/twill-net/twill/testsupport/netnstest"
+	"github.com/twill-net/twill/testsupport/policyscale"
 )
 
 // BenchmarkKubeNetworkPolicy measures twilld --network-policy as an

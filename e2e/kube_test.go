@@ -16,8 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
-	"github.com/twill-net/twill/internal/testsupport/kubetest"
 	"github.com/twill-net/twill/lab/topology"
+	"github.com/twill-net/twill/testsupport/kubetest"
 )
 
 // kubeCluster is a cluster whose nodes run twilld --kube-subnet-mgr against

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/testsupport/kubetest"
 	"github.com/twill-net/twill/lab"
+	"github.com/twill-net/twill/testsupport/kubetest"
 )
 
 // TestKubeLabFlannelTakeover: a Kubernetes lab (kubelet, containerd,

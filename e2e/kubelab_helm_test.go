@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/testsupport/kubetest"
 	"github.com/twill-net/twill/lab"
+	"github.com/twill-net/twill/testsupport/kubetest"
 )
 
 // TestKubeLabHelm installs twill with helm install (dist/chart/twill, as

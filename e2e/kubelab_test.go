@@ -23,8 +23,8 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 
-	"github.com/twill-net/twill/internal/testsupport/kubetest"
 	"github.com/twill-net/twill/lab"
+	"github.com/twill-net/twill/testsupport/kubetest"
 )
 
 // upKube brings up a Kubernetes lab of nodes nodes, podsPerNode pods each,

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/testsupport/kubetest"
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/lab"
+	"github.com/twill-net/twill/testsupport/kubetest"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 // labCtl runs the built twillctl lab with a per-test state root.
@@ -324,17 +325,14 @@ func TestLabExampleBackend(t *testing.T) {
 // TestBackendInAnotherModule: the example backend, built from a module of
 // its own with the replace writing-a-backend.md shows, and its unit test
 // run there: a third party's backend tested on the public fake kernel
-// (nl/nlfake) and test helpers (backend/backendtest).
+// (nl/nlfake) and test helpers (backend/backendtest); the custom twilld
+// built on cmd/twilld/app and the program that embeds the public engine
+// (package daemon, Documentation/examples/engine) both build there and list
+// the backend.
 func TestBackendInAnotherModule(t *testing.T) {
 	beside(t)
 	root := kubetest.Root(t)
 	mod := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(mod, "directgw"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(filepath.Join(mod, "cmd", "twilld"), 0o755); err != nil {
-		t.Fatal(err)
-	}
 	src, err := os.ReadFile(filepath.Join(root, "Documentation", "examples", "directgw", "directgw.go"))
 	if err != nil {
 		t.Fatal(err)
@@ -347,14 +345,30 @@ func TestBackendInAnotherModule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	main = []byte(strings.Replace(string(main), "github.com/twill-net/twill/Documentation/examples/directgw", "example.com/mybackend/directgw", 1))
-	gomod := "module example.com/mybackend\n\ngo 1.26\n\nrequire github.com/twill-net/twill v0.0.0\n\nreplace github.com/twill-net/twill => " + root + "\n"
-	for path, data := range map[string][]byte{"go.mod": []byte(gomod), "directgw/directgw.go": src, "directgw/directgw_test.go": test, "cmd/twilld/main.go": main} {
+	engine, err := os.ReadFile(filepath.Join(root, "Documentation", "examples", "engine", "main.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{"directgw/directgw.go": src, "directgw/directgw_test.go": test, "cmd/twilld/main.go": main, "cmd/engine/main.go": engine}
+	for path, data := range files {
+		// What a third party writes needs no internal package (Go would
+		// refuse it) and no type assertion on twill's types.
+		if bytes.Contains(data, []byte("twill/internal/")) || bytes.Contains(data, []byte(".(")) {
+			t.Errorf("%s: an internal/ import or a type assertion: the public engine and contract should be enough", path)
+		}
+		files[path] = bytes.Replace(data, []byte("github.com/twill-net/twill/Documentation/examples/directgw"), []byte("example.com/mybackend/directgw"), 1)
+	}
+	files["go.mod"] = []byte("module example.com/mybackend\n\ngo 1.26\n\nrequire github.com/twill-net/twill v0.0.0\n\nreplace github.com/twill-net/twill => " + root + "\n")
+	for path, data := range files {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(mod, path)), 0o755); err != nil {
+			t.Fatal(err)
+		}
 		if err := os.WriteFile(filepath.Join(mod, path), data, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, args := range [][]string{{"mod", "tidy"}, {"build", "-o", filepath.Join(mod, "twilld"), "./cmd/twilld"}, {"test", "-count=1", "-v", "./directgw/"}} {
+	for _, args := range [][]string{{"mod", "tidy"}, {"build", "-o", filepath.Join(mod, "twilld"), "./cmd/twilld"},
+		{"build", "-o", filepath.Join(mod, "engine"), "./cmd/engine"}, {"test", "-count=1", "-v", "./directgw/"}} {
 		cmd := exec.Command("go", args...)
 		cmd.Dir = mod
 		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod -trimpath")
@@ -362,9 +376,11 @@ func TestBackendInAnotherModule(t *testing.T) {
 			t.Fatalf("go %s in a module of its own: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
-	out, err := exec.Command(filepath.Join(mod, "twilld"), "--help").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "directgw") {
-		t.Fatalf("the custom twilld does not list directgw: %v\n%s", err, out)
+	for _, bin := range []string{"twilld", "engine"} {
+		out, err := exec.Command(filepath.Join(mod, bin), "--help").CombinedOutput()
+		if !strings.Contains(string(out), "directgw") {
+			t.Fatalf("the custom %s does not list directgw: %v\n%s", bin, err, out)
+		}
 	}
 }
 

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/lab/cnidriver"
 	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 // TestEtcdUnreachableSaysSo: twilld and twillctl pointed at an etcd that is

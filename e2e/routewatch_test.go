@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 // routeWatch follows twill's routes (proto 167, main table) in one

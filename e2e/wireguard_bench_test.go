@@ -18,9 +18,9 @@ import (
 
 	"github.com/twill-net/twill/backend/wireguard"
 	"github.com/twill-net/twill/backend/wireguard/uapi"
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	twcluster "github.com/twill-net/twill/lab/cluster"
 	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 // wireguardBenchSizes are the wireguard backend's points of the scale

@@ -28,10 +28,10 @@ import (
 
 	"github.com/twill-net/twill/backend/wireguard"
 	"github.com/twill-net/twill/backend/wireguard/uapi"
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	twcluster "github.com/twill-net/twill/lab/cluster"
 	"github.com/twill-net/twill/lab/topology"
 	"github.com/twill-net/twill/subnet"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 const netConfWireGuard = `{"Network":"10.244.0.0/16","Backend":{"Type":"wireguard","PersistentKeepaliveInterval":25}}`

@@ -16,9 +16,9 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/twill-net/twill/dist"
+	"github.com/twill-net/twill/internal/pki"
 	"github.com/twill-net/twill/internal/sysctl"
 	"github.com/twill-net/twill/lab/cluster"
-	"github.com/twill-net/twill/lab/pki"
 	"github.com/twill-net/twill/lab/topology"
 )
 

@@ -4,7 +4,7 @@ import (
 	"fmt"
 )
 
-// The Kubernetes lab's certificates come from one CA (lab/pki): it
+// The Kubernetes lab's certificates come from one CA (internal/pki): it
 // signs the apiserver's serving certificate and every client certificate.
 // Identities follow Kubernetes' conventions, so the Node authorizer,
 // NodeRestriction and the built-in RBAC bindings apply to the lab's

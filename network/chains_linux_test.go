@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/testsupport/iptfake"
+	"github.com/twill-net/twill/testsupport/iptfake"
 )
 
-// Chains.Sync against internal/testsupport/iptfake, without root: the tables are
+// Chains.Sync against testsupport/iptfake, without root: the tables are
 // asserted as iptables -S would print them.
 
 var _ IPTables = (*iptfake.Tables)(nil)

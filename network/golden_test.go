@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/twill-net/twill/internal/testsupport/golden"
+	"github.com/twill-net/twill/testsupport/golden"
 )
 
 // TestRulesGolden pins the iptables rules twill renders, as iptables-save

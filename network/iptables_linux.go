@@ -70,7 +70,7 @@ type NetworkPair struct {
 }
 
 // IPTables is what Chains reads and changes: *iptables.IPTables has it,
-// internal/testsupport/iptfake models the tables.
+// testsupport/iptfake models the tables.
 type IPTables interface {
 	ChainExists(table, chain string) (bool, error)
 	NewChain(table, chain string) error

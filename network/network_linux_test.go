@@ -12,8 +12,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 func iptablesSave(t *testing.T, name string) string { return save(t, name, "iptables-save") }

@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 // TestRouteBatchErrorsPerOp runs batches of route changes, some of which the

@@ -10,7 +10,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 // referenceRoutes is what Routes returned when it read routes through the

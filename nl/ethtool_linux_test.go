@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 // TestTXChecksum turns a vxlan device's transmit checksum offload off and

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 // TestWatchRoutes subscribes to a namespace's route events, changes routes

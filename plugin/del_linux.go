@@ -11,8 +11,8 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 
 	eni "github.com/twill-net/twill/backend/eni/cni"
-	"github.com/twill-net/twill/internal/allocations"
 	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/plugin/allocations"
 	"github.com/twill-net/twill/subnet"
 )
 

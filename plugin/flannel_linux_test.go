@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/lab/cnidriver"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 // bridgePod makes what flannel's plugin leaves on a node switched from

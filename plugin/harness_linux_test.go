@@ -13,10 +13,10 @@ import (
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/twill-net/twill/internal/testsupport/buildtest"
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/lab/cnidriver"
 	"github.com/twill-net/twill/subnet"
+	"github.com/twill-net/twill/testsupport/buildtest"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 func TestMain(m *testing.M) {

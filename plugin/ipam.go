@@ -11,7 +11,7 @@ import (
 
 	"github.com/containernetworking/plugins/plugins/ipam/host-local/backend/disk"
 
-	"github.com/twill-net/twill/internal/allocations"
+	"github.com/twill-net/twill/plugin/allocations"
 	"github.com/twill-net/twill/takeover"
 )
 

@@ -15,8 +15,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/lab/cnidriver"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 var specVersions = []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"}

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/twill-net/twill/internal/testsupport/golden"
 	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/testsupport/golden"
 )
 
 // TestWiringGolden renders what ADD puts in the kernel (and CHECK

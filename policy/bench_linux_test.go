@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/twill-net/twill/internal/testsupport/policyscale"
+	"github.com/twill-net/twill/testsupport/policyscale"
 )
 
 // scale is a cluster of 1,000 pods over 3 nodes in 10 namespaces, and 500

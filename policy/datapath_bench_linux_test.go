@@ -13,7 +13,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 // The two pods of BenchmarkPolicyDataPath, both in scale()'s ns0 on n0:

@@ -6,7 +6,7 @@ import (
 
 	"github.com/google/nftables"
 
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 // TestPrivilegedPolicyDrifted: Drifted finds nothing in a table as

@@ -11,8 +11,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/policy/cnpapi"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 // node is a node namespace forwarding between pod namespaces, each wired

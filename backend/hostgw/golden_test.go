@@ -7,9 +7,9 @@ import (
 	"testing"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/internal/testsupport/golden"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
+	"github.com/twill-net/twill/testsupport/golden"
 )
 
 // TestDesiredRoutesGolden pins the routes host-gw renders, dual-stack

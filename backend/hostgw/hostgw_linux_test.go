@@ -15,9 +15,9 @@ import (
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/backendtest"
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 // node makes a namespace whose eth0 sits on 192.168.77.0/24 and returns a

@@ -6,9 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/twill-net/twill/internal/testsupport/golden"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
+	"github.com/twill-net/twill/testsupport/golden"
 )
 
 // TestDesiredStateGolden pins the kernel objects vxlan renders for a small

@@ -15,9 +15,9 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 // node is a node namespace with two pods and an outside host:

@@ -13,9 +13,9 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/google/nftables"
 
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 // tableIn is a Table writing the dual-stack rules into namespace name.

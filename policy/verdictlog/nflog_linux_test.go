@@ -12,8 +12,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
 	"github.com/twill-net/twill/policy"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 // TestPrivilegedNFLOG: in a network namespace, a packet a log rule sends

@@ -19,9 +19,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/internal/etcdflags"
 	"github.com/twill-net/twill/internal/version"
 	"github.com/twill-net/twill/subnet"
+	"github.com/twill-net/twill/subnet/etcd/etcdflags"
 )
 
 // Main runs twillctl with the backends in reg and returns the process exit

@@ -17,9 +17,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/twill-net/twill/internal/etcdflags"
 	"github.com/twill-net/twill/subnet"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
+	"github.com/twill-net/twill/subnet/etcd/etcdflags"
 	kubesm "github.com/twill-net/twill/subnet/kube"
 )
 

@@ -14,13 +14,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/internal/etcdflags"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/network/netfilter"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/policy"
 	"github.com/twill-net/twill/subnet"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
+	"github.com/twill-net/twill/subnet/etcd/etcdflags"
 )
 
 type statusOptions struct {

@@ -25,9 +25,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/internal/cleanup"
-	"github.com/twill-net/twill/internal/daemon"
-	"github.com/twill-net/twill/internal/etcdflags"
+	"github.com/twill-net/twill/daemon"
+	"github.com/twill-net/twill/daemon/cleanup"
 	"github.com/twill-net/twill/internal/gcpace"
 	"github.com/twill-net/twill/internal/version"
 	"github.com/twill-net/twill/network"
@@ -35,6 +34,7 @@ import (
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
+	"github.com/twill-net/twill/subnet/etcd/etcdflags"
 	kubesm "github.com/twill-net/twill/subnet/kube"
 	"github.com/twill-net/twill/takeover"
 )

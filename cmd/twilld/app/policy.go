@@ -16,9 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/twill-net/twill/internal/allocations"
 	"github.com/twill-net/twill/internal/version"
 	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/plugin/allocations"
 	"github.com/twill-net/twill/policy"
 	"github.com/twill-net/twill/policy/cnpapi"
 	"github.com/twill-net/twill/policy/verdictlog"

@@ -8,7 +8,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/twill-net/twill/internal/daemon"
+	"github.com/twill-net/twill/daemon"
 	"github.com/twill-net/twill/internal/version"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
 	kubesm "github.com/twill-net/twill/subnet/kube"

@@ -19,7 +19,7 @@ import (
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/backend/backendtest"
 	"github.com/twill-net/twill/backend/hostgw"
-	"github.com/twill-net/twill/internal/daemon"
+	"github.com/twill-net/twill/daemon"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/network/netfilter"
 	"github.com/twill-net/twill/nl"

@@ -30,7 +30,7 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 
-	"github.com/twill-net/twill/lab/pki"
+	"github.com/twill-net/twill/internal/pki"
 )
 
 // Root is the repository root (the directory holding tools/kube).
@@ -137,7 +137,7 @@ func Start(t testing.TB, o Options) *APIServer {
 	s := &APIServer{URL: "https://" + net.JoinHostPort(o.Addr.String(), strconv.Itoa(o.Port)), dir: dir, kubectl: kubectl, ns: o.NS,
 		adminToken: randomToken(t), done: make(chan struct{})}
 	// The serving certificate and the ServiceAccount keys come from the
-	// lab's PKI (lab/pki), as the Kubernetes lab's do; clients authenticate
+	// lab's PKI (internal/pki), as the Kubernetes lab's do; clients authenticate
 	// with bearer tokens.
 	ca, err := pki.New(filepath.Join(dir, "pki"), "twill-test-ca")
 	if err != nil {

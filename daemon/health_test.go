@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/twill-net/twill/backend/hostgw"
-	"github.com/twill-net/twill/internal/daemon"
+	"github.com/twill-net/twill/daemon"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
 )

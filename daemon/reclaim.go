@@ -6,8 +6,8 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/twill-net/twill/internal/allocations"
 	"github.com/twill-net/twill/internal/tick"
+	"github.com/twill-net/twill/plugin/allocations"
 	"github.com/twill-net/twill/takeover"
 )
 

@@ -15,11 +15,11 @@ import (
 	"time"
 
 	"github.com/twill-net/twill/backend"
-	"github.com/twill-net/twill/internal/daemon"
-	"github.com/twill-net/twill/internal/testsupport/netnstest"
+	"github.com/twill-net/twill/daemon"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 // registry is this test's own registry: the test package registers a
