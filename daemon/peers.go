@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"log/slog"
-	"net/netip"
 	"slices"
 	"sort"
 	"strings"
@@ -32,11 +31,11 @@ type peerSet struct {
 	// Owned by the reconcile loop.
 	programmed map[string]*subnet.Entry // key -> the record last handed to the backend as a peer
 	refused    map[string]refusal       // key -> why it is not a peer
-	// holders maps each public IP of a programmed peer to its key. A node
-	// has one subnet (per family), so a public IP belongs to one lease: a
-	// record claiming one held by another is refused, the first holder
-	// keeps it, and a peer that was programmed stays as it was meanwhile.
-	holders map[netip.Addr]string
+	// claims are the public IPs of the programmed peers, by record key
+	// (subnet.PublicIPClaims: one lease per public IP). A record claiming
+	// one held by another is refused, the first holder keeps it, and a
+	// peer that was programmed stays as it was meanwhile.
+	claims *subnet.PublicIPClaims
 	// conflicts counts records refused for claiming another's public IP.
 	conflicts atomic.Uint64 // read by the metrics
 	buf       []subnet.Lease
@@ -51,7 +50,7 @@ type refusal struct {
 
 func newPeerSet(log *slog.Logger) *peerSet {
 	return &peerSet{log: log, entries: map[string]*subnet.Entry{}, dirty: map[string]struct{}{},
-		programmed: map[string]*subnet.Entry{}, refused: map[string]refusal{}, holders: map[netip.Addr]string{}}
+		programmed: map[string]*subnet.Entry{}, refused: map[string]refusal{}, claims: subnet.NewPublicIPClaims(subnet.Lease{}, 0)}
 }
 
 // apply folds a Change in; it never blocks on the loop.
@@ -117,9 +116,9 @@ func (s *peerSet) all(cfg *subnet.Config, local subnet.Lease) []subnet.Lease {
 	}
 	s.mu.Unlock()
 	// Each public IP goes to one lease. When two claim one, the peer that
-	// held it before keeps it, or else the lease with the lower key: the
-	// entries are then assigned again in that order, so who holds an
-	// address does not depend on the map's.
+	// held it before keeps it, or else the first in subnet.ClaimOrder (as
+	// twillctl status names it): the entries are then assigned again in
+	// that order, so who holds an address does not depend on the map's.
 	a := s.assign(cfg, local, entries)
 	if a.contested {
 		slices.SortFunc(entries, func(x, y *subnet.Entry) int {
@@ -129,12 +128,15 @@ func (s *peerSet) all(cfg *subnet.Config, local subnet.Lease) []subnet.Lease {
 				}
 				return 1
 			}
+			if c := subnet.ClaimOrder(x.Lease, y.Lease); c != 0 {
+				return c
+			}
 			return strings.Compare(x.Key, y.Key)
 		})
 		a = s.assign(cfg, local, entries)
 	}
 	s.report(a.refused, a.programmed)
-	s.buf, s.programmed, s.refused, s.holders = a.peers, a.programmed, a.refused, a.holders
+	s.buf, s.programmed, s.refused, s.claims = a.peers, a.programmed, a.refused, a.claims
 	return a.peers
 }
 
@@ -142,7 +144,7 @@ func (s *peerSet) all(cfg *subnet.Config, local subnet.Lease) []subnet.Lease {
 type assignment struct {
 	peers      []subnet.Lease
 	programmed map[string]*subnet.Entry
-	holders    map[netip.Addr]string
+	claims     *subnet.PublicIPClaims
 	refused    map[string]refusal
 	contested  bool // some record claimed an address another held
 }
@@ -151,18 +153,18 @@ type assignment struct {
 // first to claim a public IP holds it.
 func (s *peerSet) assign(cfg *subnet.Config, local subnet.Lease, entries []*subnet.Entry) assignment {
 	a := assignment{peers: slices.Grow(s.buf[:0], len(entries)), programmed: make(map[string]*subnet.Entry, len(entries)),
-		holders: make(map[netip.Addr]string, len(entries)), refused: map[string]refusal{}}
+		claims: subnet.NewPublicIPClaims(local, len(entries)), refused: map[string]refusal{}}
 	for _, e := range entries {
 		peer, r, self := classify(cfg, local, *e)
 		if peer {
-			if h := claimedBy(e.Key, e.Lease, local, a.holders); h != "" {
-				peer, r, a.contested = false, conflict(e, h, a.holders), true
+			if err := a.claims.Conflict(e.Key, e.Lease); err != nil {
+				peer, r, a.contested = false, conflict(e, err), true
 				// A peer programmed before keeps its last record, if that
 				// claims nobody else's address.
-				if was := s.programmed[e.Key]; was != nil && was != e && claimedBy(e.Key, was.Lease, local, a.holders) == "" {
+				if was := s.programmed[e.Key]; was != nil && was != e && a.claims.Conflict(e.Key, was.Lease) == nil {
 					a.peers = append(a.peers, was.Lease)
 					a.programmed[e.Key] = was
-					hold(a.holders, e.Key, was.Lease)
+					a.claims.Hold(e.Key, &was.Lease)
 				}
 			}
 		}
@@ -170,7 +172,7 @@ func (s *peerSet) assign(cfg *subnet.Config, local subnet.Lease, entries []*subn
 		case peer:
 			a.peers = append(a.peers, e.Lease)
 			a.programmed[e.Key] = e
-			hold(a.holders, e.Key, e.Lease)
+			a.claims.Hold(e.Key, &e.Lease)
 		case !self:
 			a.refused[e.Key] = r
 		}
@@ -181,55 +183,9 @@ func (s *peerSet) assign(cfg *subnet.Config, local subnet.Lease, entries []*subn
 // holds reports whether e is the record programmed for its key.
 func (s *peerSet) holds(e *subnet.Entry) bool { return s.programmed[e.Key] == e }
 
-// publicIPs are the addresses a lease points its subnets at.
-func publicIPs(l subnet.Lease) [2]netip.Addr {
-	return [2]netip.Addr{l.Attrs.PublicIP, l.Attrs.PublicIPv6}
-}
-
-// claimedBy names the holder of a public IP that l, the record at key,
-// claims although it is another's: this node, or another lease's key. ""
-// when none is.
-func claimedBy(key string, l subnet.Lease, local subnet.Lease, holders map[netip.Addr]string) string {
-	for _, ip := range publicIPs(l) {
-		if !ip.IsValid() {
-			continue
-		}
-		if ip == local.Attrs.PublicIP || ip == local.Attrs.PublicIPv6 {
-			return "this node"
-		}
-		if h, ok := holders[ip]; ok && h != key {
-			return h
-		}
-	}
-	return ""
-}
-
-// conflict is the refusal of a record claiming holder's public IP.
-func conflict(e *subnet.Entry, holder string, holders map[netip.Addr]string) refusal {
-	ip := e.Lease.Attrs.PublicIP
-	if h := holders[e.Lease.Attrs.PublicIPv6]; h == holder || (holder == "this node" && !ip.IsValid()) {
-		ip = e.Lease.Attrs.PublicIPv6
-	}
-	return refusal{e.Lease.String(), "public IP " + ip.String() + " is held by " + holder +
-		" (one lease per node): the first holder keeps it; a lease overwritten by another client, or two nodes given one address", true}
-}
-
-// hold records key as the holder of l's public IPs.
-func hold(holders map[netip.Addr]string, key string, l subnet.Lease) {
-	for _, ip := range publicIPs(l) {
-		if ip.IsValid() {
-			holders[ip] = key
-		}
-	}
-}
-
-// release forgets key as the holder of l's public IPs.
-func release(holders map[netip.Addr]string, key string, l subnet.Lease) {
-	for _, ip := range publicIPs(l) {
-		if holders[ip] == key {
-			delete(holders, ip)
-		}
-	}
+// conflict is the refusal of a record claiming another's public IP.
+func conflict(e *subnet.Entry, err error) refusal {
+	return refusal{e.Lease.String(), err.Error(), true}
 }
 
 // delta is what changed since the last take: peers added or changed
@@ -270,9 +226,9 @@ func (s *peerSet) delta(cfg *subnet.Config, local subnet.Lease) (upserted, remov
 			peer, r, self = classify(cfg, local, *c.now)
 		}
 		if peer {
-			if h := claimedBy(c.key, c.now.Lease, local, s.holders); h != "" {
+			if err := s.claims.Conflict(c.key, c.now.Lease); err != nil {
 				// The peer as programmed stays; the claim is refused.
-				refused[c.key] = conflict(c.now, h, s.holders)
+				refused[c.key] = conflict(c.now, err)
 				continue
 			}
 		}
@@ -282,22 +238,22 @@ func (s *peerSet) delta(cfg *subnet.Config, local subnet.Lease) (upserted, remov
 				upserted = append(upserted, c.now.Lease)
 			}
 			if was != nil {
-				release(s.holders, c.key, was.Lease)
+				s.claims.Release(c.key, was.Lease)
 			}
 			s.programmed[c.key] = c.now
-			hold(s.holders, c.key, c.now.Lease)
+			s.claims.Hold(c.key, &c.now.Lease)
 		default:
 			if was != nil {
 				removed = append(removed, was.Lease)
 				delete(s.programmed, c.key)
-				release(s.holders, c.key, was.Lease)
+				s.claims.Release(c.key, was.Lease)
 			}
 			if c.now != nil && !self {
 				refused[c.key] = r
 			}
 		}
 	}
-	upserted = s.freed(local, refused, upserted)
+	upserted = s.freed(refused, upserted)
 	s.report(refused, s.programmed)
 	s.refused = refused
 	return upserted, removed
@@ -310,7 +266,7 @@ func (s *peerSet) conflictCount() uint64 { return s.conflicts.Load() }
 // freed programs the records refused for claiming an address another
 // lease held once that address is free (its holder gone or moved), rather
 // than at the next full reconcile, and returns upserted with them.
-func (s *peerSet) freed(local subnet.Lease, refused map[string]refusal, upserted []subnet.Lease) []subnet.Lease {
+func (s *peerSet) freed(refused map[string]refusal, upserted []subnet.Lease) []subnet.Lease {
 	for k, r := range refused {
 		if !r.conflict {
 			continue
@@ -318,21 +274,21 @@ func (s *peerSet) freed(local subnet.Lease, refused map[string]refusal, upserted
 		s.mu.Lock()
 		e := s.entries[k]
 		s.mu.Unlock()
-		if e == nil || claimedBy(k, e.Lease, local, s.holders) != "" {
+		if e == nil || s.claims.Conflict(k, e.Lease) != nil {
 			continue
 		}
 		delete(refused, k)
 		if was := s.programmed[k]; was != nil {
-			release(s.holders, k, was.Lease)
+			s.claims.Release(k, was.Lease)
 			if was.Lease.Same(e.Lease) {
 				s.programmed[k] = e
-				hold(s.holders, k, e.Lease)
+				s.claims.Hold(k, &e.Lease)
 				continue
 			}
 		}
 		upserted = append(upserted, e.Lease)
 		s.programmed[k] = e
-		hold(s.holders, k, e.Lease)
+		s.claims.Hold(k, &e.Lease)
 	}
 	return upserted
 }

@@ -119,7 +119,7 @@ func TestPeerSetPublicIPConflicts(t *testing.T) {
 	if got := s.conflictCount(); got != 1 {
 		t.Errorf("conflicts %d, want 1", got)
 	}
-	if !strings.Contains(log.String(), "public IP 192.168.1.2 is held by b") {
+	if !strings.Contains(log.String(), "public IP 192.168.1.2 is held by b (10.244.2.0/24)") {
 		t.Errorf("the refusal does not name the holder:\n%s", log.String())
 	}
 	// A full reconcile meanwhile keeps c's last good record.
@@ -172,6 +172,33 @@ func TestPeerSetConflictFirstListing(t *testing.T) {
 		if got := names(s.all(cfg, local)); !slices.Equal(got, []string{"10.244.2.0/24 via 192.168.1.7", "10.244.4.0/24 via 192.168.1.8"}) {
 			t.Fatalf("all: %q, want k1 (the lower key) to hold 192.168.1.7", got)
 		}
+	}
+}
+
+// twilld and twillctl status (subnet.Peers, a single listing) name the
+// same holder of a contested address, whatever the records' keys (node
+// names in Kubernetes mode, which need not sort as the subnets do): one
+// rule, subnet.PublicIPClaims.
+func TestPeerSetConflictWinnerAsStatusNamesIt(t *testing.T) {
+	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := lease("10.244.1.0/24", "192.168.1.1")
+	entries := []subnet.Entry{
+		{Key: "node-b", Lease: lease("10.244.2.0/24", "192.168.1.7")},
+		{Key: "node-a", Lease: lease("10.244.3.0/24", "192.168.1.7")},
+		{Key: "node-c", Lease: lease("10.244.4.0/24", "192.168.1.7")},
+	}
+	snap := subnet.Snapshot{}
+	for _, e := range entries {
+		snap.Leases = append(snap.Leases, e.Lease)
+	}
+	status, refused := subnet.Peers(cfg, local, snap, nil)
+	s := newPeerSet(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s.apply(subnet.Change{Full: true, Set: entries})
+	if got, want := names(s.all(cfg, local)), names(status); !slices.Equal(got, want) || len(got) != 1 {
+		t.Fatalf("twilld programs %q, twillctl status names %q (refused %v): want one and the same", got, want, refused)
 	}
 }
 

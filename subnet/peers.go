@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 )
 
 // Refusal is a registry entry that did not become a lease, with the reason.
@@ -155,38 +154,25 @@ func Peers(cfg *Config, local Lease, snap Snapshot, buf []Lease) (peers []Lease,
 	return uniqueAddrs(local, peers, refuse), refused
 }
 
-// uniqueAddrs keeps, of the peers claiming one public IP (a node has one
-// lease), the one whose lease sorts first, and refuses the others; a peer
-// claiming the local node's address is refused too. twilld prefers the
-// peer that held the address first, which a single listing cannot tell.
+// uniqueAddrs keeps one lease per public IP (PublicIPClaims), the leases
+// claiming in ClaimOrder, and refuses the others. twilld prefers the peer
+// that held the address first, which a single listing cannot tell.
 func uniqueAddrs(local Lease, peers []Lease, refuse func(key, why string)) []Lease {
-	holders := map[netip.Addr]string{}
-	for _, ip := range [2]netip.Addr{local.Attrs.PublicIP, local.Attrs.PublicIPv6} {
-		if ip.IsValid() {
-			holders[ip] = "this node"
-		}
-	}
+	claims := NewPublicIPClaims(local, len(peers))
 	order := make([]int, len(peers))
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortFunc(order, func(a, b int) int { return strings.Compare(peers[a].String(), peers[b].String()) })
+	slices.SortFunc(order, func(a, b int) int { return ClaimOrder(peers[a], peers[b]) })
 	drop := make([]bool, len(peers))
 	for _, i := range order {
 		l := peers[i]
-		for _, ip := range [2]netip.Addr{l.Attrs.PublicIP, l.Attrs.PublicIPv6} {
-			if h, held := holders[ip]; ip.IsValid() && held && !drop[i] {
-				refuse(l.String(), fmt.Sprintf("public IP %s is held by %s (one lease per node)", ip, h))
-				drop[i] = true
-			}
+		if err := claims.Conflict(l.Key(), l); err != nil {
+			refuse(l.String(), err.Error())
+			drop[i] = true
+			continue
 		}
-		if !drop[i] {
-			for _, ip := range [2]netip.Addr{l.Attrs.PublicIP, l.Attrs.PublicIPv6} {
-				if ip.IsValid() {
-					holders[ip] = l.String()
-				}
-			}
-		}
+		claims.Hold(l.Key(), &peers[i])
 	}
 	kept := peers[:0]
 	for i, l := range peers {
