@@ -26,6 +26,7 @@ import (
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/internal/backoff"
+	"github.com/twill-net/twill/internal/runlock"
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/network/netfilter"
 	"github.com/twill-net/twill/subnet"
@@ -211,6 +212,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 	if err := privateDir(d.o.StateDir, d.log); err != nil {
 		return err
+	}
+	if d.o.SubnetFile != "" {
+		// Held until the process exits: twilld cleanup waits for it.
+		release, err := runlock.Hold(runlock.Path(d.o.SubnetFile))
+		if err != nil {
+			return err
+		}
+		go func() { <-ctx.Done(); release() }()
 	}
 	if p, ok := d.o.Subnets.(LeasePrefetcher); ok {
 		p.PrefetchLeases(ctx)

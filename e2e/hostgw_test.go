@@ -227,12 +227,40 @@ func TestCleanup(t *testing.T) {
 	if err != nil || !contains(rules, nl.ChainMasquerade, nl.ChainForward, "MASQUERADE") {
 		t.Fatalf("twill's chains are not in place before cleanup (%v):\n%s", err, rules)
 	}
-	c.daemons[0].Stop(t)
-	if !strings.Contains(c.routes(0), peer.String()) {
-		t.Fatal("SIGTERM removed routes; a normal stop must leave the data plane")
+	// cleanup waits for the node's twilld to stop (one still running
+	// would put everything back): with a short --wait it gives up, saying
+	// so and removing nothing; with the default one, started while twilld
+	// runs, it goes on once twilld has stopped.
+	cleanupArgs := []string{"cleanup", "--subnet-file", c.subnetFile(0), "--state-dir", filepath.Dir(c.subnetFile(0))}
+	if out, err := topology.Exec(ns, c.bin+"/twilld", append(cleanupArgs, "--wait", "300ms")...); err == nil || !strings.Contains(out, "twilld still runs on this node") {
+		t.Errorf("cleanup beside a running twilld, --wait 300ms: %v\n%s\nwant it to fail, saying twilld still runs", err, out)
 	}
-	if out, err := topology.Exec(ns, c.bin+"/twilld", "cleanup", "--subnet-file", c.subnetFile(0), "--state-dir", filepath.Dir(c.subnetFile(0))); err != nil {
-		t.Fatalf("cleanup: %v\n%s", err, out)
+	if !strings.Contains(c.routes(0), peer.String()) || !strings.Contains(c.routes(0), "proto 167") {
+		t.Fatalf("a cleanup that gave up removed routes:\n%s", c.routes(0))
+	}
+	type result struct {
+		out string
+		err error
+	}
+	cleaned := make(chan result, 1)
+	go func() {
+		out, err := topology.Exec(ns, c.bin+"/twilld", cleanupArgs...)
+		cleaned <- result{out, err}
+	}()
+	time.Sleep(time.Second) // cleanup is waiting meanwhile: nothing may be gone
+	select {
+	case r := <-cleaned:
+		t.Fatalf("cleanup ran while twilld did: %v\n%s", r.err, r.out)
+	default:
+	}
+	c.daemons[0].Stop(t)
+	select {
+	case r := <-cleaned:
+		if r.err != nil {
+			t.Fatalf("cleanup: %v\n%s", r.err, r.out)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("cleanup still waiting 30 s after twilld stopped")
 	}
 	if strings.Contains(c.routes(0), "proto 167") {
 		t.Errorf("twill routes left after cleanup:\n%s", c.routes(0))

@@ -4,13 +4,16 @@
 package cleanup
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
+	"github.com/twill-net/twill/internal/runlock"
 	"github.com/twill-net/twill/network/netfilter"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/policy"
@@ -29,6 +32,10 @@ type Options struct {
 	// RemoveFiles are removed too (the CNI conflist and plugin binary, on
 	// a node twill leaves); one already gone is no error.
 	RemoveFiles []string
+	// Wait bounds the wait for a twilld of this node (the one whose
+	// subnet.env is SubnetFile) to stop: a twilld still running would put
+	// back what cleanup removes. Zero does not wait.
+	Wait time.Duration
 }
 
 // Node removes everything twill programmed in the handle's namespace:
@@ -41,6 +48,15 @@ type Options struct {
 // cannot know whether it was on before.
 func Node(log *slog.Logger, h *nl.Handle, o Options) error {
 	subnetFile := o.SubnetFile
+	lock := runlock.Path(subnetFile)
+	release, err := runlock.WaitFree(context.Background(), lock, o.Wait)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		_ = os.Remove(lock) // twill's last file on the node; a twilld starting makes it again
+		release()
+	}()
 	var errs []error
 	released := ""
 	if o.ReleaseLease != nil {

@@ -174,6 +174,7 @@ func newCleanupCommand(o *options) *cobra.Command {
 		stateDir string
 		remove   []string
 		release  bool
+		wait     time.Duration
 		etcd     etcdflags.Options
 	)
 	cmd := &cobra.Command{
@@ -182,8 +183,8 @@ func newCleanupCommand(o *options) *cobra.Command {
 		Long: `cleanup removes what twilld programmed in this network namespace: routes with
 twill's protocol number (167) in any table, twill's policy rules, twill.* devices,
 the TWILL-* iptables chains and their jumps, the nftables table inet twill, subnet.env, and twill's files in the
-state directory (the vxlan VTEP MAC). Stop twilld first; pods on this node lose
-cross-node connectivity.
+state directory (the vxlan VTEP MAC). It waits for this node's twilld to stop
+(--wait) and then runs alone; pods on this node lose cross-node connectivity.
 
 It leaves: IP forwarding on (other software may rely on it); the pods' own veths
 and /32 routes (protocol 168; CNI DEL removes them with each pod); and, unless
@@ -203,7 +204,7 @@ the lease is the Node's podCIDR: delete the Node (kubectl delete node) instead.`
 				return err
 			}
 			defer h.Close()
-			co := cleanup.Options{SubnetFile: o.subnetFile, StateDir: stateDir, RemoveFiles: remove}
+			co := cleanup.Options{SubnetFile: o.subnetFile, StateDir: stateDir, RemoveFiles: remove, Wait: wait}
 			if release {
 				co.ReleaseLease = func(env subnet.Env) error {
 					return etcd.Do(cmd.Context(), func(ctx context.Context, cli *clientv3.Client) error {
@@ -216,6 +217,7 @@ the lease is the Node's podCIDR: delete the Node (kubectl delete node) instead.`
 	}
 	cmd.Flags().StringVar(&stateDir, "state-dir", "/var/lib/twill", "twilld's state directory")
 	cmd.Flags().StringArrayVar(&remove, "remove-file", nil, "also remove this file (the CNI conflist or plugin binary, say; repeatable); one already gone is no error")
+	cmd.Flags().DurationVar(&wait, "wait", time.Minute, "wait at most this long for this node's twilld (the one writing --subnet-file) to stop: a twilld still running would put back what cleanup removes")
 	cmd.Flags().BoolVar(&release, "release-lease", false, "also delete this node's lease from etcd (read from subnet.env), so peers stop routing to it now")
 	etcdflags.Add(cmd.Flags(), &etcd)
 	return cmd
