@@ -19,9 +19,11 @@ func FlannelDeviceName(vni int) string { return "flannel." + strconv.Itoa(vni) }
 // flannel, and returns the MAC to keep (nil when there is no such device):
 // flannel's, so that the peers still on flannel, which handle each lease
 // change once, keep sending to this node while its lease changes hands.
-// The device goes with the routes, neighbours and FDB entries through it;
-// twill's device is made at once and its first reconcile programs the
-// peers again, so the node's pods are cut off for that moment only.
+// twill's device is made in its place with what went through flannel's
+// (MoveDevice): flanneld's routes, neighbour and forwarding entries, as
+// twill's (protocol 167), which its first reconcile then makes its own. The
+// node's pods are cut off for the milliseconds of the swap only, not until
+// the lease is taken and the first reconcile done.
 func (b *Backend) takeOverFlannel() (net.HardwareAddr, error) {
 	name := FlannelDeviceName(b.cfg.VNI)
 	link, have, isVXLAN, err := b.k.VXLANByName(name)
@@ -37,10 +39,12 @@ func (b *Backend) takeOverFlannel() (net.HardwareAddr, error) {
 	if len(mac) != 6 {
 		return nil, fmt.Errorf("taking over flannel's %s: its MAC %q is not an Ethernet address", name, mac)
 	}
-	if err := b.k.LinkDel(link.Index); err != nil {
+	want := b.dev
+	want.HardwareAddr = mac
+	if _, err := MoveDevice(b.k, link, want, nl.RouteProtocol); err != nil {
 		return nil, fmt.Errorf("taking over flannel's %s: %w", name, err)
 	}
-	b.log.Info("took over flannel's VTEP device: its VNI, port and VTEP MAC are now "+DeviceName(b.cfg.VNI)+"'s",
+	b.log.Info("took over flannel's VTEP device: its VNI, port and VTEP MAC are now "+DeviceName(b.cfg.VNI)+"'s, with the routes through it",
 		"device", name, "vni", have.VNI, "mac", mac.String())
 	b.storeMAC(mac)
 	return mac, nil

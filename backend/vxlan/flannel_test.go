@@ -2,6 +2,7 @@ package vxlan
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/netip"
 	"strings"
@@ -33,6 +34,13 @@ func flannelNode(t *testing.T, name string, vni int) (*nlfake.Kernel, nl.Link, n
 	if err := k.RouteReplace(nl.Route{Dst: netip.MustParsePrefix("10.244.2.0/24"), Gw: netip.MustParseAddr("10.244.2.0"), LinkIndex: fl.Index, OnLink: true}); err != nil {
 		t.Fatal(err)
 	}
+	peerMAC := []byte{0x6e, 0, 0, 0, 0, 2}
+	if err := errors.Join(k.NeighBatch([]nl.NeighOp{
+		{Op: nl.OpReplace, Neigh: nl.Neigh{LinkIndex: fl.Index, IP: netip.MustParseAddr("10.244.2.0"), HardwareAddr: peerMAC, Permanent: true}},
+		{Op: nl.OpReplace, Neigh: nl.Neigh{LinkIndex: fl.Index, IP: netip.MustParseAddr("192.168.1.2"), HardwareAddr: peerMAC, Permanent: true}, FDB: true},
+	})...); err != nil {
+		t.Fatal(err)
+	}
 	return k, eth, mac
 }
 
@@ -58,7 +66,13 @@ func TestTakeOverFlannelsDevice(t *testing.T) {
 	if !strings.Contains(string(attrs.BackendData), mac.String()) {
 		t.Errorf("published %s, not flannel's VTEP MAC %s: the peers still on flannel would lose this node", attrs.BackendData, mac)
 	}
-	// flannel's route went with its device; the peer is twill's now.
+	// flannel's route is on twill.1 at once, as twill's, before the
+	// lease is taken and the first reconcile done: pods keep talking.
+	if s := dump(t, k); len(s.routes) != 1 || !strings.Contains(s.routes[0], "10.244.2.0/24 via 10.244.2.0 dev twill.1 proto 167 onlink") ||
+		len(s.neigh) != 1 || s.neigh[0] != "10.244.2.0 lladdr 6e:00:00:00:00:02" || len(s.fdb) != 1 || s.fdb[0] != "6e:00:00:00:00:02 dst 192.168.1.2" {
+		t.Errorf("right after the takeover: routes %q, neighbours %q, fdb %q; want flannel's on twill.1", s.routes, s.neigh, s.fdb)
+	}
+	// The peer is twill's now.
 	if err := nw.Reconcile(context.Background(), []subnet.Lease{lease("10.244.2.0/24", "192.168.1.2", "6e:00:00:00:00:02")}); err != nil {
 		t.Fatal(err)
 	}
