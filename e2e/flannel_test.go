@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -20,6 +21,7 @@ import (
 	twcluster "github.com/twill-net/twill/lab/cluster"
 	"github.com/twill-net/twill/lab/cnidriver"
 	"github.com/twill-net/twill/lab/topology"
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/testsupport/kubetest"
 )
 
@@ -449,15 +451,36 @@ func TestFlannelRollback(t *testing.T) {
 	c.flannels[0].Stop(t)
 	d := c.startDaemon(0, "--etcd-prefix", flannelPrefix, "--flannel-subnet-file", c.flannelEnv(0))
 	c.env(0)
-	c.addPod(0, "tw1", true)
+	tw := c.addPod(0, "tw1", true)
 	c.reachAll("node1 on twill")
-	// Back to flannel: stop twilld, remove what it programmed, start
-	// flanneld (Documentation/migrating-from-flannel.md).
+	// Pods of node1 (the one twill wired and one of flannel's) and of
+	// node2 ping each other throughout the rollback.
+	var probes []*flProbe
+	for _, p := range c.pods {
+		if p.node == 1 {
+			probes = append(probes, c.probe(tw, p), c.probe(p, c.pods[0]))
+		}
+	}
+	was, err := vxlanIn(c.topo.Nodes[0].NS, "twill.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Back to flannel: stop twilld, leave its data plane to flanneld
+	// (twilld cleanup --hand-over-to-flannel), start flanneld
+	// (Documentation/migrating-from-flannel.md).
 	d.Stop(t)
 	state := filepath.Join(c.dir, c.topo.Nodes[0].Name)
-	if out, err := exec.Command("ip", "netns", "exec", c.topo.Nodes[0].NS, c.bin+"/twilld", "cleanup", "--state-dir", state,
+	if out, err := exec.Command("ip", "netns", "exec", c.topo.Nodes[0].NS, c.bin+"/twilld", "cleanup", "--hand-over-to-flannel", "--state-dir", state,
 		"--subnet-file", c.subnetFile(0)).CombinedOutput(); err != nil {
 		t.Fatalf("twilld cleanup: %v\n%s", err, out)
+	}
+	// twill's VTEP is flannel's now, as it was: same VNI, port and MAC.
+	if now, err := vxlanIn(c.topo.Nodes[0].NS, "flannel.1"); err != nil || now.VNI != was.VNI || now.Port != was.Port ||
+		!bytes.Equal(now.HardwareAddr, was.HardwareAddr) {
+		t.Fatalf("after the hand-over, flannel.1 is %+v (%v); twill.1 was %+v", now, err, was)
+	}
+	if linkExists(t, c.topo.Nodes[0].NS, "twill.1") {
+		t.Error("twill.1 is still there after the hand-over")
 	}
 	c.startFlannel(0)
 	waitFor(t, 30*time.Second, "node1's pods to reach the others again on flannel", func() bool {
@@ -471,6 +494,13 @@ func TestFlannelRollback(t *testing.T) {
 		return true
 	})
 	c.reachAll("node1 back on flannel")
+	for _, pr := range probes {
+		gap, n := pr.longestGap(t)
+		t.Logf("probe %s -> %s across the rollback: %d answers, longest gap %s", pr.from.name, pr.to.name, n, gap)
+		if gap > time.Second {
+			t.Errorf("probe %s -> %s: a gap of %s across the rollback (at most 1s)", pr.from.name, pr.to.name, gap)
+		}
+	}
 	// A pod flannel wires now takes none of the addresses twill gave.
 	p := c.addPod(0, "fl1b", false)
 	for _, o := range c.pods {
@@ -478,6 +508,20 @@ func TestFlannelRollback(t *testing.T) {
 			t.Fatalf("flannel's new pod got %s, the address of running pod %s", p.ip, o.name)
 		}
 	}
+}
+
+// vxlanIn reads the VXLAN device name of the network namespace ns.
+func vxlanIn(ns, name string) (nl.VXLAN, error) {
+	h, err := nl.Open(ns)
+	if err != nil {
+		return nl.VXLAN{}, err
+	}
+	defer h.Close()
+	_, v, ok, err := h.VXLANByName(name)
+	if err == nil && !ok {
+		err = fmt.Errorf("%s in %s is not a VXLAN device", name, ns)
+	}
+	return v, err
 }
 
 func linkExists(t *testing.T, ns, name string) bool {

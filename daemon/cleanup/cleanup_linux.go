@@ -32,6 +32,13 @@ type Options struct {
 	// RemoveFiles are removed too (the CNI conflist and plugin binary, on
 	// a node twill leaves); one already gone is no error.
 	RemoveFiles []string
+	// HandOverToFlannel leaves the data plane to the flanneld that starts
+	// next (a node rolled back to flannel): twill's routes stay, which
+	// flanneld keeps or replaces as its own, and twill's VXLAN device is
+	// made again under flanneld's name with all that went through it
+	// (handOverVXLAN), so that the node's pods are not cut off until
+	// flanneld has started.
+	HandOverToFlannel bool
 	// Wait bounds the wait for a twilld of this node (the one whose
 	// subnet.env is SubnetFile) to stop: a twilld still running would put
 	// back what cleanup removes. Zero does not wait.
@@ -72,9 +79,12 @@ func Node(log *slog.Logger, h *nl.Handle, o Options) error {
 			}
 		}
 	}
-	routes, err := h.Routes(nl.FamilyAll, nl.RouteFilter{AllTables: true, Protocol: nl.RouteProtocol})
-	if err != nil {
-		errs = append(errs, err)
+	var routes []nl.Route
+	if !o.HandOverToFlannel {
+		routes, err = h.Routes(nl.FamilyAll, nl.RouteFilter{AllTables: true, Protocol: nl.RouteProtocol})
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for _, r := range routes {
 		if err := h.RouteDel(r); err != nil {
@@ -85,21 +95,9 @@ func Node(log *slog.Logger, h *nl.Handle, o Options) error {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	links, err := h.Links()
+	removed, err := removeDevices(h, o.HandOverToFlannel)
 	if err != nil {
 		errs = append(errs, err)
-	}
-	var removed []string
-	for _, l := range links {
-		// Deleting a userspace WireGuard device's TUN link stops its
-		// twill-wg too.
-		if strings.HasPrefix(l.Name, nl.VXLANDevicePrefix) || strings.HasPrefix(l.Name, nl.WireGuardDevicePrefix) {
-			if err := h.LinkDel(l.Index); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			removed = append(removed, l.Name)
-		}
 	}
 	if err := netfilter.Cleanup(); err != nil {
 		errs = append(errs, err)
@@ -118,6 +116,38 @@ func Node(log *slog.Logger, h *nl.Handle, o Options) error {
 	log.Info("cleaned up", "routes", len(routes), "rules", rules, "restored", restored, "devices", removed, "subnet_file", subnetFile,
 		"files", state, "released_lease", released)
 	return errors.Join(errs...)
+}
+
+// removeDevices deletes twill's devices (a userspace WireGuard device's
+// TUN link too, which stops its twill-wg), or, handing over to flannel,
+// makes its VXLAN devices flanneld's; it returns what it did, by device.
+func removeDevices(h *nl.Handle, handOver bool) ([]string, error) {
+	links, err := h.Links()
+	if err != nil {
+		return nil, err
+	}
+	var (
+		removed []string
+		errs    []error
+	)
+	for _, l := range links {
+		vxlan := strings.HasPrefix(l.Name, nl.VXLANDevicePrefix)
+		switch {
+		case handOver && vxlan:
+			name, err := handOverVXLAN(h, l)
+			errs = append(errs, err)
+			if name != "" {
+				removed = append(removed, l.Name+" (handed over to flannel as "+name+")")
+			}
+		case vxlan || strings.HasPrefix(l.Name, nl.WireGuardDevicePrefix):
+			if err := h.LinkDel(l.Index); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			removed = append(removed, l.Name)
+		}
+	}
+	return removed, errors.Join(errs...)
 }
 
 // removeFiles removes twill's files in o.StateDir (the vxlan VTEP MACs,

@@ -175,6 +175,7 @@ func newCleanupCommand(o *options) *cobra.Command {
 		remove   []string
 		release  bool
 		wait     time.Duration
+		handOver bool
 		etcd     etcdflags.Options
 	)
 	cmd := &cobra.Command{
@@ -204,7 +205,7 @@ the lease is the Node's podCIDR: delete the Node (kubectl delete node) instead.`
 				return err
 			}
 			defer h.Close()
-			co := cleanup.Options{SubnetFile: o.subnetFile, StateDir: stateDir, RemoveFiles: remove, Wait: wait}
+			co := cleanup.Options{SubnetFile: o.subnetFile, StateDir: stateDir, RemoveFiles: remove, Wait: wait, HandOverToFlannel: handOver}
 			if release {
 				co.ReleaseLease = func(env subnet.Env) error {
 					return etcd.Do(cmd.Context(), func(ctx context.Context, cli *clientv3.Client) error {
@@ -218,6 +219,7 @@ the lease is the Node's podCIDR: delete the Node (kubectl delete node) instead.`
 	cmd.Flags().StringVar(&stateDir, "state-dir", "/var/lib/twill", "twilld's state directory")
 	cmd.Flags().StringArrayVar(&remove, "remove-file", nil, "also remove this file (the CNI conflist or plugin binary, say; repeatable); one already gone is no error")
 	cmd.Flags().DurationVar(&wait, "wait", time.Minute, "wait at most this long for this node's twilld (the one writing --subnet-file) to stop: a twilld still running would put back what cleanup removes")
+	cmd.Flags().BoolVar(&handOver, "hand-over-to-flannel", false, "leave the data plane to the flanneld starting next (a node rolled back to flannel): keep twill's routes, and make its VXLAN device flanneld's (flannel.<VNI>, with its neighbours, forwarding entries and routes), so pods are not cut off until flanneld runs")
 	cmd.Flags().BoolVar(&release, "release-lease", false, "also delete this node's lease from etcd (read from subnet.env), so peers stop routing to it now")
 	etcdflags.Add(cmd.Flags(), &etcd)
 	return cmd
