@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -206,7 +207,19 @@ func (d *Daemon) Run(ctx context.Context) error {
 		g.Go(func() error { return m.Monitor(ctx) })
 	}
 	g.Go(func() error { return d.run(ctx, g) })
-	return g.Wait()
+	err := g.Wait()
+	if errors.Is(err, subnet.ErrLeaseGone) && d.o.SubnetFile != "" {
+		// subnet.env describes a lease nobody holds now: a pod wired from
+		// it would get an address no node routes to. Without it the plugin
+		// refuses new pods (the runtime retries) until the next twilld
+		// has taken the node's new lease.
+		if rerr := os.Remove(d.o.SubnetFile); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			err = errors.Join(err, fmt.Errorf("removing %s: %w", d.o.SubnetFile, rerr))
+		} else {
+			d.log.Warn("this node's lease is gone: removed subnet.env, so that no pod is wired from it", "subnet_file", d.o.SubnetFile)
+		}
+	}
+	return err
 }
 
 func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {

@@ -42,6 +42,7 @@ type memSubnets struct {
 	conf    string
 	peers   []subnet.Lease
 	publish chan func(subnet.Change)
+	gone    chan struct{} // closed: the node's lease is gone (Run says so)
 
 	mu   sync.Mutex
 	data json.RawMessage // guarded by mu
@@ -65,8 +66,12 @@ func (m *memSubnets) Run(ctx context.Context, publish func(subnet.Change)) error
 	}
 	publish(c)
 	m.publish <- publish
-	<-ctx.Done()
-	return nil
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-m.gone:
+		return fmt.Errorf("the test's Node deleted: %w", subnet.ErrLeaseGone)
+	}
 }
 
 func (m *memSubnets) UpdateBackendData(_ context.Context, data, _ json.RawMessage) error {
@@ -393,6 +398,32 @@ func TestEngine(t *testing.T) {
 // a SIGTERM during start-up) stops cleanly, as a stop after ready does,
 // not with "context canceled" (a container that exits non-zero, a unit
 // that failed).
+// The node's lease gone while the daemon runs (its Node deleted, its
+// podCIDR changed): the daemon stops with the subnet manager's error and
+// takes subnet.env away, so that no pod is wired from a lease nobody holds
+// before the next twilld has taken the new one.
+func TestEngineLeaseGoneTakesSubnetEnvAway(t *testing.T) {
+	gone := make(chan struct{})
+	e := startEngineWith(t, hostgw.Type, nil, 0, func(e *engine, _ *daemon.Options) { e.subnets.gone = gone },
+		peerLease("10.244.2.0/24", "192.168.1.2"))
+	e.node.open()
+	env := filepath.Join(e.dir, "subnet.env")
+	e.waitFor("subnet.env written", func() bool { return fileExists(env) })
+	close(gone)
+	select {
+	case err := <-e.done:
+		e.done <- nil // for the cleanup
+		if !errors.Is(err, subnet.ErrLeaseGone) {
+			t.Errorf("the daemon stopped with %v, want the lease gone", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the daemon still runs 30s after its lease went")
+	}
+	if fileExists(env) {
+		t.Error("subnet.env is still there: the next pod would get an address of a lease nobody holds")
+	}
+}
+
 func TestEngineStoppedBeforeReadyIsNoError(t *testing.T) {
 	e := startEngineWith(t, hostgw.Type, &wrapped{}, 0, func(e *engine, o *daemon.Options) {
 		o.Policy = func(ctx context.Context, _ []netip.Prefix, _ func()) error { <-ctx.Done(); return nil }

@@ -79,6 +79,12 @@ func fieldErr(field string, value any, format string, args ...any) error {
 // configuration is there but wrong, so waiting will not fix it.
 var ErrInvalidConfig = errors.New("invalid network configuration")
 
+// ErrLeaseGone is wrapped by a subnet manager's Run when the node's own
+// lease is gone while it runs (Kubernetes: its Node deleted, or its
+// podCIDR changed): the daemon takes subnet.env away and stops, to start
+// over on the next lease.
+var ErrLeaseGone = errors.New("this node's lease is gone")
+
 // ParseConfig decodes and validates net-conf.json, filling in defaults.
 // Unknown top-level keys are rejected; the Backend object is checked only
 // for its Type here, the backend decodes the rest. Errors wrap

@@ -8,7 +8,6 @@ package kube
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -188,7 +187,7 @@ func (m *Manager) nodes() []*corev1.Node {
 
 // ErrNodeGone is returned by Run when the local Node is deleted or its
 // podCIDR changes: the lease is gone, and the daemon must start over.
-var ErrNodeGone = errors.New("the local node's lease is gone")
+var ErrNodeGone = fmt.Errorf("the local Node or its podCIDR changed: %w", subnet.ErrLeaseGone)
 
 // Run hands the backend every node's entry at first, then what changed
 // (coalesced; the informer's resync replays every node), and keeps the
