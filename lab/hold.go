@@ -78,7 +78,10 @@ func (h *holdStats) broke(err error) {
 	}
 }
 
-func (h *holdStats) newConn(ok bool, now time.Time) {
+// newConn records a new connection started at start, in the order they
+// started: the gap is measured between the starts of connections that got
+// through.
+func (h *holdStats) newConn(ok bool, start time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !ok {
@@ -86,10 +89,13 @@ func (h *holdStats) newConn(ok bool, now time.Time) {
 		return
 	}
 	h.w.NewOK++
-	if d := now.Sub(h.lastNew); d > h.gapEnded {
+	if !start.After(h.lastNew) {
+		return
+	}
+	if d := start.Sub(h.lastNew); d > h.gapEnded {
 		h.gapEnded = d
 	}
-	h.lastNew = now
+	h.lastNew = start
 }
 
 func (h *holdStats) udp(ok bool) {
@@ -191,15 +197,40 @@ func heartbeat(ctx context.Context, c net.Conn, h *holdStats) error {
 	return nil
 }
 
+// newConns starts a new connection to t every 2*HoldBeat, whether or not
+// those before it have answered (each may take up to HoldStall), until ctx
+// is done, and records them in the order they started. The gap between two
+// that got through is then how long new connections failed, not one failed
+// attempt's timeout: a lost SYN, which TCP sends again only after a second,
+// costs one attempt.
 func newConns(ctx context.Context, t netip.AddrPort, h *holdStats) {
-	for ctx.Err() == nil {
-		ok := probeOne(t.String(), 0, HoldStall) == ""
-		if ctx.Err() != nil {
-			return
-		}
-		h.newConn(ok, time.Now())
-		sleepCtx(ctx, 2*HoldBeat)
+	type attempt struct {
+		start time.Time
+		ok    chan bool
 	}
+	inFlight := make(chan attempt, int(HoldStall/(2*HoldBeat))+2)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for a := range inFlight {
+			if ok := <-a.ok; ctx.Err() == nil {
+				h.newConn(ok, a.start)
+			}
+		}
+	}()
+	tick := time.NewTicker(2 * HoldBeat)
+	defer tick.Stop()
+	for ctx.Err() == nil {
+		a := attempt{start: time.Now(), ok: make(chan bool, 1)}
+		inFlight <- a
+		go func() { a.ok <- probeOne(t.String(), 0, HoldStall) == "" }()
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+	}
+	close(inFlight)
+	<-done
 }
 
 func udpEchoes(ctx context.Context, t netip.AddrPort, h *holdStats) {
