@@ -51,6 +51,39 @@ func (s *State) Restart(ctx context.Context, role string) error {
 	return s.waitServing(ctx, role)
 }
 
+// RestartKubelet stops node's kubelet (continued first, if it was held
+// with SIGSTOP) and starts it again as it was started, as when the node
+// reboots: a kubelet whose Node was deleted registers it again only then.
+func (s *State) RestartKubelet(node string) error {
+	ns := ""
+	for _, n := range s.Nodes {
+		if n.Name == node {
+			ns = n.NS
+		}
+	}
+	s.mu.Lock()
+	i := slices.IndexFunc(s.Processes, func(p Process) bool { return p.Role == "kubelet" && p.NS == ns })
+	var p Process
+	if i >= 0 {
+		p = s.Processes[i]
+	}
+	s.mu.Unlock()
+	if ns == "" || i < 0 || len(p.Argv) == 0 {
+		return fmt.Errorf("lab %s: no kubelet recorded on node %q", s.Name, node)
+	}
+	_ = syscall.Kill(p.PID, syscall.SIGCONT)
+	if err := stopPID(p.PID, 30*time.Second); err != nil {
+		return fmt.Errorf("stopping %s's kubelet (pid %d): %w", node, p.PID, err)
+	}
+	s.mu.Lock()
+	s.Processes = slices.DeleteFunc(s.Processes, func(q Process) bool { return q.PID == p.PID })
+	s.mu.Unlock()
+	if _, err := s.start("kubelet", ns, p.Argv, &syscall.SysProcAttr{Setsid: true}); err != nil {
+		return fmt.Errorf("starting %s's kubelet again: %w", node, err)
+	}
+	return nil
+}
+
 // waitServing waits until a restarted control-plane process serves.
 func (s *State) waitServing(ctx context.Context, role string) error {
 	switch role {
