@@ -65,4 +65,5 @@ type Kernel interface {
 	VXLANAdd(v VXLAN) (Link, error)
 	Addrs(link int, family Family) ([]Addr, error)
 	AddrAdd(link int, p netip.Prefix) error
+	AddrDel(link int, p netip.Prefix) error
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"net/netip"
-	"slices"
 
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/nl"
@@ -22,6 +21,7 @@ type Kernel interface {
 	LinkSetUp(index int) error
 	Addrs(link int, family nl.Family) ([]nl.Addr, error)
 	AddrAdd(link int, p netip.Prefix) error
+	AddrDel(link int, p netip.Prefix) error
 }
 
 var _ Kernel = (*nl.Handle)(nil)
@@ -55,16 +55,8 @@ func ensureDevice(k Kernel, want nl.VXLAN, addrs []netip.Prefix) (nl.Link, bool,
 		}
 	}
 	if len(addrs) > 0 {
-		have, err := k.Addrs(link.Index, nl.FamilyAll)
-		if err != nil {
+		if err := nl.SyncAddrs(k, link.Index, addrs); err != nil {
 			return nl.Link{}, false, err
-		}
-		for _, addr := range addrs {
-			if !slices.ContainsFunc(have, func(a nl.Addr) bool { return a.Prefix == addr }) {
-				if err := k.AddrAdd(link.Index, addr); err != nil {
-					return nl.Link{}, false, err
-				}
-			}
 		}
 	}
 	return link, created, nil

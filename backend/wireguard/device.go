@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -42,6 +41,7 @@ type Links interface {
 	LinkSetMTU(index, mtu int) error
 	Addrs(link int, family nl.Family) ([]nl.Addr, error)
 	AddrAdd(link int, p netip.Prefix) error
+	AddrDel(link int, p netip.Prefix) error
 	WireGuardAdd(name string, mtu int) (nl.Link, error)
 }
 
@@ -200,18 +200,7 @@ func (d *devices) addrs(link nl.Link, want []netip.Prefix) error {
 	if len(want) == 0 {
 		return nil
 	}
-	have, err := d.k.Addrs(link.Index, nl.FamilyAll)
-	if err != nil {
-		return err
-	}
-	for _, a := range want {
-		if !slices.ContainsFunc(have, func(h nl.Addr) bool { return h.Prefix == a }) {
-			if err := d.k.AddrAdd(link.Index, a); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return nl.SyncAddrs(d.k, link.Index, want)
 }
 
 // create makes the device: the kernel's if it has the module, else a

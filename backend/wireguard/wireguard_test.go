@@ -463,3 +463,48 @@ func TestFailsClosed(t *testing.T) {
 		t.Fatalf("routes via the device made again %v", got)
 	}
 }
+
+// A node whose lease changed (its Node registered again with another
+// podCIDR) keeps its device across twilld's restart (the keeper's, or the
+// kernel's): the address of the old lease goes, or the kernel may pick it
+// as the source of the node's own packets, to which no peer routes.
+func TestDeviceAddressOfAnEarlierLeaseGoes(t *testing.T) {
+	ctx := context.Background()
+	state := t.TempDir()
+	k, devs := &nlfake.Kernel{}, &fakeDevices{}
+	old := mustPrefix("10.244.1.0/24")
+	for _, sub := range []string{"10.244.1.0/24", "10.244.7.0/24"} {
+		be, err := New(options(t, k, conf(t, `{"Type":"wireguard"}`), state))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := be.(*Backend)
+		b.devices.opener = devs.open
+		if _, err := b.Prepare(ctx); err != nil {
+			t.Fatal(err)
+		}
+		nw, err := b.Attach(ctx, lease(sub, "", "192.168.1.1", "", wgtypes.Key{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		nw.(*Network).nudge = func(netip.Addr) {}
+		if err := nw.Reconcile(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+		link, err := k.LinkByName(DeviceName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs, _ := k.Addrs(link.Index, nl.FamilyAll)
+		var got []string
+		for _, a := range addrs {
+			got = append(got, a.Prefix.String())
+			if sub != old.String() && old.Contains(a.Prefix.Addr()) {
+				t.Errorf("lease %s: %s keeps %s, of the earlier lease %s", sub, DeviceName, a.Prefix, old)
+			}
+		}
+		if len(got) == 0 || !mustPrefix(sub).Contains(addrs[len(addrs)-1].Prefix.Addr()) {
+			t.Errorf("lease %s: %s's addresses %q", sub, DeviceName, got)
+		}
+	}
+}

@@ -391,6 +391,20 @@ func (k *Kernel) AddrAdd(index int, p netip.Prefix) error {
 	})
 }
 
+// AddrDel removes an address from a link; a missing one is fine, as the
+// kernel's handle reports it.
+func (k *Kernel) AddrDel(index int, p netip.Prefix) error {
+	return k.withLink("addr del", index, func(l *link) error {
+		i := slices.Index(l.addrs, p)
+		if i < 0 {
+			return nil
+		}
+		l.addrs = slices.Delete(l.addrs, i, i+1)
+		k.emitAddrLocked(nl.AddrEvent{Deleted: true, LinkIndex: index, Prefix: p})
+		return nil
+	})
+}
+
 // Routes lists the unicast routes matching f.
 func (k *Kernel) Routes(family nl.Family, f nl.RouteFilter) ([]nl.Route, error) {
 	k.mu.Lock()
