@@ -22,7 +22,9 @@ import (
 // (twilld rotate-key) leave a continuous probe without a gap over 1s, the
 // devices being the keeper's; a node keeps its key across them; a
 // hand-removed peer comes back within 5s; a deleted Node's peer is gone
-// from every device within 2s.
+// from every device within 2s, and the node added back (its kubelet
+// registering its Node again) rejoins with nothing crossing the underlay in
+// clear.
 func TestKubeLabWireGuard(t *testing.T) {
 	aloneOnMachine(t)
 	l := newLabCtl(t)
@@ -102,6 +104,9 @@ func TestKubeLabWireGuard(t *testing.T) {
 	// Every pod holds connections to every pod of another node and to
 	// the Service through each event: none may break.
 	earlier := earlierBuild(t, s)
+	// The underlay is captured through every event of this phase: nothing
+	// may cross it in clear.
+	phase1 := startCapture(t, s.UnderlayNS())
 	d := startKubeDisruption(t, s, l.bin, "wireguard")
 	// twilld restarted on both ends, then upgraded (a rolling update).
 	d.event("twill pods deleted (node1, node2)", false, func() {
@@ -133,6 +138,7 @@ func TestKubeLabWireGuard(t *testing.T) {
 	d.event("downgrade to "+earlier.name, false, func() { earlier.install(t, s) })
 	d.event("upgrade from it to this build", false, func() { thisBuild(s).install(t, s) })
 	d.finish()
+	checkNothingInClear(t, s, phase1.stop())
 	gap, failed, total := p.stop()
 	for _, f := range p.failures() {
 		t.Logf("probe failed at %s", f.Format("15:04:05.000"))
@@ -181,25 +187,63 @@ func TestKubeLabWireGuard(t *testing.T) {
 		checkNothingInClear(t, s, frames)
 		t.Logf("keeper replaced: node1's device back %s after the old keeper was gone", took.Round(time.Millisecond))
 	})
-	// node3 drained (its pods evicted) and uncordoned, then removed: the
-	// connections between node1's and node2's pods stay.
+	// node3 drained (its pods evicted) and uncordoned, then removed and
+	// added back: the connections between node1's and node2's pods stay,
+	// and the underlay is captured through each event (but lab check,
+	// whose probes of the nodes' hostPorts cross it in clear, as they
+	// should).
 	d.event("node3 drained (its pods evicted), uncordoned", false, func() {
+		cp := startCapture(t, s.UnderlayNS())
 		kubectl("drain", node(2), "--ignore-daemonsets", "--delete-emptydir-data", "--timeout", "3m")
 		// The echo Deployment spreads one pod per node (DoNotSchedule):
 		// its evicted pod's replacement waits for node3 to take pods again.
 		kubectl("uncordon", node(2))
 		kubectl("-n", "lab", "rollout", "status", "deploy/echo", "--timeout", "3m")
+		frames := cp.stop()
 		l.checkAll(name) // the new pods reach, and are reached by, every pod
+		checkNothingInClear(t, s, frames)
 	})
-	// A deleted Node's peer leaves every other device.
-	d.event("node3 removed (its Node deleted)", false, func() {
+	// A deleted Node's peer leaves every other device. Its kubelet is held
+	// meanwhile.
+	resumed, resume := true, func() {}
+	t.Cleanup(func() {
+		if !resumed {
+			resume()
+		}
+	})
+	var cp *capture
+	d.event("node3 removed (drained, its Node deleted)", false, func() {
+		cp = startCapture(t, s.UnderlayNS())
 		gone := pub(2)
-		kubectl("delete", "node", node(2), "--wait=false")
+		kubectl("drain", node(2), "--ignore-daemonsets", "--delete-emptydir-data", "--timeout", "3m")
+		resume, resumed = holdKubelet(t, s, 2), false
+		kubectl("delete", "node", node(2), "--wait=true")
 		took := waitFor(t, 2*time.Second, "node3's peer gone from node1's and node2's devices", func() bool {
 			p0, p1 := peers(0), peers(1)
 			return p0 != nil && p1 != nil && !p0[gone] && !p1[gone]
 		})
 		t.Logf("deleted Node's peer gone in %s", took.Round(time.Millisecond))
+	})
+	// node3 added back: its kubelet, restarted as when the node reboots,
+	// registers its Node, which gets a podCIDR, and twill's and the
+	// keeper's pods start there. The capture runs on, through the window
+	// where node3's lease is known and its key not yet.
+	d.event("node3 added back (its kubelet restarted registers its Node)", false, func() {
+		resume()
+		resumed = true
+		if err := s.RestartKubelet(node(2)); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 3*time.Minute, "node3 registered, with a podCIDR", func() bool {
+			out, err := s.Kubectl(ctx, nil, "get", "node", node(2), "-o", "jsonpath={.spec.podCIDR}")
+			return err == nil && strings.TrimSpace(out) != ""
+		})
+		waitTwillReady(t, s)
+		waitFor(t, 30*time.Second, "node3's peer on node1's and node2's devices again", func() bool { return peers(0)[pub(2)] && peers(1)[pub(2)] })
+		kubectl("-n", "lab", "rollout", "status", "deploy/echo", "--timeout", "3m")
+		frames := cp.stop()
+		l.checkAll(name) // node3's new pod reaches, and is reached by, every pod
+		checkNothingInClear(t, s, frames)
 	})
 	d.finish()
 
