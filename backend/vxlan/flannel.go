@@ -39,13 +39,22 @@ func (b *Backend) takeOverFlannel() (net.HardwareAddr, error) {
 	if len(mac) != 6 {
 		return nil, fmt.Errorf("taking over flannel's %s: its MAC %q is not an Ethernet address", name, mac)
 	}
+	// The MAC first: a twilld that fails past the swap finds no flannel.1
+	// at its next start, and must publish flannel's MAC all the same.
+	b.storeMAC(mac)
 	want := b.dev
 	want.HardwareAddr = mac
-	if _, err := MoveDevice(b.k, link, want, nl.RouteProtocol); err != nil {
+	dev, err := MoveDevice(b.k, link, want, nl.RouteProtocol)
+	switch {
+	case err != nil && dev.Index == 0:
 		return nil, fmt.Errorf("taking over flannel's %s: %w", name, err)
+	case err != nil:
+		// The device is there; the first reconcile programs what did not
+		// move.
+		b.log.Warn("took over flannel's VTEP device, but not all that went through it moved", "device", name, "err", err)
+	default:
+		b.log.Info("took over flannel's VTEP device: its VNI, port and VTEP MAC are now "+DeviceName(b.cfg.VNI)+"'s, with the routes through it",
+			"device", name, "vni", have.VNI, "mac", mac.String())
 	}
-	b.log.Info("took over flannel's VTEP device: its VNI, port and VTEP MAC are now "+DeviceName(b.cfg.VNI)+"'s, with the routes through it",
-		"device", name, "vni", have.VNI, "mac", mac.String())
-	b.storeMAC(mac)
 	return mac, nil
 }

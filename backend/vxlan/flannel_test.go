@@ -95,3 +95,33 @@ func TestFlannelDeviceOfAnotherVNIStays(t *testing.T) {
 		t.Errorf("flannel.1 (VNI 7) was removed: %v", err)
 	}
 }
+
+// A takeover that fails once flannel's device is gone (the kernel refused
+// the new one) still left flannel's MAC in the state directory: the next
+// start, which finds no flannel.1, publishes it, so the peers still on
+// flannel keep sending to this node.
+func TestTakeOverFailingAfterTheSwapKeepsFlannelsMAC(t *testing.T) {
+	k, eth, mac := flannelNode(t, "flannel.1", 1)
+	state := t.TempDir()
+	refused := false
+	k.Fail = func(what string) error {
+		if what == "vxlan add" && !refused {
+			refused = true
+			return errors.New("the kernel refused (the test's)")
+		}
+		return nil
+	}
+	opts := backendtest.Options(t, `{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}`, k, backend.ExternalInterface{Link: eth,
+		Addr: netip.MustParseAddr("192.168.1.1"), PublicIP: netip.MustParseAddr("192.168.1.1")})
+	opts.StateDir = state
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Prepare(context.Background()); err == nil {
+		t.Fatal("Prepare succeeded with the kernel refusing the new device")
+	}
+	if attrs, _ := startOn(t, k, eth, state); !strings.Contains(string(attrs.BackendData), mac.String()) {
+		t.Errorf("after the failed takeover the node publishes %s, not flannel's MAC %s", attrs.BackendData, mac)
+	}
+}
