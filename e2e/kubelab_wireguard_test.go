@@ -133,6 +133,7 @@ func TestKubeLabWireGuard(t *testing.T) {
 	})
 	d.event("twilld kill -9 (node2), restarted by kubelet", false, func() { killTwilld(t, s, node(1)) })
 	d.event("kube-apiserver restart", false, func() { restartControlPlane(t, s, "kube-apiserver") })
+	d.event("etcd restart (the apiserver's)", false, func() { restartControlPlane(t, s, "etcd") })
 	// Version skew: twilld down to the previous round's build and up again,
 	// beside keepers of this one (their DaemonSet is OnDelete).
 	d.event("downgrade to "+earlier.name, false, func() { earlier.install(t, s) })
