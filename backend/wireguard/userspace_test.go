@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -103,12 +104,16 @@ func TestUserspaceDevice(t *testing.T) {
 	// The watch notices a peer removed by hand; a rotation asked for is
 	// published.
 	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	poked := make(chan struct{}, 1)
 	rotations := make(chan struct{}, 1)
 	b.opts.KeyRotations = rotations
-	go func() { _ = n.WatchKernel(wctx, func() { trySend(poked) }, func() {}) }()
-	go func() { _ = n.Run(wctx) }()
+	var running sync.WaitGroup
+	running.Add(2)
+	go func() { defer running.Done(); _ = n.WatchKernel(wctx, func() { trySend(poked) }, func() {}) }()
+	go func() { defer running.Done(); _ = n.Run(wctx) }()
+	// Both stopped before the state directory is removed (Run writes the
+	// key file).
+	t.Cleanup(func() { cancel(); running.Wait() })
 	if err := dev.Set(ctx, wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: k2, Remove: true}}}); err != nil {
 		t.Fatal(err)
 	}

@@ -357,8 +357,11 @@ func TestRotatesOnPeriod(t *testing.T) {
 	}
 	n.b.s.rotate = 20 * time.Millisecond // not to wait a minute
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { _ = n.nw.Run(ctx) }()
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); _ = n.nw.Run(ctx) }()
+	// Run rotates every 20 ms, writing the key file: it must have stopped
+	// before the state directory is removed.
+	t.Cleanup(func() { cancel(); <-stopped })
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		_ = n.nw.Reconcile(ctx, nil) // what the daemon does when poked
