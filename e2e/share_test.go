@@ -51,15 +51,19 @@ func alone(t *testing.T) { kubeLabLane.enter(t, kubeLabSlots) }
 func beside(t *testing.T) { besideLane.enter(t, 1) }
 
 // aloneOnMachine runs t in parallel with both lanes to itself: the whole
-// Kubernetes lane, then the beside lane. TestKubeLabWireGuard's key
+// Kubernetes lane, then the beside lane, each before any other test waiting
+// for it. It once queued behind every beside test (about 40, 8.5 minutes
+// on a fresh machine, 2026-11-28) while holding the Kubernetes lane, which
+// then stood idle: it goes first now, when only the beside test already
+// running stands in its way. TestKubeLabWireGuard's key
 // rotation (userspace WireGuard here) broke held connections between
 // node1 and node3 in a make test run with a beside test next to it (4,
 // 2026-11-27) and in a run next to another make test (2); in an earlier
 // make test run, none. It gets the machine to itself, not a looser bound.
 func aloneOnMachine(t *testing.T) {
 	t.Parallel()
-	kubeLabLane.wait(t, kubeLabSlots)
-	besideLane.wait(t, 1)
+	kubeLabLane.wait(t, kubeLabSlots, rankFirst)
+	besideLane.wait(t, 1, rankFirst)
 }
 
 // A lane runs tests whose weights add up to at most free at once: the
@@ -80,21 +84,28 @@ type waiter struct {
 	admit  chan struct{}
 }
 
+// Ranks below those of the names in first: a lane admits rankFirst, then
+// rankAlone, then first's names in their order, then the rest.
+const (
+	rankFirst = -2
+	rankAlone = -1
+)
+
 func (l *lane) enter(t *testing.T, weight int) {
 	t.Parallel()
-	l.wait(t, weight)
-}
-
-// wait blocks until the lane admits t with weight, and gives the weight
-// back when t ends.
-func (l *lane) wait(t *testing.T, weight int) {
 	rank := slices.Index(l.first, t.Name())
 	switch {
 	case weight > 1:
-		rank = -1
+		rank = rankAlone
 	case rank < 0:
 		rank = len(l.first)
 	}
+	l.wait(t, weight, rank)
+}
+
+// wait blocks until the lane admits t with weight, lower ranks first, and
+// gives the weight back when t ends.
+func (l *lane) wait(t *testing.T, weight, rank int) {
 	w := waiter{rank: rank, weight: weight, admit: make(chan struct{})}
 	// Admission waits until no test has asked for a second: go test
 	// releases its parallel tests in a burst, in the goroutines' order, and
@@ -145,5 +156,31 @@ func (l *lane) admit() {
 		close(w.admit)
 		l.waiting = slices.Delete(l.waiting, best, best+1)
 		l.free -= w.weight
+	}
+}
+
+// TestLaneAdmitsFirstRankBeforeEarlierArrivals: a test that takes both
+// lanes goes before the beside tests queued ahead of it, rather than hold
+// the Kubernetes lane idle while they all run.
+func TestLaneAdmitsFirstRankBeforeEarlierArrivals(t *testing.T) {
+	l := &lane{free: 1}
+	var queued []waiter
+	for _, rank := range []int{0, 0, 0, rankFirst} {
+		w := waiter{rank: rank, weight: 1, admit: make(chan struct{})}
+		queued = append(queued, w)
+		l.waiting = append(l.waiting, w)
+	}
+	l.admit()
+	for i, w := range queued {
+		select {
+		case <-w.admit:
+			if w.rank != rankFirst {
+				t.Fatalf("admitted waiter %d (rank %d) before the one ranked first", i, w.rank)
+			}
+		default:
+			if w.rank == rankFirst {
+				t.Fatalf("the waiter ranked first still waits behind %d earlier arrivals", len(queued)-1)
+			}
+		}
 	}
 }
