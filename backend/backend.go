@@ -28,9 +28,45 @@ type Backend interface {
 	// the node publishes with its lease (public IP, backend data).
 	Prepare(ctx context.Context) (subnet.LeaseAttrs, error)
 	// Attach is called once the node holds lease; the returned Network
-	// programs the peers.
-	Attach(ctx context.Context, lease subnet.Lease) (Network, error)
+	// programs the peers, and the rest of Attached declares what else the
+	// backend offers.
+	Attach(ctx context.Context, lease subnet.Lease) (Attached, error)
 }
+
+// Attached is what a backend offers once the node holds its lease: the
+// Network every backend has, and each optional capability it declares. A
+// nil field is a capability the backend does not have; the daemon and
+// twillctl use these fields and nothing else (no capability is discovered
+// by asserting a type), so a backend says what it does in one place:
+//
+//	return backend.Attached{Network: n, Updater: n, Watcher: n}, nil
+//
+// Attached is not a Network itself: kept in a Network variable, it would
+// lose what it declares.
+type Attached struct {
+	// Network is required.
+	Network Network
+	// Updater applies a change of the peer set without the whole of it;
+	// without it every change is a Reconcile.
+	Updater Updater
+	// Watcher notices changes made behind the Network's back; without it
+	// drift is repaired at each resync only.
+	Watcher KernelWatcher
+	// Runner is a loop of the backend's own, run once subnet.env is written.
+	Runner Runner
+	// Env adds TWILL_ variables to subnet.env.
+	Env EnvProvider
+	// External follows a change of the external interface.
+	External ExternalChanger
+	// Data publishes backend data that changed after the lease was taken.
+	Data DataPublisher
+	// Drift and Status serve twillctl status.
+	Drift  DriftReporter
+	Status StatusReporter
+}
+
+// Valid reports whether a backend attached: Network is set.
+func (a Attached) Valid() bool { return a.Network != nil }
 
 // Network programs the data plane for a held lease.
 type Network interface {
@@ -44,21 +80,21 @@ type Network interface {
 	Reconcile(ctx context.Context, peers []subnet.Lease) error
 }
 
-// EnvProvider is implemented by Networks that tell the CNI plugin more than
+// EnvProvider (Attached.Env) is offered by Networks that tell the CNI plugin more than
 // the subnet and MTU: the map's keys are written to subnet.env with the
 // TWILL_ prefix (the eni backend's route table and rule priorities).
 type EnvProvider interface {
 	Env() map[string]string
 }
 
-// Runner is implemented by Networks with a long-lived loop of their own (the
+// Runner (Attached.Runner) is offered by Networks with a long-lived loop of their own (the
 // eni backend's warm IP pool). The daemon runs it once the lease is held and
 // subnet.env is written, until shutdown; an error stops the daemon.
 type Runner interface {
 	Run(ctx context.Context) error
 }
 
-// Updater is implemented by a Network that can apply a change of the peer
+// Updater (Attached.Updater) is offered by a Network that can apply a change of the peer
 // set without being handed the whole of it, so that a lease event costs
 // what changed rather than the size of the cluster. upserted are peers
 // added or changed (as they are now), removed are peers gone or no longer
@@ -74,7 +110,7 @@ type Updater interface {
 // ErrFullReconcile asks the daemon for a full Reconcile.
 var ErrFullReconcile = errors.New("this change needs a full reconcile")
 
-// KernelWatcher is implemented by a Network that can notice changes made
+// KernelWatcher (Attached.Watcher) is offered by a Network that can notice changes made
 // behind its back (a route deleted by hand, a device removed). WatchKernel
 // blocks until ctx is done and calls poke, which never blocks, whenever the
 // kernel no longer matches what the Network last programmed. It calls
@@ -88,7 +124,7 @@ type KernelWatcher interface {
 	WatchKernel(ctx context.Context, poke, watching func()) error
 }
 
-// ExternalChanger is implemented by a Network that programs objects
+// ExternalChanger (Attached.External) is offered by a Network that programs objects
 // through the external interface. When that interface changes (it came up
 // again after the kernel flushed its routes, or it was deleted and
 // re-created with a new index), the daemon reads it again and calls
@@ -99,7 +135,7 @@ type ExternalChanger interface {
 	ExternalChanged(ext ExternalInterface)
 }
 
-// DataPublisher is implemented by a Network whose backend data can change
+// DataPublisher (Attached.Data) is offered by a Network whose backend data can change
 // after the lease was taken (vxlan picks a new VTEP MAC when another node
 // publishes its own). After each Reconcile the daemon asks, and publishes
 // the new BackendData and BackendV6Data in the node's lease (etcd key or
@@ -108,13 +144,13 @@ type DataPublisher interface {
 	BackendData() (data, v6Data json.RawMessage, changed bool)
 }
 
-// DriftReporter is implemented by a Network that can compare, without
+// DriftReporter (Attached.Drift) is offered by a Network that can compare, without
 // changing anything, the kernel with what peers call for (twillctl status).
 type DriftReporter interface {
 	Drift(ctx context.Context, peers []subnet.Lease) (Drift, error)
 }
 
-// StatusReporter is implemented by a Network with more to tell an
+// StatusReporter (Attached.Status) is offered by a Network with more to tell an
 // operator than drift (twillctl status prints each line): how its devices
 // are implemented, its keys, its sessions.
 type StatusReporter interface {

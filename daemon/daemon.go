@@ -46,7 +46,22 @@ type SubnetManager interface {
 	Run(ctx context.Context, publish func(subnet.Change)) error
 }
 
-// Monitor is implemented by subnet managers that follow their connection
+// Subnets is the subnet manager the daemon runs on, with what it offers
+// beyond SubnetManager. A nil field is a capability it does not have: the
+// daemon uses these fields and never asserts a type to find one, so the
+// code that builds a daemon says in one place what its manager does:
+//
+//	daemon.Subnets{SubnetManager: m, Monitor: m, DataUpdater: m}
+type Subnets struct {
+	SubnetManager
+	Monitor     Monitor
+	Conflicts   ConflictCounter
+	DataUpdater DataUpdater
+	Prefetcher  LeasePrefetcher
+	Ready       ReadyNotifier
+}
+
+// Monitor (Subnets.Monitor) is offered by subnet managers that follow their connection
 // to the datastore (etcd): Monitor runs for the daemon's whole life, from
 // before the configuration is read, and Connected feeds /readyz and
 // twill_subnet_manager_connected.
@@ -55,20 +70,20 @@ type Monitor interface {
 	Connected() (ok bool, why string)
 }
 
-// ConflictCounter is implemented by subnet managers that notice another
+// ConflictCounter (Subnets.Conflicts) is offered by subnet managers that notice another
 // client overwriting this node's own lease (etcd mode): how many times.
 type ConflictCounter interface {
 	OwnLeaseConflicts() uint64
 }
 
-// DataUpdater is implemented by subnet managers that can change the
+// DataUpdater (Subnets.DataUpdater) is offered by subnet managers that can change the
 // backend data of the node's lease after it was taken (a new vxlan VTEP
 // MAC).
 type DataUpdater interface {
 	UpdateBackendData(ctx context.Context, data, v6Data json.RawMessage) error
 }
 
-// LeasePrefetcher is implemented by subnet managers that can start
+// LeasePrefetcher (Subnets.Prefetcher) is offered by subnet managers that can start
 // reading every lease before AcquireLease is called (the etcd one: one
 // range read that then overlaps reading the configuration, choosing the
 // interface and preparing the backend).
@@ -76,7 +91,7 @@ type LeasePrefetcher interface {
 	PrefetchLeases(ctx context.Context)
 }
 
-// ReadyNotifier is implemented by subnet managers that publish the node's
+// ReadyNotifier (Subnets.Ready) is offered by subnet managers that publish the node's
 // readiness (the Kubernetes one sets NetworkUnavailable=False). Ready is
 // called once, after the first successful reconcile.
 type ReadyNotifier interface {
@@ -88,7 +103,7 @@ type ReadyNotifier interface {
 type Options struct {
 	Logger   *slog.Logger
 	Registry *backend.Registry
-	Subnets  SubnetManager
+	Subnets  Subnets
 	Netlink  Kernel
 	Iface    network.IfaceOptions
 
@@ -180,8 +195,7 @@ func New(o Options) *Daemon {
 	o.WatchedResync = max(o.WatchedResync, o.Resync)
 	d := &Daemon{o: o, log: o.Logger, metrics: newMetrics(), poke: make(chan struct{}, 1), peers: newPeerSet(o.Logger)}
 	d.metrics.reg.MustRegister(o.Collectors...)
-	own, _ := o.Subnets.(ConflictCounter)
-	d.metrics.conflicts(d.peers, own)
+	d.metrics.conflicts(d.peers, o.Subnets.Conflicts)
 	return d
 }
 
@@ -202,7 +216,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		g.Go(func() error { return d.serveHealth(ctx, ln) })
 	}
-	if m, ok := d.o.Subnets.(Monitor); ok {
+	if m := d.o.Subnets.Monitor; m != nil {
 		d.metrics.connected(m)
 		g.Go(func() error { return m.Monitor(ctx) })
 	}
@@ -234,15 +248,15 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 		}
 		go func() { <-ctx.Done(); release() }()
 	}
-	if p, ok := d.o.Subnets.(LeasePrefetcher); ok {
-		p.PrefetchLeases(ctx)
+	if d.o.Subnets.Prefetcher != nil {
+		d.o.Subnets.Prefetcher.PrefetchLeases(ctx)
 	}
 	cfg, err := d.networkConfig(ctx)
 	if err != nil || cfg == nil {
 		return err
 	}
 	ext, lease, nw, err := d.attach(ctx, cfg)
-	if err != nil || nw == nil {
+	if err != nil || !nw.Valid() {
 		return err
 	}
 	d.log.Debug("lease held, backend attached", "since_start", time.Since(d.started))
@@ -261,8 +275,8 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 		return rules.Run(ctx)
 	})
 	g.Go(func() error { return d.o.Subnets.Run(ctx, d.publish) })
-	if r, ok := nw.(backend.Runner); ok {
-		g.Go(func() error { return r.Run(ctx) })
+	if nw.Runner != nil {
+		g.Go(func() error { return nw.Runner.Run(ctx) })
 	}
 	// The kernel flushes routes through a link that goes down without
 	// announcing it, and a re-created link has a new index: watch the
@@ -290,11 +304,11 @@ func (d *Daemon) run(ctx context.Context, g *errgroup.Group) error {
 // attach chooses the external interface, prepares the backend, takes the
 // lease and attaches the backend to it. A nil Network with no error means
 // the daemon was stopped while waiting for an address or the lease.
-func (d *Daemon) attach(ctx context.Context, cfg *subnet.Config) (backend.ExternalInterface, subnet.Lease, backend.Network, error) {
+func (d *Daemon) attach(ctx context.Context, cfg *subnet.Config) (backend.ExternalInterface, subnet.Lease, backend.Attached, error) {
 	var lease subnet.Lease
 	ext, be, attrs, err := d.prepare(ctx, cfg)
 	if err != nil || be == nil {
-		return ext, lease, nil, err
+		return ext, lease, backend.Attached{}, err
 	}
 	var hint subnet.Lease
 	if env, err := subnet.ReadEnv(d.o.SubnetFile); err == nil {
@@ -303,14 +317,20 @@ func (d *Daemon) attach(ctx context.Context, cfg *subnet.Config) (backend.Extern
 	lease, err = d.o.Subnets.AcquireLease(ctx, cfg, attrs, hint)
 	if err != nil {
 		if ctx.Err() != nil {
-			return ext, lease, nil, nil // stopped while waiting for the lease
+			return ext, lease, backend.Attached{}, nil // stopped while waiting for the lease
 		}
-		return ext, lease, nil, fmt.Errorf("acquiring a subnet lease: %w", err)
+		return ext, lease, backend.Attached{}, fmt.Errorf("acquiring a subnet lease: %w", err)
 	}
 	d.log.Info("holding lease", "subnet", lease.Subnet, "ipv6_subnet", lease.IPv6Subnet, "backend", cfg.BackendType)
 	nw, err := be.Attach(ctx, lease)
+	if err == nil && !nw.Valid() {
+		err = errors.New("the backend returned no Network")
+	}
+	if err == nil && nw.Data != nil && d.o.Subnets.DataUpdater == nil {
+		err = errors.New("the backend publishes data that changes after the lease is taken, and this subnet manager cannot publish it (no DataUpdater)")
+	}
 	if err != nil {
-		return ext, lease, nil, fmt.Errorf("attaching the %s backend to %s: %w", cfg.BackendType, lease, err)
+		return ext, lease, backend.Attached{}, fmt.Errorf("attaching the %s backend to %s: %w", cfg.BackendType, lease, err)
 	}
 	return ext, lease, nw, nil
 }

@@ -53,8 +53,9 @@ func (r *recorder) Prepare(context.Context) (subnet.LeaseAttrs, error) {
 	return subnet.LeaseAttrs{PublicIP: netip.MustParseAddr("192.168.80.1"), BackendType: "recorder"}, nil
 }
 
-func (r *recorder) Attach(_ context.Context, l subnet.Lease) (backend.Network, error) {
-	return &recorderNet{r: r, local: l}, nil
+func (r *recorder) Attach(_ context.Context, l subnet.Lease) (backend.Attached, error) {
+	n := &recorderNet{r: r, local: l}
+	return backend.Attached{Network: n, Watcher: n}, nil
 }
 
 type recorderNet struct {
@@ -143,7 +144,7 @@ func runChild() int {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	d := daemon.New(daemon.Options{
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)), Registry: registry, Subnets: sm, Netlink: h,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)), Registry: registry, Subnets: daemon.Subnets{SubnetManager: sm}, Netlink: h,
 		Iface: network.IfaceOptions{Ifaces: []string{"eth0"}}, SubnetFile: os.Getenv("TWILL_SUBNET_FILE"),
 		Ready: func() { _ = os.WriteFile(os.Getenv("TWILL_READY_FILE"), nil, 0o644) },
 	})

@@ -157,10 +157,10 @@ type wrappedBackend struct {
 	w *wrapped
 }
 
-func (b wrappedBackend) Attach(ctx context.Context, l subnet.Lease) (backend.Network, error) {
-	nw, err := b.Backend.Attach(ctx, l)
-	b.w.Network = nw
-	return b.w, err
+func (b wrappedBackend) Attach(ctx context.Context, l subnet.Lease) (backend.Attached, error) {
+	a, err := b.Backend.Attach(ctx, l)
+	b.w.Network = a.Network
+	return backend.Attached{Network: b.w, Updater: b.w, Data: b.w}, err
 }
 
 func peerLease(sub, pub string) subnet.Lease {
@@ -227,7 +227,7 @@ func startEngineWith(t *testing.T, typ string, w *wrapped, failRoutes int32, adj
 	ctx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
 	o := daemon.Options{
-		Logger: slog.New(slog.NewTextHandler(e.log, &slog.HandlerOptions{Level: slog.LevelDebug})), Registry: reg, Subnets: e.subnets, Netlink: k,
+		Logger: slog.New(slog.NewTextHandler(e.log, &slog.HandlerOptions{Level: slog.LevelDebug})), Registry: reg, Subnets: daemon.Subnets{SubnetManager: e.subnets, DataUpdater: e.subnets}, Netlink: k,
 		Iface: network.IfaceOptions{Ifaces: []string{"eth0"}}, Node: e.node, IPMasq: true, Resync: time.Hour, StateDir: filepath.Join(e.dir, "state"),
 		SubnetFile: filepath.Join(e.dir, "subnet.env"), FlannelSubnetFile: filepath.Join(e.dir, "no-flannel.env"),
 		CNIConflist: []byte(`{"cniVersion":"1.0.0","name":"twill","plugins":[{"type":"twill"}]}`), CNIConflistPath: filepath.Join(e.dir, "10-twill.conflist"),
@@ -434,4 +434,29 @@ func TestEngineStoppedBeforeReadyIsNoError(t *testing.T) {
 		return err == nil
 	})
 	// The cleanup stops the daemon and fails the test on an error.
+}
+
+// A backend that declares data to publish after the lease is taken, on a
+// subnet manager that declares no way to publish it, stops the daemon at
+// start, naming what is missing, before a pod is wired: not at the first
+// change of the data, on a node already serving.
+func TestEngineRefusesABackendItsSubnetManagerCannotServe(t *testing.T) {
+	e := startEngineWith(t, "wrapped", &wrapped{data: true}, 0, func(e *engine, o *daemon.Options) {
+		o.Subnets.DataUpdater = nil
+	}, peerLease("10.244.2.0/24", "192.168.1.2"))
+	select {
+	case err := <-e.done:
+		e.done <- nil // for the cleanup
+		if err == nil || !strings.Contains(err.Error(), "DataUpdater") {
+			t.Fatalf("the daemon stopped with %v, want an error naming DataUpdater", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the daemon still runs 30s after start")
+	}
+	if fileExists(filepath.Join(e.dir, "subnet.env")) {
+		t.Error("subnet.env was written: pods would be wired on a node that stopped")
+	}
+	if got := e.routes(); len(got) != 0 {
+		t.Errorf("routes programmed: %q", got)
+	}
 }

@@ -84,7 +84,7 @@ func (d *Daemon) watchExternal(ctx context.Context, watching func()) error {
 
 // refreshExternal reads the external interface again and hands it to the
 // backend. Called by the reconcile loop, before Reconcile.
-func (d *Daemon) refreshExternal(nw backend.Network) {
+func (d *Daemon) refreshExternal(nw backend.Attached) {
 	ext, err := network.Refresh(d.o.Netlink, d.ext.name, d.ext.opts)
 	if err != nil {
 		if !d.ext.gone {
@@ -99,8 +99,8 @@ func (d *Daemon) refreshExternal(nw backend.Network) {
 	}
 	d.ext.gone = !ext.Link.Up
 	d.ext.last.Store(&ext)
-	if c, ok := nw.(backend.ExternalChanger); ok {
-		c.ExternalChanged(ext)
+	if nw.External != nil {
+		nw.External.ExternalChanged(ext)
 	}
 }
 

@@ -25,7 +25,7 @@ func (d *Daemon) serveHealth(ctx context.Context, ln net.Listener) error {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if m, ok := d.o.Subnets.(Monitor); ok {
+		if m := d.o.Subnets.Monitor; m != nil {
 			if up, why := m.Connected(); !up {
 				http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 				return

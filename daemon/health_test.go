@@ -41,7 +41,7 @@ func TestEngineHealthEndpoints(t *testing.T) {
 	e := startEngineWith(t, hostgw.Type, nil, 0, func(e *engine, o *daemon.Options) {
 		o.HealthAddr = addr
 		mon.memSubnets = e.subnets
-		o.Subnets = mon
+		o.Subnets = daemon.Subnets{SubnetManager: mon, Monitor: mon, Conflicts: mon, DataUpdater: mon}
 	}, peer2)
 	client := &http.Client{Timeout: 5 * time.Second}
 	call := func(method, path string) (int, string) {

@@ -31,7 +31,7 @@ func (d *Daemon) requestFull() {
 	d.signal()
 }
 
-func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local subnet.Lease, nw backend.Network) error {
+func (d *Daemon) reconcileLoop(ctx context.Context, cfg *subnet.Config, local subnet.Lease, nw backend.Attached) error {
 	tick := time.NewTicker(d.o.Resync)
 	defer tick.Stop()
 	var (
@@ -121,14 +121,13 @@ func (d *Daemon) watchedSyncEvery() time.Duration {
 // it can take that (backend.Updater), and every peer otherwise: at the
 // first turn, after a full set arrived, on a resync, a retry or drift. It
 // reports whether it was a full reconcile.
-func (d *Daemon) reconcileOnce(ctx context.Context, cfg *subnet.Config, local subnet.Lease, nw backend.Network, changedAll bool) (bool, error) {
-	up, canUpdate := nw.(backend.Updater)
-	if canUpdate && d.ready.Load() && !changedAll && !d.fullDue.Load() {
+func (d *Daemon) reconcileOnce(ctx context.Context, cfg *subnet.Config, local subnet.Lease, nw backend.Attached, changedAll bool) (bool, error) {
+	if nw.Updater != nil && d.ready.Load() && !changedAll && !d.fullDue.Load() {
 		upserted, removed := d.peers.delta(cfg, local)
 		if len(upserted)+len(removed) == 0 {
 			return false, nil
 		}
-		err := up.Update(ctx, upserted, removed)
+		err := nw.Updater.Update(ctx, upserted, removed)
 		if !errors.Is(err, backend.ErrFullReconcile) {
 			if err != nil {
 				d.fullDue.Store(true) // the retry starts from the whole state
@@ -137,7 +136,7 @@ func (d *Daemon) reconcileOnce(ctx context.Context, cfg *subnet.Config, local su
 		}
 	}
 	d.fullDue.Store(false)
-	return true, nw.Reconcile(ctx, d.peers.all(cfg, local))
+	return true, nw.Network.Reconcile(ctx, d.peers.all(cfg, local))
 }
 
 // kernelWatchWait bounds how long readiness waits for the kernel watch's
@@ -173,7 +172,7 @@ func (d *Daemon) becomeReady(ctx context.Context) error {
 			return err
 		}
 	}
-	if r, ok := d.o.Subnets.(ReadyNotifier); ok {
+	if r := d.o.Subnets.Ready; r != nil {
 		if err := r.Ready(ctx); err != nil {
 			return err
 		}

@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sync"
 
@@ -20,10 +19,10 @@ import (
 // setUpNode enables forwarding, installs the netfilter rules in the mode
 // chosen and writes subnet.env (pods are wired only once masquerading is
 // in place), returning what keeps the last two in place.
-func (d *Daemon) setUpNode(cfg *subnet.Config, lease subnet.Lease, nw backend.Network) (Runner, *desiredfile.Keeper, error) {
-	env := subnet.Env{MTU: nw.MTU(), IPMasq: d.o.IPMasq, Backend: cfg.BackendType}
-	if ep, ok := nw.(backend.EnvProvider); ok {
-		env.Extra = ep.Env()
+func (d *Daemon) setUpNode(cfg *subnet.Config, lease subnet.Lease, nw backend.Attached) (Runner, *desiredfile.Keeper, error) {
+	env := subnet.Env{MTU: nw.Network.MTU(), IPMasq: d.o.IPMasq, Backend: cfg.BackendType}
+	if nw.Env != nil {
+		env.Extra = nw.Env.Env()
 	}
 	o := netfilter.Options{Logger: d.log, IPMasq: d.o.IPMasq, Resync: d.o.IPTablesResync, Repaired: func() { d.metrics.driftRepairs.Inc() }}
 	if cfg.EnableIPv4 {
@@ -56,7 +55,7 @@ func (d *Daemon) setUpNode(cfg *subnet.Config, lease subnet.Lease, nw backend.Ne
 // the node's setup, then starts the kernel watch, the external interface
 // watch, the reclaiming of leaked addresses and the CNI conflist (a node
 // takes pods only once it routes).
-func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, cfg *subnet.Config, nw backend.Network, setUp <-chan error, policySynced <-chan struct{}) func() error {
+func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, cfg *subnet.Config, nw backend.Attached, setUp <-chan error, policySynced <-chan struct{}) func() error {
 	steps := []func() error{func() error {
 		select {
 		case err := <-setUp:
@@ -70,7 +69,8 @@ func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, cfg *subnet.
 	// and up again before the external interface's watch began looks
 	// unchanged, and the kernel flushed its routes without a word.
 	watching := make(chan struct{})
-	w, isWatcher := nw.(backend.KernelWatcher)
+	w := nw.Watcher
+	isWatcher := w != nil
 	checked := kernelsync.AllChecked(1+btoi(isWatcher), sync.OnceFunc(func() {
 		// Only a backend that watches its own objects lets the safety net
 		// run less often.
@@ -124,24 +124,18 @@ func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, cfg *subnet.
 
 // publishData publishes the backend's new data in the node's lease, when it
 // has some; a failure is retried with the next reconcile.
-func (d *Daemon) publishData(ctx context.Context, nw backend.Network) error {
+func (d *Daemon) publishData(ctx context.Context, nw backend.Attached) error {
 	if d.pendingData == nil {
-		p, ok := nw.(backend.DataPublisher)
-		if !ok {
+		if nw.Data == nil {
 			return nil
 		}
-		data, v6Data, changed := p.BackendData()
+		data, v6Data, changed := nw.Data.BackendData()
 		if !changed {
 			return nil
 		}
 		d.pendingData = &[2]json.RawMessage{data, v6Data}
 	}
-	u, ok := d.o.Subnets.(DataUpdater)
-	if !ok {
-		d.pendingData = nil
-		return errors.New("the backend changed its lease data, but this subnet manager cannot publish it; restart twilld")
-	}
-	if err := u.UpdateBackendData(ctx, d.pendingData[0], d.pendingData[1]); err != nil {
+	if err := d.o.Subnets.DataUpdater.UpdateBackendData(ctx, d.pendingData[0], d.pendingData[1]); err != nil {
 		return fmt.Errorf("publishing the backend's new data: %w", err)
 	}
 	d.log.Info("published new backend data in this node's lease", "data", string(d.pendingData[0]), "v6_data", string(d.pendingData[1]))

@@ -47,23 +47,38 @@ type RuleTable interface {
 	RuleDel(r Rule) error
 }
 
-// Kernel is the union of the views above with the links and addresses a
-// backend sets up: what twilld hands a backend (backend.Options.Netlink).
-// Watching is optional: a backend that follows events asserts
-// RouteWatcher (or a link watch) on it, and does without when it is absent.
+// LinkWatcher follows link events, as RouteWatcher does routes.
+type LinkWatcher interface {
+	WatchLinks(ctx context.Context, subscribed func(), fn func(LinkEvent)) error
+}
+
+// Kernel is the union of the views above with the links, addresses,
+// offloads and event subscriptions a backend sets up: what twilld hands a
+// backend (backend.Options.Netlink). It is the whole contract: a backend
+// finds nothing more by asserting a type on it. Handle is the kernel's;
+// nlfake.Kernel models the same state without root.
 type Kernel interface {
 	RouteTable
 	NeighTable
 	RuleTable
+	RouteWatcher
+	NeighWatcher
+	LinkWatcher
 	RouteDel(r Route) error
 	Links() ([]Link, error)
 	LinkByName(name string) (Link, error)
 	LinkByIndex(index int) (Link, error)
 	LinkSetUp(index int) error
+	LinkSetMTU(index, mtu int) error
 	LinkDel(index int) error
 	VXLANByName(name string) (Link, VXLAN, bool, error)
 	VXLANAdd(v VXLAN) (Link, error)
+	WireGuardAdd(name string, mtu int) (Link, error)
 	Addrs(link int, family Family) ([]Addr, error)
 	AddrAdd(link int, p netip.Prefix) error
 	AddrDel(link int, p netip.Prefix) error
+	// TXChecksum and SetTXChecksum read and set a device's TX checksum
+	// offload (ethtool's tx-checksumming), by name.
+	TXChecksum(name string) (bool, error)
+	SetTXChecksum(name string, on bool) error
 }

@@ -28,7 +28,7 @@ func Options(t testing.TB, conf string, k backend.Kernel, ext backend.ExternalIn
 
 // Attach builds the backend with f and opts, prepares it, and attaches it
 // to lease; it fails the test on any error.
-func Attach(t testing.TB, f backend.Factory, opts backend.Options, lease string) (backend.Backend, subnet.LeaseAttrs, backend.Network) {
+func Attach(t testing.TB, f backend.Factory, opts backend.Options, lease string) (backend.Backend, subnet.LeaseAttrs, backend.Attached) {
 	t.Helper()
 	b, err := f(opts)
 	if err != nil {

@@ -60,6 +60,7 @@ const (
 // models it.
 type Kernel interface {
 	backend.RouteTable
+	backend.RouteWatcher
 	backend.RuleTable
 	LinkByName(name string) (nl.Link, error)
 	LinkSetUp(index int) error
@@ -162,10 +163,10 @@ func (b *Backend) Prepare(ctx context.Context) (subnet.LeaseAttrs, error) {
 // place. It changes nothing in the cloud or the kernel (twillctl status
 // attaches to compare): delegating the lease prefix is Reconcile's first
 // step.
-func (b *Backend) Attach(ctx context.Context, lease subnet.Lease) (backend.Network, error) {
+func (b *Backend) Attach(ctx context.Context, lease subnet.Lease) (backend.Attached, error) {
 	if b.eni.ID == "" {
 		if err := b.describe(ctx); err != nil {
-			return nil, err
+			return backend.Attached{}, err
 		}
 	}
 	n := &Network{
@@ -178,10 +179,10 @@ func (b *Backend) Attach(ctx context.Context, lease subnet.Lease) (backend.Netwo
 		n.pool = &Pool{Dir: filepath.Join(b.opts.StateDir, "eni-pool"), Provider: b.prov, ENI: b.eni, Log: b.log,
 			LowWater: b.set.LowWater, HighWater: b.set.HighWater, Cooldown: b.set.Cooldown}
 		if err := n.pool.Init(); err != nil {
-			return nil, err
+			return backend.Attached{}, err
 		}
 	}
-	return n, nil
+	return backend.Attached{Network: n, Watcher: n, Runner: n, Env: n, Drift: n}, nil
 }
 
 // Network keeps one node's ENI policy routing.

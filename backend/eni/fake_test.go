@@ -137,7 +137,7 @@ func newENINode(t *testing.T, mode string) *eniNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.b, n.nw = b, nw.(*Network)
+	n.b, n.nw = b, nw.Network.(*Network)
 	return n
 }
 

@@ -30,7 +30,7 @@ func fakeNode(t *testing.T) (*nlfake.Kernel, *Network, *strings.Builder) {
 	var log strings.Builder
 	opts.Logger = slog.New(slog.NewTextHandler(&log, nil))
 	_, _, nw := backendtest.Attach(t, New, opts, "10.244.1.0/24")
-	return k, nw.(*Network), &log
+	return k, nw.Network.(*Network), &log
 }
 
 func TestFakeReconcile(t *testing.T) {

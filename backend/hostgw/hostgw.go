@@ -68,15 +68,16 @@ func (b *Backend) Prepare(context.Context) (subnet.LeaseAttrs, error) {
 }
 
 // Attach returns the Network that programs peer routes.
-func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Network, error) {
-	return &Network{
+func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Attached, error) {
+	n := &Network{
 		ext:         b.opts.ExtIface,
 		log:         b.log,
 		metrics:     b.opts.Metrics,
 		routes:      &kernelsync.RouteSync{NL: b.opts.Netlink, FullSyncEvery: b.opts.FullSyncEvery, WatchedSyncEvery: b.opts.WatchedSyncEvery, Log: b.log},
 		unreachable: map[string]string{},
 		refused:     &kernelsync.RefusedPeers{Log: b.log, Message: "refusing peers whose public IP is not on-link: host-gw needs all nodes on one L2 segment; use vxlan (or DirectRouting) across routers"},
-	}, nil
+	}
+	return backend.Attached{Network: n, Updater: n, Watcher: n, External: n, Drift: n}, nil
 }
 
 // Network programs host-gw routes for one lease.

@@ -48,7 +48,7 @@ func node(t *testing.T) (string, *nl.Handle, *Network) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ns, h, nw.(*Network)
+	return ns, h, nw.Network.(*Network)
 }
 
 // kernelRoutes renders the main table's IPv4 routes as `ip route` does,
@@ -219,7 +219,7 @@ func benchNetwork(b *testing.B, n int) (*Network, []subnet.Lease) {
 	ext := backend.ExternalInterface{Link: link, Addr: netip.MustParseAddr("192.168.0.1"), PublicIP: netip.MustParseAddr("192.168.0.1"),
 		OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.0.0/16")}}
 	_, _, bnw := backendtest.Attach(b, New, backendtest.Options(b, `{"Network":"100.64.0.0/10","Backend":{"Type":"host-gw"}}`, h, ext), "100.64.0.0/24")
-	nw := bnw.(*Network)
+	nw := bnw.Network.(*Network)
 	peers := make([]subnet.Lease, n)
 	for i := range peers {
 		dst := netip.PrefixFrom(subnet.NthSubnet(netip.MustParseAddr("100.64.0.0"), uint64(i+1), 24), 24)

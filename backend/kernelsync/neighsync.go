@@ -11,12 +11,18 @@ import (
 	"github.com/twill-net/twill/nl"
 )
 
+// NeighKernel is what a NeighSync reads, changes and follows.
+type NeighKernel interface {
+	nl.NeighTable
+	nl.NeighWatcher
+}
+
 // NeighSync keeps the permanent neighbour entries of one device (or, with
 // FDB, its forwarding entries: MAC -> remote) equal to a desired set. It is
 // the neighbour face of the one sync engine (see ownedSet). Entries that
 // are not permanent belong to the kernel and are left alone.
 type NeighSync struct {
-	NL            nl.NeighTable
+	NL            NeighKernel
 	FDB           bool
 	FullSyncEvery time.Duration
 	// WatchedSyncEvery, when longer, replaces FullSyncEvery while Watch
@@ -125,10 +131,7 @@ func (s *NeighSync) Verify() bool { return s.engine().verify() }
 // kernel and pokes if they differ, then calls checked (see
 // RouteSync.Watch). It is the neighbour (or FDB) part of a KernelWatcher.
 func (s *NeighSync) Watch(ctx context.Context, log *slog.Logger, poke, checked func()) error {
-	var subscribe func(context.Context, func(), func(nl.NeighEvent)) error
-	if w, ok := s.NL.(nl.NeighWatcher); ok {
-		subscribe = w.WatchNeighs
-	}
+	subscribe := s.NL.WatchNeighs
 	what := "neighbour"
 	if s.FDB {
 		what = "fdb"

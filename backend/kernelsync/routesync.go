@@ -15,13 +15,19 @@ import (
 	"github.com/twill-net/twill/nl"
 )
 
+// RouteKernel is what a RouteSync reads, changes and follows.
+type RouteKernel interface {
+	nl.RouteTable
+	nl.RouteWatcher
+}
+
 // RouteSync keeps the routes twill owns in one table (those with twill's
 // protocol) equal to a desired set. It is the route face of the one sync
 // engine (see ownedSet): a record of the kernel re-read when it may be
 // wrong, a desired set updated in place, batched changes, adds before
 // deletes.
 type RouteSync struct {
-	NL            nl.RouteTable
+	NL            RouteKernel
 	Table         int // 0 means main
 	FullSyncEvery time.Duration
 	// WatchedSyncEvery, when longer, replaces FullSyncEvery while Watch
@@ -182,11 +188,7 @@ func (s *RouteSync) Shadowed() []string {
 // after each such check (at once if the kernel cannot be watched). It is
 // the route half of a KernelWatcher.
 func (s *RouteSync) Watch(ctx context.Context, log *slog.Logger, poke, checked func()) error {
-	var subscribe func(context.Context, func(), func(nl.RouteEvent)) error
-	if w, ok := s.NL.(nl.RouteWatcher); ok {
-		subscribe = w.WatchRoutes
-	}
-	return watchRecord(ctx, log.With("table", tableOrMain(s.Table)), "route", subscribe, s.Verify, s.Observe, s.engine().watched.Store, poke, checked)
+	return watchRecord(ctx, log.With("table", tableOrMain(s.Table)), "route", s.NL.WatchRoutes, s.Verify, s.Observe, s.engine().watched.Store, poke, checked)
 }
 
 // routeKind is the engine's view of routes.

@@ -26,7 +26,7 @@ func TestVTEPAddressOfAnEarlierLeaseGoes(t *testing.T) {
 			Addr: netip.MustParseAddr("192.168.1.1"), PublicIP: netip.MustParseAddr("192.168.1.1")})
 		opts.StateDir = state
 		_, _, nw := backendtest.Attach(t, New, opts, local)
-		if err := nw.Reconcile(context.Background(), peers); err != nil {
+		if err := nw.Network.Reconcile(context.Background(), peers); err != nil {
 			t.Fatal(err)
 		}
 		if got, want := dump(t, k).addrs, []string{netip.MustParsePrefix(local).Addr().String() + "/32"}; !slices.Equal(got, want) {

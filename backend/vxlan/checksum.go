@@ -6,8 +6,6 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/twill-net/twill/nl"
 )
 
 // Transmit checksum offload on the VTEP (Backend.TXChecksumOffload).
@@ -99,32 +97,17 @@ func kernelRelease() string {
 	return unix.ByteSliceToString(u.Release[:])
 }
 
-// checksummer reads and sets the offload (*nl.Handle, nl/nlfake).
-type checksummer interface {
-	TXChecksum(name string) (bool, error)
-	SetTXChecksum(name string, on bool) error
-}
-
-var _ checksummer = (*nl.Handle)(nil)
-
 // ensureTXChecksum sets the device's offload to on unless it already is,
 // and reports whether it had to.
 func ensureTXChecksum(k Kernel, name string, on bool) (bool, error) {
-	c, ok := k.(checksummer)
-	switch {
-	case !ok && on:
-		return false, nil // a new device has it on: nothing to keep
-	case !ok:
-		return false, fmt.Errorf("Backend.TXChecksumOffload: this kernel handle (%T) cannot turn the offload off", k)
-	}
-	have, err := c.TXChecksum(name)
+	have, err := k.TXChecksum(name)
 	if err != nil {
 		return false, err
 	}
 	if have == on {
 		return false, nil
 	}
-	return true, c.SetTXChecksum(name, on)
+	return true, k.SetTXChecksum(name, on)
 }
 
 // keepTXChecksum sets the VTEP's offload as chosen, and reports a change

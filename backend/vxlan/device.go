@@ -15,6 +15,11 @@ import (
 type Kernel interface {
 	backend.RouteTable
 	backend.NeighTable
+	backend.RouteWatcher
+	backend.NeighWatcher
+	nl.LinkWatcher
+	TXChecksum(name string) (bool, error)
+	SetTXChecksum(name string, on bool) error
 	VXLANByName(name string) (nl.Link, nl.VXLAN, bool, error)
 	VXLANAdd(v nl.VXLAN) (nl.Link, error)
 	LinkDel(index int) error

@@ -37,10 +37,8 @@ func (n *Network) Drift(_ context.Context, peers []subnet.Lease) (backend.Drift,
 	if !ok || have.VNI != n.b.dev.VNI || have.Port != n.b.dev.Port || have.Learning || have.MTU != n.b.dev.MTU {
 		d.Wrong = append(d.Wrong, fmt.Sprintf("device %s (want VNI %d, port %d, MTU %d, learning off)", n.b.dev.Name, n.b.dev.VNI, n.b.dev.Port, n.b.dev.MTU))
 	}
-	if c, ok := h.(checksummer); ok {
-		if on, err := c.TXChecksum(n.b.dev.Name); err == nil && on != n.b.txChecksum {
-			d.Wrong = append(d.Wrong, fmt.Sprintf("device %s %s %v (want %v: %s)", n.b.dev.Name, nl.FeatureTXChecksum, on, n.b.txChecksum, n.b.txChecksumWhy))
-		}
+	if on, err := h.TXChecksum(n.b.dev.Name); err == nil && on != n.b.txChecksum {
+		d.Wrong = append(d.Wrong, fmt.Sprintf("device %s %s %v (want %v: %s)", n.b.dev.Name, nl.FeatureTXChecksum, on, n.b.txChecksum, n.b.txChecksumWhy))
 	}
 	var (
 		routes     []nl.Route

@@ -54,7 +54,7 @@ func (f *fnode) start(t testing.TB) {
 		Addr: netip.MustParseAddr("192.168.1.1"), PublicIP: netip.MustParseAddr("192.168.1.1"), OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}})
 	opts.Logger, opts.StateDir = slog.New(slog.NewTextHandler(&f.log, nil)), f.state
 	b, _, nw := backendtest.Attach(t, New, opts, "10.244.1.0/24")
-	f.b, f.nw = b.(*Backend), nw.(*Network)
+	f.b, f.nw = b.(*Backend), nw.Network.(*Network)
 }
 
 // kernelState is what the kernel holds, by device name, in ip's words.

@@ -50,7 +50,7 @@ func startOn(t *testing.T, k *nlfake.Kernel, eth nl.Link, state string) (subnet.
 		Addr: netip.MustParseAddr("192.168.1.1"), PublicIP: netip.MustParseAddr("192.168.1.1")})
 	opts.StateDir = state
 	_, attrs, nw := backendtest.Attach(t, New, opts, "10.244.1.0/24")
-	return attrs, nw.(*Network)
+	return attrs, nw.Network.(*Network)
 }
 
 func TestTakeOverFlannelsDevice(t *testing.T) {

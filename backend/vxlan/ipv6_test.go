@@ -51,7 +51,7 @@ func newV6Node(t *testing.T, conf, backendJSON string, local subnet.Lease, under
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.b, f.nw = b.(*Backend), nw.(*Network)
+	f.b, f.nw = b.(*Backend), nw.Network.(*Network)
 	return f
 }
 

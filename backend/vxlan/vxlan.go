@@ -191,8 +191,8 @@ func (b *Backend) data(mac net.HardwareAddr) (v4, v6 json.RawMessage) {
 }
 
 // Attach returns the Network that programs the peers.
-func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Network, error) {
-	return &Network{
+func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Attached, error) {
+	n := &Network{
 		b:          b,
 		local:      lease,
 		vtepIPs:    vtepIPs(lease),
@@ -203,7 +203,8 @@ func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Network
 		parsed:     map[string]parsed{},
 		refused:    &kernelsync.RefusedPeers{Log: b.log, Message: "refusing peers with unusable vxlan backend data (wrong VNI or VTEP MAC)"},
 		macRefused: &kernelsync.RefusedPeers{Log: b.log, Message: "refusing peers whose VTEP MAC is not theirs alone"},
-	}, nil
+	}
+	return backend.Attached{Network: n, Updater: n, Watcher: n, External: n, Data: n, Drift: n}, nil
 }
 
 // vtepIPs are the device's addresses: the network address of each of the

@@ -54,7 +54,7 @@ func (v *vnode) start(t testing.TB) {
 		Addr: netip.MustParseAddr("192.168.1.1"), PublicIP: netip.MustParseAddr("192.168.1.1"), OnLink: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}})
 	opts.StateDir = v.state
 	b, _, nw := backendtest.Attach(t, New, opts, "10.244.1.0/24")
-	v.b, v.nw = b.(*Backend), nw.(*Network)
+	v.b, v.nw = b.(*Backend), nw.Network.(*Network)
 }
 
 func (v *vnode) show(t *testing.T, args ...string) string {

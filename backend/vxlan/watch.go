@@ -11,10 +11,6 @@ import (
 )
 
 // linkWatcher follows link events (*nl.Handle).
-type linkWatcher interface {
-	WatchLinks(ctx context.Context, subscribed func(), fn func(nl.LinkEvent)) error
-}
-
 var _ backend.KernelWatcher = (*Network)(nil)
 
 // WatchKernel pokes when the VTEP device changes or disappears, or when one
@@ -24,18 +20,10 @@ var _ backend.KernelWatcher = (*Network)(nil)
 // four watches have made their first check.
 func (n *Network) WatchKernel(ctx context.Context, poke, watching func()) error {
 	g, ctx := errgroup.WithContext(ctx)
-	lw, canLinks := n.b.k.(linkWatcher)
-	watches := 3
-	if canLinks {
-		watches++
-	}
-	checked := kernelsync.AllChecked(watches, watching)
+	checked := kernelsync.AllChecked(4, watching)
 	g.Go(func() error { return n.routes.Watch(ctx, n.b.log, poke, checked[0]) })
 	g.Go(func() error { return n.neighs.Watch(ctx, n.b.log, poke, checked[1]) })
 	g.Go(func() error { return n.fdb.Watch(ctx, n.b.log, poke, checked[2]) })
-	if !canLinks {
-		return g.Wait()
-	}
 	name := n.b.dev.Name
 	g.Go(func() error {
 		return kernelsync.WatchLoop(ctx, n.b.log, "link", func() {
@@ -46,7 +34,7 @@ func (n *Network) WatchKernel(ctx context.Context, poke, watching func()) error 
 			}
 			checked[3]()
 		}, func(ctx context.Context, subscribed func()) error {
-			return lw.WatchLinks(ctx, subscribed, func(ev nl.LinkEvent) {
+			return n.b.k.WatchLinks(ctx, subscribed, func(ev nl.LinkEvent) {
 				if ev.Link.Name == name {
 					poke()
 				}
@@ -66,10 +54,6 @@ func (n *Network) deviceAsLeft() bool {
 	if err != nil || !isVXLAN || !link.Up || int64(link.Index) != n.devSeen.Load() {
 		return false
 	}
-	c, ok := n.b.k.(checksummer)
-	if !ok {
-		return true // Reconcile reports it
-	}
-	on, err := c.TXChecksum(n.b.dev.Name)
+	on, err := n.b.k.TXChecksum(n.b.dev.Name)
 	return err == nil && on == n.b.txChecksum
 }

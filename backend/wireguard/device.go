@@ -35,6 +35,7 @@ type Device interface {
 // addresses, and the routes through them. *nl.Handle has it.
 type Links interface {
 	backend.RouteTable
+	backend.RouteWatcher
 	LinkByName(name string) (nl.Link, error)
 	LinkDel(index int) error
 	LinkSetUp(index int) error
@@ -70,8 +71,7 @@ type devices struct {
 }
 
 func newDevices(opts backend.Options, log *slog.Logger) *devices {
-	k, _ := opts.Netlink.(Links)
-	d := &devices{k: k, log: log, stateDir: opts.StateDir, helper: helperPath(), impl: map[string]string{}}
+	d := &devices{k: opts.Netlink, log: log, stateDir: opts.StateDir, helper: helperPath(), impl: map[string]string{}}
 	if opts.Metrics != nil && opts.Metrics.Registerer != nil {
 		d.info = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "twill_wireguard_device_info",
 			Help: "1 for each WireGuard device, labelled with its implementation: kernel, or userspace (twill-wg)"}, []string{"device", "implementation"})

@@ -67,7 +67,7 @@ func TestUserspaceDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := nw.(*Network)
+	n := nw.Network.(*Network)
 	n.poll = 20 * time.Millisecond
 	n.nudge = func(netip.Addr) {}
 	k2 := key(t)

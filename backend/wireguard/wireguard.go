@@ -287,11 +287,12 @@ func (b *Backend) data(pub wgtypes.Key) (v4, v6 json.RawMessage) {
 }
 
 // Attach returns the Network that programs the peers.
-func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Network, error) {
+func (b *Backend) Attach(_ context.Context, lease subnet.Lease) (backend.Attached, error) {
 	// The key Prepare loaded; twillctl status, which does not Prepare,
 	// reads the stored one and makes none.
 	key, _ := b.keys.peek()
-	return newNetwork(b, lease, key), nil
+	n := newNetwork(b, lease, key)
+	return backend.Attached{Network: n, Updater: n, Watcher: n, Runner: n, Data: n, Drift: n, Status: n}, nil
 }
 
 func famName(v6 bool) string {

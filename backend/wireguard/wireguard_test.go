@@ -98,7 +98,7 @@ func newNode(t testing.TB, backendJSON, state string, lease subnet.Lease) *node 
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.nw = nw.(*Network)
+	n.nw = nw.Network.(*Network)
 	// Unit tests send nothing anywhere: nudges are recorded.
 	n.nw.nudge = func(a netip.Addr) { n.nudged = append(n.nudged, a) }
 	return n
@@ -490,8 +490,8 @@ func TestDeviceAddressOfAnEarlierLeaseGoes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		nw.(*Network).nudge = func(netip.Addr) {}
-		if err := nw.Reconcile(ctx, nil); err != nil {
+		nw.Network.(*Network).nudge = func(netip.Addr) {}
+		if err := nw.Network.Reconcile(ctx, nil); err != nil {
 			t.Fatal(err)
 		}
 		link, err := k.LinkByName(DeviceName)

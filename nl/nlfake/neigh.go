@@ -76,11 +76,15 @@ func (k *Kernel) neigh(op nl.NeighOp) error {
 		if op.Op == nl.OpDel {
 			if have, ok := t[mac]; ok && have.IP == n.IP {
 				delete(t, mac)
+				k.emitNeighLocked(nl.NeighEvent{Deleted: true, FDB: true, Neigh: have})
 			}
 			return nil
 		}
 		n.HardwareAddr = slices.Clone(n.HardwareAddr)
-		t[mac] = n
+		if have, ok := t[mac]; !ok || !sameNeigh(have, n) {
+			t[mac] = n
+			k.emitNeighLocked(nl.NeighEvent{FDB: true, Neigh: n})
+		}
 		return nil
 	}
 	t := k.neighs[n.LinkIndex]
@@ -89,12 +93,23 @@ func (k *Kernel) neigh(op nl.NeighOp) error {
 		k.neighs[n.LinkIndex] = t
 	}
 	if op.Op == nl.OpDel {
-		delete(t, n.IP)
+		if have, ok := t[n.IP]; ok {
+			delete(t, n.IP)
+			k.emitNeighLocked(nl.NeighEvent{Deleted: true, Neigh: have})
+		}
 		return nil
 	}
 	n.HardwareAddr = slices.Clone(n.HardwareAddr)
-	t[n.IP] = n
+	if have, ok := t[n.IP]; !ok || !sameNeigh(have, n) {
+		t[n.IP] = n
+		k.emitNeighLocked(nl.NeighEvent{Neigh: n})
+	}
 	return nil
+}
+
+// sameNeigh reports whether writing b over a changes nothing.
+func sameNeigh(a, b nl.Neigh) bool {
+	return a.LinkIndex == b.LinkIndex && a.IP == b.IP && bytes.Equal(a.HardwareAddr, b.HardwareAddr) && a.Permanent == b.Permanent
 }
 
 // Rules lists the policy rules.

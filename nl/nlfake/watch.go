@@ -10,10 +10,12 @@ import (
 	"github.com/twill-net/twill/nl"
 )
 
-// Link, address and route events, as the kernel announces them to a
-// subscribed socket: each change to a link (added, up or down, deleted),
-// to an address (added) or to a route (added, replaced, deleted, by twill
-// or behind its back) reaches every watch subscribed at the time. Routes
+// Link, address, route and neighbour events, as the kernel announces them
+// to a subscribed socket: each change to a link (added, up or down,
+// deleted), to an address (added), to a route (added, replaced, deleted,
+// by twill or behind its back) or to a neighbour or FDB entry (added or
+// changed, deleted; a write that changes nothing says nothing) reaches
+// every watch subscribed at the time. Routes
 // the kernel flushes with their link (down, or deleted) go without a
 // word, as IPv4's do. Like the kernel's socket buffer, a watch's queue is
 // bounded: a watch that falls behind by more than watchQueue events fails
@@ -27,6 +29,7 @@ type watcher struct {
 	links  chan nl.LinkEvent
 	addrs  chan nl.AddrEvent
 	routes chan nl.RouteEvent
+	neighs chan nl.NeighEvent
 	lost   chan struct{}
 }
 
@@ -55,6 +58,13 @@ func (k *Kernel) WatchAddrs(ctx context.Context, subscribed func(), fn func(nl.A
 func (k *Kernel) WatchRoutes(ctx context.Context, subscribed func(), fn func(nl.RouteEvent)) error {
 	w := &watcher{routes: make(chan nl.RouteEvent, watchQueue), lost: make(chan struct{})}
 	return follow(ctx, k, w, w.routes, subscribed, fn)
+}
+
+// WatchNeighs calls subscribed, then fn for each neighbour and FDB event,
+// until ctx ends.
+func (k *Kernel) WatchNeighs(ctx context.Context, subscribed func(), fn func(nl.NeighEvent)) error {
+	w := &watcher{neighs: make(chan nl.NeighEvent, watchQueue), lost: make(chan struct{})}
+	return follow(ctx, k, w, w.neighs, subscribed, fn)
 }
 
 // follow subscribes w and delivers the events of its queue q until ctx
@@ -93,6 +103,11 @@ func (k *Kernel) emitLinkLocked(ev nl.LinkEvent) {
 // emitRouteLocked queues a route event for every route watch.
 func (k *Kernel) emitRouteLocked(ev nl.RouteEvent) {
 	emit(k, func(w *watcher) chan nl.RouteEvent { return w.routes }, ev)
+}
+
+// emitNeighLocked queues a neighbour or FDB event for every neighbour watch.
+func (k *Kernel) emitNeighLocked(ev nl.NeighEvent) {
+	emit(k, func(w *watcher) chan nl.NeighEvent { return w.neighs }, ev)
 }
 
 // emitAddrLocked queues an address event for every address watch.

@@ -56,8 +56,11 @@ func (b *Backend) Prepare(context.Context) (subnet.LeaseAttrs, error) {
 }
 
 // Attach returns the Network; RouteSync does the level-triggered work.
-func (b *Backend) Attach(context.Context, subnet.Lease) (backend.Network, error) {
-	return &network{b: b, routes: &kernelsync.RouteSync{NL: b.opts.Netlink, Table: b.cfg.Table, FullSyncEvery: b.opts.FullSyncEvery, WatchedSyncEvery: b.opts.WatchedSyncEvery, Log: b.opts.Logger}}, nil
+func (b *Backend) Attach(context.Context, subnet.Lease) (backend.Attached, error) {
+	n := &network{b: b, routes: &kernelsync.RouteSync{NL: b.opts.Netlink, Table: b.cfg.Table, FullSyncEvery: b.opts.FullSyncEvery, WatchedSyncEvery: b.opts.WatchedSyncEvery, Log: b.opts.Logger}}
+	// It can tell twillctl status what differs; every other capability
+	// (incremental updates, a kernel watch...) it goes without.
+	return backend.Attached{Network: n, Drift: n}, nil
 }
 
 type network struct {

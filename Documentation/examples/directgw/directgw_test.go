@@ -28,13 +28,13 @@ func TestReconcile(t *testing.T) {
 	}
 	table := func() []string { return backendtest.Routes(t, k, 50) }
 	peers := []subnet.Lease{peer("10.244.2.0/24", "192.168.1.2"), peer("10.244.3.0/24", "10.9.9.9")}
-	if err := nw.Reconcile(context.Background(), peers); err != nil {
+	if err := nw.Network.Reconcile(context.Background(), peers); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := table(), []string{"10.244.2.0/24 via 192.168.1.2 dev#1 table 50"}; !slices.Equal(got, want) {
 		t.Fatalf("table 50: %q, want %q (the peer off the segment is not routed)", got, want)
 	}
-	if err := nw.Reconcile(context.Background(), nil); err != nil {
+	if err := nw.Network.Reconcile(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := table(); len(got) != 0 {

@@ -58,7 +58,7 @@ func run(ctx context.Context, endpoints []string, iface, subnetFile, stateDir st
 	opts := daemon.Options{
 		Logger:     log,
 		Registry:   backend.Default,
-		Subnets:    etcdsm.New(etcdsm.Options{Client: cli, Logger: log}),
+		Subnets:    subnets(etcdsm.New(etcdsm.Options{Client: cli, Logger: log})),
 		Netlink:    h,
 		SubnetFile: subnetFile,
 		StateDir:   stateDir,
@@ -69,4 +69,11 @@ func run(ctx context.Context, endpoints []string, iface, subnetFile, stateDir st
 	}
 	// Run returns when ctx is done, leaving the data plane in place.
 	return daemon.New(opts).Run(ctx)
+}
+
+// subnets declares what the etcd subnet manager offers the engine beyond
+// leases: its connection to etcd for /readyz, overwrites of this node's
+// lease counted, new backend data published, every lease read early.
+func subnets(m *etcdsm.Manager) daemon.Subnets {
+	return daemon.Subnets{SubnetManager: m, Monitor: m, Conflicts: m, DataUpdater: m, Prefetcher: m}
 }

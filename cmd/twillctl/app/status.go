@@ -61,7 +61,7 @@ type nodeView struct {
 	peers   []subnet.Lease
 	refused map[string]string
 	ext     backend.ExternalInterface
-	nw      backend.Network
+	nw      backend.Attached
 	// onFlannel are the peers still on flanneld, on flannel's prefix.
 	onFlannel []subnet.Lease
 }
@@ -140,16 +140,15 @@ func (v *nodeView) print(ctx context.Context, w io.Writer) error {
 		leaseState = "NOT FOUND in etcd"
 	}
 	fmt.Fprintf(tw, "lease\t%s (%s)\tbackend %s\tpublic IP %s\tMTU %d\n", v.env.Subnet, leaseState, v.cfg.BackendType, v.ext.PublicIP, v.env.MTU)
-	if sr, ok := v.nw.(backend.StatusReporter); ok {
-		for _, line := range sr.Status(ctx) {
+	if v.nw.Status != nil {
+		for _, line := range v.nw.Status.Status(ctx) {
 			fmt.Fprintf(tw, "backend\t%s\n", line)
 		}
 	}
-	dr, ok := v.nw.(backend.DriftReporter)
 	var d backend.Drift
-	if ok {
+	if v.nw.Drift != nil {
 		var err error
-		if d, err = dr.Drift(ctx, v.peers); err != nil {
+		if d, err = v.nw.Drift.Drift(ctx, v.peers); err != nil {
 			return err
 		}
 	}
@@ -172,7 +171,7 @@ func (v *nodeView) print(ctx context.Context, w io.Writer) error {
 		fmt.Fprintf(tw, "  shadowed\t%s\n", sh)
 	}
 	switch {
-	case !ok:
+	case v.nw.Drift == nil:
 		fmt.Fprintf(tw, "kernel\tthe %s backend cannot report drift\n", v.cfg.BackendType)
 	case !d.Clean():
 		printDrift(tw, d)
@@ -186,7 +185,7 @@ func (v *nodeView) print(ctx context.Context, w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if (ok && !d.Clean()) || nfDrift {
+	if (v.nw.Drift != nil && !d.Clean()) || nfDrift {
 		return errDrift
 	}
 	if len(notProgrammed) > 0 {

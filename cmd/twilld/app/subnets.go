@@ -16,29 +16,29 @@ import (
 
 // subnetManager is the Kubernetes subnet manager (with its NetworkPolicy
 // enforcement when --network-policy) or etcd's, and what closes it.
-func subnetManager(ctx context.Context, log *slog.Logger, o options) (daemon.SubnetManager, *enforcement, func(), error) {
+func subnetManager(ctx context.Context, log *slog.Logger, o options) (daemon.Subnets, *enforcement, func(), error) {
 	if o.networkPolicy && !o.kubeSubnetMgr {
-		return nil, nil, nil, errors.New("--network-policy needs --kube-subnet-mgr: NetworkPolicy objects come from the Kubernetes API")
+		return daemon.Subnets{}, nil, nil, errors.New("--network-policy needs --kube-subnet-mgr: NetworkPolicy objects come from the Kubernetes API")
 	}
 	if !o.kubeSubnetMgr {
 		cli, err := o.etcd.Client()
 		if err != nil {
-			return nil, nil, nil, err
+			return daemon.Subnets{}, nil, nil, err
 		}
-		return etcdsm.New(etcdsm.Options{Client: cli, Logger: log, Prefix: o.etcd.Prefix, TTL: o.leaseTTL, RenewMargin: o.renewMargin}),
-			nil, func() { cli.Close() }, nil
+		m := etcdsm.New(etcdsm.Options{Client: cli, Logger: log, Prefix: o.etcd.Prefix, TTL: o.leaseTTL, RenewMargin: o.renewMargin})
+		return daemon.Subnets{SubnetManager: m, Monitor: m, Conflicts: m, DataUpdater: m, Prefetcher: m}, nil, func() { cli.Close() }, nil
 	}
 	km, err := kubeManager(ctx, log, o)
 	if err != nil {
-		return nil, nil, nil, err
+		return daemon.Subnets{}, nil, nil, err
 	}
 	var enforce *enforcement
 	if o.networkPolicy {
 		if enforce, err = newEnforcement(log, o, km.NodeName()); err != nil {
-			return nil, nil, nil, err
+			return daemon.Subnets{}, nil, nil, err
 		}
 	}
-	return km, enforce, func() {}, nil
+	return daemon.Subnets{SubnetManager: km, Conflicts: km, DataUpdater: km, Ready: km}, enforce, func() {}, nil
 }
 
 func kubeManager(ctx context.Context, log *slog.Logger, o options) (*kubesm.Manager, error) {
