@@ -29,6 +29,22 @@ import (
 type Device interface {
 	Get(ctx context.Context) (*wgtypes.Device, error)
 	Set(ctx context.Context, cfg wgtypes.Config) error
+	// Extensions says what the device answers beyond get and set, as it
+	// does now: a twill-wg updated under a running twilld is used in full
+	// from the next operation on.
+	Extensions(ctx context.Context) Extensions
+}
+
+// Extensions are the queries a device answers beyond the userspace API's
+// get and set (twill-wg's, by the version it serves: see
+// userspace.Version). A nil field is a query the device does not answer.
+type Extensions struct {
+	// Generation tells how many times the device may have changed
+	// (userspace.GenerationQuery).
+	Generation func(ctx context.Context) (uint64, error)
+	// Peers reads the peers with the given keys, without the others
+	// (userspace.PeersQuery).
+	Peers func(ctx context.Context, keys []wgtypes.Key) ([]wgtypes.Peer, error)
 }
 
 // Links is what the backend needs of netlink: its devices, their
@@ -300,31 +316,23 @@ type userspaceDevice struct{ c *uapi.Client }
 
 func (u userspaceDevice) Get(ctx context.Context) (*wgtypes.Device, error) { return u.c.Get(ctx) }
 
-// Generation is twill-wg's count of changes (see userspace.GenerationQuery).
-func (u userspaceDevice) Generation(ctx context.Context) (uint64, error) { return u.c.Generation(ctx) }
-
-// Peers reads some of twill-wg's peers (see userspace.PeersQuery).
-func (u userspaceDevice) Peers(ctx context.Context, keys []wgtypes.Key) ([]wgtypes.Peer, error) {
-	return u.c.Peers(ctx, keys)
-}
-
-// peerReader is a Device that reads some of its peers without the others.
-type peerReader interface {
-	Peers(ctx context.Context, keys []wgtypes.Key) ([]wgtypes.Peer, error)
-}
-
-// generationer is a Device that tells how many times it was changed.
-type generationer interface {
-	Generation(ctx context.Context) (uint64, error)
+// Extensions asks twill-wg which version of its extensions it serves
+// (version 0, none: a twill-wg from before the version query, or
+// wireguard-go itself).
+func (u userspaceDevice) Extensions(ctx context.Context) Extensions {
+	if v, err := u.c.Version(ctx); err != nil || v < 1 {
+		return Extensions{}
+	}
+	return Extensions{Generation: u.c.Generation, Peers: u.c.Peers}
 }
 
 // generation is dev's count of changes, or 0 when it cannot tell.
 func generation(ctx context.Context, dev Device) uint64 {
-	g, ok := dev.(generationer)
-	if !ok {
+	g := dev.Extensions(ctx).Generation
+	if g == nil {
 		return 0
 	}
-	n, err := g.Generation(ctx)
+	n, err := g(ctx)
 	if err != nil {
 		return 0
 	}
@@ -338,6 +346,10 @@ type kernelDevice struct {
 	c    *wgctrl.Client
 	name string
 }
+
+// Extensions: the kernel's device answers generic netlink, none of
+// twill-wg's queries.
+func (k kernelDevice) Extensions(context.Context) Extensions { return Extensions{} }
 
 func (k kernelDevice) Get(context.Context) (*wgtypes.Device, error) {
 	d, err := k.c.Device(k.name)

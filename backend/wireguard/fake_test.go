@@ -42,6 +42,17 @@ func (f *fakeDevice) Get(context.Context) (*wgtypes.Device, error) {
 	return d, nil
 }
 
+// Extensions: a twill-wg of this version, or with old one from before the
+// version query, which answers none.
+func (f *fakeDevice) Extensions(context.Context) Extensions {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.old {
+		return Extensions{}
+	}
+	return Extensions{Peers: f.Peers}
+}
+
 // Peers answers twill-wg's peers query: the peers asked for that the
 // device has.
 func (f *fakeDevice) Peers(_ context.Context, keys []wgtypes.Key) ([]wgtypes.Peer, error) {

@@ -3,7 +3,6 @@ package wireguard
 import (
 	"bytes"
 	"context"
-	"errors"
 	"maps"
 	"net/netip"
 	"slices"
@@ -11,7 +10,6 @@ import (
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
-	"github.com/twill-net/twill/backend/wireguard/uapi"
 	"github.com/twill-net/twill/internal/tick"
 )
 
@@ -110,7 +108,7 @@ func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
 	n.mu.Lock()
 	keys := slices.Collect(maps.Keys(n.greeting[t.name]))
 	n.mu.Unlock()
-	have, err := n.followedPeers(ctx, t.name, dev, keys, now)
+	have, err := n.followedPeers(ctx, t.name, dev, keys)
 	if err != nil {
 		return
 	}
@@ -177,29 +175,24 @@ func (n *Network) greetingDue(dev string, now time.Time) bool {
 }
 
 // followedPeers reads the peers with the given keys from device name:
-// only those from a device that can (twill-wg), else the whole device.
-// A device that could not (a twill-wg older than this twilld) is asked
-// again peersQueryRetry later: the keeper may have been updated since, and
-// twilld must not read every peer until it restarts. The caller holds
-// opMu.
-func (n *Network) followedPeers(ctx context.Context, name string, dev Device, keys []wgtypes.Key, now time.Time) ([]wgtypes.Peer, error) {
-	if pr, ok := dev.(peerReader); ok && now.Sub(n.noPeersQuery[name]) >= peersQueryRetry {
-		ps, err := pr.Peers(ctx, keys)
-		if !errors.Is(err, uapi.ErrNoPeersQuery) {
-			if _, was := n.noPeersQuery[name]; was && err == nil {
-				delete(n.noPeersQuery, name)
-				n.b.log.Info("the device answers a peers query again (its twill-wg was updated)", "device", name)
-			}
-			return ps, err
+// only those from a device that can (twill-wg, by the version it
+// serves), else the whole device. A device asked at each call, a twill-wg
+// updated under a running twilld is read by key from its next call on.
+// The caller holds opMu.
+func (n *Network) followedPeers(ctx context.Context, name string, dev Device, keys []wgtypes.Key) ([]wgtypes.Peer, error) {
+	if peers := dev.Extensions(ctx).Peers; peers != nil {
+		if _, was := n.noPeersQuery[name]; was {
+			delete(n.noPeersQuery, name)
+			n.b.log.Info("the device answers a peers query again (its twill-wg was updated)", "device", name)
 		}
+		return peers(ctx, keys)
+	}
+	if _, was := n.noPeersQuery[name]; !was {
 		if n.noPeersQuery == nil {
-			n.noPeersQuery = map[string]time.Time{}
+			n.noPeersQuery = map[string]bool{}
 		}
-		if _, was := n.noPeersQuery[name]; !was {
-			n.b.log.Info("the device does not answer a peers query (a twill-wg older than this twilld): following first handshakes by reading every peer, and asking again",
-				"device", name, "every", peersQueryRetry)
-		}
-		n.noPeersQuery[name] = now
+		n.noPeersQuery[name] = true
+		n.b.log.Info("the device does not answer a peers query (a twill-wg older than this twilld): following first handshakes by reading every peer until it does", "device", name)
 	}
 	d, err := dev.Get(ctx)
 	if err != nil {
@@ -207,10 +200,6 @@ func (n *Network) followedPeers(ctx context.Context, name string, dev Device, ke
 	}
 	return d.Peers, nil
 }
-
-// peersQueryRetry is how long a device that did not answer a peers query
-// is read whole before it is asked again.
-const peersQueryRetry = 30 * time.Second
 
 // What followOnce does next about a peer without a handshake.
 const (

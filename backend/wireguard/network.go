@@ -35,9 +35,9 @@ type Network struct {
 	// opMu serializes the changes made to the devices: Reconcile's and
 	// Update's, and followHandshakes'.
 	opMu sync.Mutex
-	// noPeersQuery: when each device last did not answer a peers query
-	// (guarded by opMu); it is asked again peersQueryRetry later.
-	noPeersQuery map[string]time.Time
+	// noPeersQuery: the devices whose last answer lacked the peers query
+	// (guarded by opMu), so that the change is logged once each way.
+	noPeersQuery map[string]bool
 
 	mu sync.Mutex
 	// guarded by mu:

@@ -83,19 +83,15 @@ func (c *Client) Peers(ctx context.Context, keys []wgtypes.Key) ([]wgtypes.Peer,
 	}
 	req.WriteString("\n")
 	// A device that does not know the query closes the connection without
-	// a word: an end, or a reset when it left some of the request unread
-	// (a broken pipe if that was before all of it was written).
-	closed := func(err error) bool {
-		return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
-	}
+	// a word.
 	if _, err := io.WriteString(conn, req.String()); err != nil {
-		if closed(err) {
+		if closedUnanswered(err) {
 			err = ErrNoPeersQuery
 		}
 		return nil, fmt.Errorf("reading peers of %s: %w", c.Path, err)
 	}
 	br := bufio.NewReader(conn)
-	if _, err := br.Peek(1); closed(err) {
+	if _, err := br.Peek(1); closedUnanswered(err) {
 		return nil, fmt.Errorf("reading peers of %s: %w", c.Path, ErrNoPeersQuery)
 	}
 	d, err := ParseGet(br)
@@ -144,6 +140,60 @@ func (c *Client) Generation(ctx context.Context) (uint64, error) {
 		return 0, fmt.Errorf("%s does not tell its generation", c.Path)
 	}
 	return gen, nil
+}
+
+// Version asks a device which version of twill-wg's extensions to the
+// userspace API it serves (see userspace.VersionQuery): 0 when it closes
+// the connection unanswered, as wireguard-go itself and a twill-wg from
+// before the version query do.
+func (c *Client) Version(ctx context.Context) (int, error) {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "twill_version=1\n\n"); err != nil {
+		if closedUnanswered(err) {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("asking %s's version: %w", c.Path, err)
+	}
+	r := bufio.NewReader(conn)
+	if _, err := r.Peek(1); closedUnanswered(err) {
+		return 0, nil
+	}
+	version, errno := -1, -1
+	for n := 0; n < 8; n++ {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return 0, fmt.Errorf("asking %s's version: %w", c.Path, err)
+		}
+		line = strings.TrimSuffix(line, "\n")
+		if line == "" {
+			break
+		}
+		k, v, _ := strings.Cut(line, "=")
+		switch k {
+		case "twill_version":
+			version, err = strconv.Atoi(v)
+		case "errno":
+			errno, err = strconv.Atoi(v)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("asking %s's version: reply %q", c.Path, line)
+		}
+	}
+	if errno != 0 || version < 1 {
+		return 0, fmt.Errorf("asking %s's version: no version in the reply (errno %d)", c.Path, errno)
+	}
+	return version, nil
+}
+
+// closedUnanswered reports whether err is a device closing the connection
+// without a word: an end, or a reset when it left some of the request
+// unread (a broken pipe if that was before all of it was written).
+func closedUnanswered(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // Set applies cfg. The device applies a set in one transaction.

@@ -116,6 +116,23 @@ func Run(ctx context.Context, o Options) error {
 	return nil
 }
 
+// VersionQuery asks a twill-wg device which version of its extensions to
+// the userspace API it serves: it answers "twill_version=<n>", then
+// "errno=0" and a blank line. twilld asks at each operation on a device
+// and uses what that version has, so that a twill-wg updated under a
+// running twilld is used in full at once. A device that does not know
+// the query (wireguard-go itself, a twill-wg before it) closes the
+// connection unanswered: version 0, get and set only.
+const VersionQuery = "twill_version=1\n"
+
+// Version is the version of the extensions this twill-wg serves:
+//
+//	1: GenerationQuery and PeersQuery.
+//
+// A new extension comes with a new version; twilld uses an extension only
+// from a device whose version has it.
+const Version = 1
+
 // GenerationQuery asks a twill-wg device how many times its configuration
 // may have changed: it answers "generation=<n>", then "errno=0" and a
 // blank line, as the userspace API's get does. twilld compares it with
@@ -145,6 +162,11 @@ func serve(dev *device.Device, c net.Conn, gen *atomic.Uint64) {
 	line, err := r.ReadString('\n')
 	if err != nil {
 		c.Close()
+		return
+	}
+	if line == VersionQuery {
+		defer c.Close()
+		fmt.Fprintf(c, "twill_version=%d\nerrno=0\n\n", Version)
 		return
 	}
 	if line == GenerationQuery {

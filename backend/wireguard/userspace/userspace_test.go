@@ -148,6 +148,12 @@ func TestAnswersAPeersQuery(t *testing.T) {
 	if g2, err := c.Generation(ctx); err != nil || g2 != g1 {
 		t.Fatalf("a peers query moved the generation: %d -> %d (%v)", g1, g2, err)
 	}
+	if v, err := c.Version(ctx); err != nil || v != Version {
+		t.Fatalf("twill-wg's version: %d (%v), want %d", v, err, Version)
+	}
+	if g3, err := c.Generation(ctx); err != nil || g3 != g1 {
+		t.Fatalf("a version query moved the generation: %d -> %d (%v)", g1, g3, err)
+	}
 	raw := func(req string) string {
 		conn, err := net.Dial("unix", sock)
 		if err != nil {
@@ -198,5 +204,10 @@ func TestAnswersAPeersQuery(t *testing.T) {
 		if _, err := (&uapi.Client{Path: plain}).Peers(ctx, ks); !errors.Is(err, uapi.ErrNoPeersQuery) {
 			t.Fatalf("wireguard-go's socket, %d keys: %v, want ErrNoPeersQuery", len(ks), err)
 		}
+	}
+	// Nor does it know the version query: version 0, get and set only (as
+	// a twill-wg from before the query, which hands it to wireguard-go).
+	if v, err := (&uapi.Client{Path: plain}).Version(ctx); err != nil || v != 0 {
+		t.Fatalf("wireguard-go's socket: version %d (%v), want 0 and no error", v, err)
 	}
 }
