@@ -63,7 +63,7 @@ func cmdlineMentions(pid int, s string) bool {
 // twilld then uses it), else twill-wg's through its socket.
 func (c *cluster) wgDevice(i int) (*wgtypes.Device, error) {
 	var d *wgtypes.Device
-	err := c.wgDo(i, func(dev wireguard.Device) error {
+	err := c.wgDo(i, func(dev wgConfig) error {
 		var err error
 		d, err = dev.Get(context.Background())
 		return err
@@ -73,10 +73,17 @@ func (c *cluster) wgDevice(i int) (*wgtypes.Device, error) {
 
 // wgSet configures node i's WireGuard device behind twilld's back.
 func (c *cluster) wgSet(i int, cfg wgtypes.Config) error {
-	return c.wgDo(i, func(dev wireguard.Device) error { return dev.Set(context.Background(), cfg) })
+	return c.wgDo(i, func(dev wgConfig) error { return dev.Set(context.Background(), cfg) })
 }
 
-func (c *cluster) wgDo(i int, f func(wireguard.Device) error) error {
+// wgConfig is what the tests do to a device behind twilld's back: read and
+// set its configuration.
+type wgConfig interface {
+	Get(ctx context.Context) (*wgtypes.Device, error)
+	Set(ctx context.Context, cfg wgtypes.Config) error
+}
+
+func (c *cluster) wgDo(i int, f func(wgConfig) error) error {
 	if !kernelWireGuard(c.t) {
 		return f(&uapi.Client{Path: wireguard.Socket(twcluster.NodeDir(c.dir, c.topo.Nodes[i].Name), wireguard.DeviceName)})
 	}
