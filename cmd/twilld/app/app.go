@@ -27,6 +27,7 @@ import (
 	"github.com/twill-net/twill/backend"
 	"github.com/twill-net/twill/daemon"
 	"github.com/twill-net/twill/daemon/cleanup"
+	"github.com/twill-net/twill/daemon/enforce"
 	"github.com/twill-net/twill/internal/gcpace"
 	"github.com/twill-net/twill/internal/version"
 	"github.com/twill-net/twill/network"
@@ -283,7 +284,7 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 	if err != nil {
 		return err
 	}
-	subnets, enforce, closeSubnets, err := subnetManager(ctx, log, o)
+	subnets, node, closeSubnets, err := subnetManager(ctx, log, o)
 	if err != nil {
 		return err
 	}
@@ -296,8 +297,11 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 		}
 		network, dataDir = conflistStore(conflist, dataDir)
 	}
-	if enforce != nil {
-		enforce.allocations(filepath.Join(dataDir, network))
+	var pol *enforce.Enforcement
+	if o.networkPolicy {
+		if pol, err = newEnforcement(log, o, node, filepath.Join(dataDir, network)); err != nil {
+			return err
+		}
 	}
 	h, err := nl.Open("")
 	if err != nil {
@@ -331,9 +335,9 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 		Ready:           o.ready,
 		// What flannel left on a node switched from it.
 		FlannelSubnetFile: o.flannelSubnetFile,
-		Policy:            enforce.run(),
-		Collectors:        enforce.collectors(),
-		Handlers:          enforce.handlers(),
+		Policy:            pol.Run(),
+		Collectors:        pol.Collectors(),
+		Handlers:          pol.Handlers(),
 	})
 	if err := d.Run(ctx); err != nil {
 		return err

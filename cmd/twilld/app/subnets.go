@@ -14,31 +14,26 @@ import (
 	kubesm "github.com/twill-net/twill/subnet/kube"
 )
 
-// subnetManager is the Kubernetes subnet manager (with its NetworkPolicy
-// enforcement when --network-policy) or etcd's, and what closes it.
-func subnetManager(ctx context.Context, log *slog.Logger, o options) (daemon.Subnets, *enforcement, func(), error) {
+// subnetManager is the Kubernetes subnet manager or etcd's, with what
+// each offers the engine, this node's name in Kubernetes mode, and what
+// closes it.
+func subnetManager(ctx context.Context, log *slog.Logger, o options) (daemon.Subnets, string, func(), error) {
 	if o.networkPolicy && !o.kubeSubnetMgr {
-		return daemon.Subnets{}, nil, nil, errors.New("--network-policy needs --kube-subnet-mgr: NetworkPolicy objects come from the Kubernetes API")
+		return daemon.Subnets{}, "", nil, errors.New("--network-policy needs --kube-subnet-mgr: NetworkPolicy objects come from the Kubernetes API")
 	}
 	if !o.kubeSubnetMgr {
 		cli, err := o.etcd.Client()
 		if err != nil {
-			return daemon.Subnets{}, nil, nil, err
+			return daemon.Subnets{}, "", nil, err
 		}
 		m := etcdsm.New(etcdsm.Options{Client: cli, Logger: log, Prefix: o.etcd.Prefix, TTL: o.leaseTTL, RenewMargin: o.renewMargin})
-		return daemon.Subnets{SubnetManager: m, Monitor: m, Conflicts: m, DataUpdater: m, Prefetcher: m}, nil, func() { cli.Close() }, nil
+		return daemon.Subnets{SubnetManager: m, Monitor: m, Conflicts: m, DataUpdater: m, Prefetcher: m}, "", func() { cli.Close() }, nil
 	}
 	km, err := kubeManager(ctx, log, o)
 	if err != nil {
-		return daemon.Subnets{}, nil, nil, err
+		return daemon.Subnets{}, "", nil, err
 	}
-	var enforce *enforcement
-	if o.networkPolicy {
-		if enforce, err = newEnforcement(log, o, km.NodeName()); err != nil {
-			return daemon.Subnets{}, nil, nil, err
-		}
-	}
-	return daemon.Subnets{SubnetManager: km, Conflicts: km, DataUpdater: km, Ready: km}, enforce, func() {}, nil
+	return daemon.Subnets{SubnetManager: km, Conflicts: km, DataUpdater: km, Ready: km}, km.NodeName(), func() {}, nil
 }
 
 func kubeManager(ctx context.Context, log *slog.Logger, o options) (*kubesm.Manager, error) {
