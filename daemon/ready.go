@@ -24,7 +24,8 @@ func (d *Daemon) setUpNode(cfg *subnet.Config, lease subnet.Lease, nw backend.At
 	if nw.Env != nil {
 		env.Extra = nw.Env.Env()
 	}
-	o := netfilter.Options{Logger: d.log, IPMasq: d.o.IPMasq, Resync: d.o.IPTablesResync, Repaired: func() { d.metrics.driftRepairs.Inc() }}
+	o := netfilter.Options{Logger: d.log, IPMasq: d.o.IPMasq, Resync: d.o.IPTablesResync, WatchedResync: d.o.WatchedResync,
+		Repaired: func() { d.metrics.driftRepairs.Inc() }}
 	if cfg.EnableIPv4 {
 		o.Networks = append(o.Networks, network.NetworkPair{Cluster: cfg.Network, Local: lease.Subnet})
 		env.Network, env.Subnet = cfg.Network, lease.Subnet

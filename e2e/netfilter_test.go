@@ -301,10 +301,11 @@ func traceExecs(t *testing.T, pid int, stop func()) []string {
 	return execs
 }
 
-// TestNFTablesIdleNoExec: an idle twilld in the nftables mode, with 1,000
-// peers, execs nothing for 60 s. The same trace of a twilld in the
-// iptables mode whose chain is flushed sees its iptables execs, so the
-// method does see execs. It runs beside the other tests that bound no
+// TestNFTablesIdleNoExec: an idle twilld, with 1,000 peers, execs nothing
+// for 60 s, in the nftables mode and in the iptables mode (iptables-nft,
+// its safety check every 2 s: it checks only if nftables' generation
+// moved). The same trace of the iptables mode's twilld whose chain is
+// flushed sees its iptables execs, so the method does see execs. It runs beside the other tests that bound no
 // time: most of it is a minute of watching an idle daemon.
 func TestNFTablesIdleNoExec(t *testing.T) {
 	beside(t)
@@ -313,7 +314,9 @@ func TestNFTablesIdleNoExec(t *testing.T) {
 	putLeases(t, c, "host-gw", 1000)
 	routes := watchRoutes(t, c.topo.Nodes[0].NS)
 	nft := c.startDaemon(0, "--ip-masq", "--netfilter", "nftables")
-	ipt := c.startDaemon(1, "--ip-masq", "--netfilter", "iptables")
+	// The iptables mode's safety check every 2 s, not 5 min: idle, it
+	// must not exec iptables for it either.
+	ipt := c.startDaemon(1, "--ip-masq", "--netfilter", "iptables", "--resync", "2s", "--resync-watched", "2s")
 	if err := routes.waitCount(1000, 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -337,8 +340,14 @@ func TestNFTablesIdleNoExec(t *testing.T) {
 	t.Logf("control: the iptables mode's repair made %d execs, e.g. %s", len(control), control[0])
 
 	time.Sleep(2 * time.Second) // the start-up's last events settle
-	execs := traceExecs(t, nft.cmd.Process.Pid, func() { time.Sleep(60 * time.Second) })
+	var iptExecs []string
+	execs := traceExecs(t, nft.cmd.Process.Pid, func() {
+		iptExecs = traceExecs(t, ipt.cmd.Process.Pid, func() { time.Sleep(60 * time.Second) })
+	})
 	if len(execs) > 0 {
 		t.Errorf("an idle twilld in the nftables mode made %d execs in 60 s:\n%s", len(execs), strings.Join(execs, "\n"))
+	}
+	if len(iptExecs) > 0 {
+		t.Errorf("an idle twilld in the iptables mode (iptables-nft, a safety check every 2 s) made %d execs in 60 s:\n%s", len(iptExecs), strings.Join(iptExecs, "\n"))
 	}
 }

@@ -30,6 +30,12 @@ type Keeper struct {
 	// WatchedResync is the period of the check while Watch works (5 min
 	// when zero): a safety net, the changes themselves trigger checks.
 	WatchedResync time.Duration
+	// Generation, when set beside Watch, reads nftables' generation
+	// (nl.NftGeneration), which every committed change of any table moves.
+	// The safety net then checks only when it moved since the last clean
+	// check began: an idle node runs no check, and in the iptables mode
+	// spawns no iptables.
+	Generation func() (uint32, error)
 }
 
 // retryFailed is how soon a failed sync is tried again.
@@ -55,8 +61,12 @@ func (k *Keeper) Run(ctx context.Context) error {
 	}
 	t := time.NewTimer(resync)
 	defer t.Stop()
-	var last time.Time
+	var (
+		last time.Time
+		gen  genMark
+	)
 	for {
+		safetyNet := false // the check is the safety net's, not a change's
 		select {
 		case <-ctx.Done():
 			return nil
@@ -69,17 +79,44 @@ func (k *Keeper) Run(ctx context.Context) error {
 				continue
 			}
 		case <-t.C:
+			safetyNet = watching.Load()
+		}
+		now := k.generation()
+		if safetyNet && gen.clean && now.ok && now.n == gen.n {
+			t.Reset(watched) // nothing committed since the last clean check
+			continue
 		}
 		last = time.Now()
-		if err := k.Rules.Sync(); err != nil {
+		err := k.Rules.Sync()
+		// Clean from the generation read before the check: a change made
+		// while it ran moves the generation past it.
+		gen = genMark{n: now.n, ok: now.ok, clean: err == nil && now.ok}
+		switch {
+		case err != nil:
 			k.Logger.Warn("netfilter resync failed", "err", err)
 			t.Reset(min(resync, retryFailed))
-		} else if watching.Load() {
+		case watching.Load():
 			t.Reset(watched)
-		} else {
+		default:
 			t.Reset(resync)
 		}
 	}
+}
+
+// genMark is nftables' generation as read before a check, and whether
+// that check found the rules clean.
+type genMark struct {
+	n         uint32
+	ok, clean bool
+}
+
+// generation reads nftables' generation, if Keeper reads it.
+func (k *Keeper) generation() genMark {
+	if k.Generation == nil || k.Watch == nil {
+		return genMark{}
+	}
+	n, err := k.Generation()
+	return genMark{n: n, ok: err == nil}
 }
 
 // watch runs Watch until ctx is done, poking changed after each change and

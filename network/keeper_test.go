@@ -48,3 +48,55 @@ func TestKeeperRetriesAFailedCheck(t *testing.T) {
 		}
 	}
 }
+
+// counting counts its checks.
+type counting struct{ n atomic.Int32 }
+
+func (c *counting) Sync() error { c.n.Add(1); return nil }
+
+// While the watch works, the safety net checks only when nftables'
+// generation moved since the last clean check began: an idle node runs no
+// check (in the iptables mode, execs no iptables), and a change the watch
+// missed still gets one.
+func TestKeeperSafetyNetChecksOnlyWhenTheGenerationMoved(t *testing.T) {
+	var rules counting
+	var gen atomic.Uint32
+	k := &Keeper{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Rules: &rules,
+		Resync: time.Hour, WatchedResync: 20 * time.Millisecond,
+		Watch: func(ctx context.Context, subscribed, _ func()) error {
+			subscribed()
+			<-ctx.Done()
+			return nil
+		},
+		Generation: func() (uint32, error) { return gen.Load(), nil }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- k.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	waitChecks := func(n int32) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); rules.n.Load() < n; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d checks in 20 s, want %d", rules.n.Load(), n)
+			}
+		}
+	}
+	waitChecks(1) // the first check, and the one the subscription asks for
+	time.Sleep(100 * time.Millisecond)
+	idle := rules.n.Load()
+	time.Sleep(300 * time.Millisecond) // 15 safety-net periods
+	if got := rules.n.Load(); got != idle {
+		t.Fatalf("%d checks while nothing was committed, want none", got-idle)
+	}
+	gen.Add(1) // a commit the watch did not report
+	waitChecks(idle + 1)
+	time.Sleep(300 * time.Millisecond)
+	if got := rules.n.Load(); got != idle+1 {
+		t.Fatalf("%d checks after one commit, want one", got-idle)
+	}
+}

@@ -2,6 +2,7 @@ package nl
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -119,3 +120,39 @@ func nftMessage(typ uint16, data []byte) (table, comm string, gen bool) {
 	}
 	return "", comm, msg == unix.NFT_MSG_NEWGEN
 }
+
+// NftGeneration reads nftables' generation in the caller's network
+// namespace: the kernel moves it with every transaction it commits, of any
+// table and any writer (nft, iptables-nft, twill). Reading it changes
+// nothing, sends no notification and spawns no process.
+func NftGeneration() (uint32, error) {
+	req := vnl.NewNetlinkRequest(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_GETGEN, 0)
+	req.AddData(nfgenmsg{})
+	msgs, err := req.Execute(unix.NETLINK_NETFILTER, unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_NEWGEN)
+	if err != nil {
+		return 0, fmt.Errorf("reading nftables' generation: %w", err)
+	}
+	for _, m := range msgs {
+		if len(m) < 4 {
+			continue
+		}
+		attrs, err := vnl.ParseRouteAttr(m[4:])
+		if err != nil {
+			return 0, fmt.Errorf("reading nftables' generation: %w", err)
+		}
+		for _, a := range attrs {
+			if a.Attr.Type&^unix.NLA_F_NESTED == unix.NFTA_GEN_ID && len(a.Value) == 4 {
+				return binary.BigEndian.Uint32(a.Value), nil
+			}
+		}
+	}
+	return 0, errors.New("reading nftables' generation: no generation in the kernel's answer")
+}
+
+// nfgenmsg is nfnetlink's header: family (unspecified), version 0,
+// resource 0.
+type nfgenmsg struct{}
+
+func (nfgenmsg) Len() int { return 4 }
+
+func (nfgenmsg) Serialize() []byte { return []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0} }

@@ -65,3 +65,42 @@ func TestWatchNftablesTable(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestNftGeneration: reading the generation changes nothing, and every
+// committed change, by nft or iptables-nft alike, moves it.
+func TestNftGeneration(t *testing.T) {
+	name := netnstest.New(t, "nftgen")
+	target, err := ns.GetNS("/var/run/netns/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	read := func() uint32 {
+		t.Helper()
+		var g uint32
+		if err := target.Do(func(ns.NetNS) error {
+			var err error
+			g, err = NftGeneration()
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	g0 := read()
+	if g := read(); g != g0 {
+		t.Fatalf("reading the generation moved it: %d, then %d", g0, g)
+	}
+	for _, cmd := range [][]string{
+		{"nft", "add", "table", "ip", "gen"},
+		{"iptables", "-t", "filter", "-A", "FORWARD", "-s", "10.9.0.0/16", "-j", "ACCEPT"},
+	} {
+		before := read()
+		if out, err := netnstest.Exec(name, cmd[0], cmd[1:]...); err != nil {
+			t.Fatalf("%v: %v: %s", cmd, err, out)
+		}
+		if g := read(); g == before {
+			t.Fatalf("%v left the generation at %d", cmd, g)
+		}
+	}
+}

@@ -74,6 +74,10 @@ type Options struct {
 	// Resync is the iptables-legacy poll period (the check's period while
 	// no change notifications arrive).
 	Resync time.Duration
+	// WatchedResync is the safety net's period while changes are
+	// announced (5 min when zero); it checks only when nftables'
+	// generation moved.
+	WatchedResync time.Duration
 }
 
 // Rules are one mode's rules: Sync writes them, Drift compares them.
@@ -94,7 +98,7 @@ func NewRules(m Mode, o Options) Rules {
 // nftables change where changes are announced (the nftables mode, and
 // iptables-nft), and a poll every o.Resync otherwise.
 func NewKeeper(m Mode, rules Rules, o Options) *network.Keeper {
-	k := &network.Keeper{Logger: o.Logger, Rules: rules, Resync: o.Resync}
+	k := &network.Keeper{Logger: o.Logger, Rules: rules, Resync: o.Resync, WatchedResync: o.WatchedResync}
 	announced := true
 	if m == IPTables {
 		for _, np := range o.Networks {
@@ -103,6 +107,7 @@ func NewKeeper(m Mode, rules Rules, o Options) *network.Keeper {
 	}
 	if announced {
 		k.Watch = nl.WatchNftables
+		k.Generation = nl.NftGeneration
 	}
 	return k
 }

@@ -158,7 +158,7 @@ for example TWILLD_ETCD_ENDPOINTS.`,
 	f.StringVar(&o.netfilter, "netfilter", "auto", "how the masquerade and forward rules are written: iptables (TWILL-* chains, through the iptables binaries), nftables (table inet twill, over netlink, no binaries) or auto (see Documentation/configuration.md)")
 	f.DurationVar(&o.iptablesResync, "iptables-resync", 5*time.Second, "period of the iptables rules check with iptables-legacy (iptables-nft announces changes, which trigger the check)")
 	f.DurationVar(&o.resync, "resync", 30*time.Second, "period of the full reconcile that repairs drift, until the backend's kernel watches run")
-	f.DurationVar(&o.resyncWatched, "resync-watched", 5*time.Minute, "period of the full reconcile while the backend's kernel watches run (they trigger one as soon as they see drift); at least --resync")
+	f.DurationVar(&o.resyncWatched, "resync-watched", 5*time.Minute, "period of the full reconcile while the backend's kernel watches run (they trigger one as soon as they see drift), and of the netfilter rules' safety check while nftables announces changes (it checks only if nftables changed since); at least --resync")
 	cmd.PersistentFlags().StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 
 	cmd.AddCommand(newCleanupCommand(&o), newInstallCNICommand(), newRotateKeyCommand(), newPauseCommand(), &cobra.Command{
