@@ -81,16 +81,17 @@ func (k *Keeper) Run(ctx context.Context) error {
 		case <-t.C:
 			safetyNet = watching.Load()
 		}
-		now := k.generation()
-		if safetyNet && gen.clean && now.ok && now.n == gen.n {
+		now, read := k.generation()
+		if safetyNet && gen.clean && read && now == gen.n {
 			t.Reset(watched) // nothing committed since the last clean check
 			continue
 		}
 		last = time.Now()
 		err := k.Rules.Sync()
-		// Clean from the generation read before the check: a change made
-		// while it ran moves the generation past it.
-		gen = genMark{n: now.n, ok: now.ok, clean: err == nil && now.ok}
+		// Marked at the generation read before the check: a change made
+		// while it ran, a repair it wrote included, moves the generation
+		// past it, so the next safety net checks again.
+		gen = genMark{n: now, clean: err == nil && read}
 		switch {
 		case err != nil:
 			k.Logger.Warn("netfilter resync failed", "err", err)
@@ -103,20 +104,21 @@ func (k *Keeper) Run(ctx context.Context) error {
 	}
 }
 
-// genMark is nftables' generation as read before a check, and whether
-// that check found the rules clean.
+// genMark is nftables' generation as read before the last check, and
+// whether that check succeeded with the generation read.
 type genMark struct {
-	n         uint32
-	ok, clean bool
+	n     uint32
+	clean bool
 }
 
-// generation reads nftables' generation, if Keeper reads it.
-func (k *Keeper) generation() genMark {
+// generation reads nftables' generation, and says whether it could (only
+// with Generation and Watch set).
+func (k *Keeper) generation() (uint32, bool) {
 	if k.Generation == nil || k.Watch == nil {
-		return genMark{}
+		return 0, false
 	}
 	n, err := k.Generation()
-	return genMark{n: n, ok: err == nil}
+	return n, err == nil
 }
 
 // watch runs Watch until ctx is done, poking changed after each change and

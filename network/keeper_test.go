@@ -28,20 +28,8 @@ func TestKeeperRetriesAFailedCheck(t *testing.T) {
 	var rules failingOnce
 	k := &Keeper{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Rules: &rules,
 		Resync: time.Hour, WatchedResync: time.Hour,
-		Watch: func(ctx context.Context, subscribed, _ func()) error {
-			subscribed()
-			<-ctx.Done()
-			return nil
-		}}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- k.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+		Watch: watchingQuietly}
+	runKeeper(t, k)
 	for deadline := time.Now().Add(20 * time.Second); rules.n.Load() < 2; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d checks in 20 s: the failed one was not retried (both resync periods are an hour)", rules.n.Load())
@@ -63,21 +51,9 @@ func TestKeeperSafetyNetChecksOnlyWhenTheGenerationMoved(t *testing.T) {
 	var gen atomic.Uint32
 	k := &Keeper{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Rules: &rules,
 		Resync: time.Hour, WatchedResync: 20 * time.Millisecond,
-		Watch: func(ctx context.Context, subscribed, _ func()) error {
-			subscribed()
-			<-ctx.Done()
-			return nil
-		},
+		Watch:      watchingQuietly,
 		Generation: func() (uint32, error) { return gen.Load(), nil }}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- k.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	runKeeper(t, k)
 	waitChecks := func(n int32) {
 		t.Helper()
 		for deadline := time.Now().Add(20 * time.Second); rules.n.Load() < n; time.Sleep(5 * time.Millisecond) {
@@ -99,4 +75,25 @@ func TestKeeperSafetyNetChecksOnlyWhenTheGenerationMoved(t *testing.T) {
 	if got := rules.n.Load(); got != idle+1 {
 		t.Fatalf("%d checks after one commit, want one", got-idle)
 	}
+}
+
+// watchingQuietly is a watch that subscribes and then reports no change.
+func watchingQuietly(ctx context.Context, subscribed, _ func()) error {
+	subscribed()
+	<-ctx.Done()
+	return nil
+}
+
+// runKeeper runs k until the test ends, and fails it if Run fails.
+func runKeeper(t *testing.T, k *Keeper) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- k.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
 }
