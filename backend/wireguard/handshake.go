@@ -176,8 +176,9 @@ func (n *Network) greetingDue(dev string, now time.Time) bool {
 
 // followedPeers reads the peers with the given keys from device name:
 // only those from a device that can (twill-wg, by the version it
-// serves), else the whole device. A device asked at each call, a twill-wg
-// updated under a running twilld is read by key from its next call on.
+// serves), else the whole device. The device is asked at each call, so a
+// twill-wg updated under a running twilld is read by key from its next
+// call on.
 // The caller holds opMu.
 func (n *Network) followedPeers(ctx context.Context, name string, dev Device, keys []wgtypes.Key) ([]wgtypes.Peer, error) {
 	if peers := dev.Extensions(ctx).Peers; peers != nil {

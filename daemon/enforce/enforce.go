@@ -40,8 +40,8 @@ type Options struct {
 	// records (twilld's --network-policy-log-*).
 	LogDenied, LogAllowed bool
 	LogSample             uint32
-	// Verdicts is where verdict records go (twilld: JSON lines on stderr
-	// at level VERDICT, see VerdictLogger).
+	// Verdicts is where verdict records go: JSON lines on stderr at level
+	// VERDICT (VerdictLogger at info) when nil.
 	Verdicts *slog.Logger
 	// AllocationsDir holds the CNI plugin's allocations: the enforcer
 	// reads which pod addresses are in use from it.
@@ -89,7 +89,11 @@ func New(o Options) (*Enforcement, error) {
 			return nl.WatchNftablesTable(ctx, policy.TableName, subscribed, changed)
 		}, Applied: func(d time.Duration) { en.apply.Observe(d.Seconds()) }, Repaired: en.fixed.Inc}
 	en.e.Allocations = allocationsIn(o.AllocationsDir)
-	en.verdicts = &verdictlog.Log{Logger: o.Verdicts, Node: o.Node, Namer: en.e}
+	verdicts := o.Verdicts
+	if verdicts == nil {
+		verdicts = VerdictLogger(slog.LevelInfo)
+	}
+	en.verdicts = &verdictlog.Log{Logger: verdicts, Node: o.Node, Namer: en.e}
 	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -123,8 +127,7 @@ func applyCondition(dyn dynamic.Interface) func(ctx context.Context, name string
 // VerdictLogger writes verdict records as JSON lines to stderr, at their
 // own level, VERDICT, shown unless level is above it (warn or error).
 func VerdictLogger(level slog.Level) *slog.Logger {
-	l := level
-	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: l, ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+	return slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level, ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
 		if a.Key == slog.LevelKey && a.Value.Any() == verdictlog.LevelVerdict {
 			a.Value = slog.StringValue("VERDICT")
 		}
