@@ -1,9 +1,10 @@
 package policy
 
 import (
-	"bytes"
 	"fmt"
 	"slices"
+
+	"github.com/twill-net/twill/nl/nftsync"
 )
 
 // Drifted names the chains and sets of sub (a Subset of full, the table as
@@ -16,7 +17,7 @@ func (t *Table) Drifted(full, sub Ruleset) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !ks.exists {
+	if !ks.Exists {
 		return []string{"table inet " + TableName}, nil
 	}
 	var out []string
@@ -25,40 +26,50 @@ func (t *Table) Drifted(full, sub Ruleset) ([]string, error) {
 		if i < 0 {
 			continue
 		}
-		want, err := wantRules(full.Chains[i])
+		want, err := ruleStates(full.Chains[i])
 		if err != nil {
 			return nil, err
 		}
-		got, ok := ks.chains[c.Name]
-		if !ok || len(got) != len(want) {
+		got, ok := ks.Chains[c.Name]
+		if !ok || len(got.Rules) != len(want) {
 			out = append(out, "chain "+c.Name)
 			continue
 		}
-		for j := range want {
-			if !bytes.Equal(want[j].fp, got[j].fp) || want[j].cmt != got[j].comment {
-				out = append(out, fmt.Sprintf("chain %s (rule %d)", c.Name, j))
-				break
-			}
+		if j := nftsync.FirstDifference(got.Rules, want); j >= 0 {
+			out = append(out, fmt.Sprintf("chain %s (rule %d)", c.Name, j))
 		}
 	}
 	for _, s := range sub.Sets {
 		i := slices.IndexFunc(full.Sets, func(f Set) bool { return f.Name == s.Name })
-		k, ok := ks.sets[s.Name]
+		k, ok := ks.Sets[s.Name]
 		if i < 0 || !ok {
 			out = append(out, "set "+s.Name)
 			continue
 		}
 		whole := len(full.Sets[i].Elems) == len(s.Elems)
-		if whole && len(k.elems) != len(s.Elems) {
+		if whole && len(k.Elems) != len(s.Elems) {
 			out = append(out, "set "+s.Name)
 			continue
 		}
 		for j, a := range s.Elems {
-			if jump, in := k.elems[a]; !in || jump != s.jump(j) {
+			if jump, in := k.Elems[string(a.AsSlice())]; !in || jump != s.jump(j) {
 				out = append(out, fmt.Sprintf("set %s (%s)", s.Name, a))
 				break
 			}
 		}
+	}
+	return out, nil
+}
+
+// ruleStates is a chain's rules as the kernel would hold them.
+func ruleStates(c Chain) ([]nftsync.RuleState, error) {
+	out := make([]nftsync.RuleState, len(c.Rules))
+	for i, r := range renderRules(c) {
+		fp, err := nftsync.Fingerprint(r.Exprs)
+		if err != nil {
+			return nil, fmt.Errorf("rendering chain %s rule %d: %w", c.Name, i, err)
+		}
+		out[i] = nftsync.RuleState{Comment: r.Comment, FP: fp}
 	}
 	return out, nil
 }

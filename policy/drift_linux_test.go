@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/nftables"
 
+	"github.com/twill-net/twill/nl/nft"
 	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
@@ -37,12 +38,9 @@ func TestPrivilegedPolicyDrifted(t *testing.T) {
 		}
 	}
 	flush := func(chain string) {
-		c, err := n.tb.dial()
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.FlushChain(&nftables.Chain{Table: table(), Name: chain})
-		if err := c.Flush(); err != nil {
+		var b nft.Batch
+		b.FlushChain(&nftables.Chain{Table: &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}, Name: chain})
+		if err := n.tb.eng().Kernel.Apply(&b); err != nil {
 			t.Fatalf("flushing chain %s: %v", chain, err)
 		}
 	}

@@ -1,23 +1,16 @@
 package policy
 
 import (
-	"bytes"
 	"encoding/binary"
-	"fmt"
-	"net/netip"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	"github.com/google/nftables/userdata"
-	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/twill-net/twill/internal/nftexpr"
+	"github.com/twill-net/twill/nl/nft"
+	"github.com/twill-net/twill/nl/nftsync"
 )
-
-func table() *nftables.Table {
-	return &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
-}
 
 // baseChain is a base chain of the table (BaseChains), nil for a pod's.
 // Forward runs after twill's own forward chain (priority filter) and
@@ -35,67 +28,33 @@ func baseChain(name string) *nftables.Chain {
 	}
 	accept := nftables.ChainPolicyAccept
 	prio := *nftables.ChainPriorityFilter + 10
-	return &nftables.Chain{Table: table(), Name: name, Type: nftables.ChainTypeFilter,
+	return &nftables.Chain{Name: name, Type: nftables.ChainTypeFilter,
 		Hooknum: hook, Priority: &prio, Policy: &accept}
 }
 
-// kernelChain is chain name as written: a base chain, or a regular one.
-func kernelChain(name string) *nftables.Chain {
-	if c := baseChain(name); c != nil {
-		return c
+func keyType(v6 bool) nftables.SetDatatype {
+	if v6 {
+		return nftables.TypeIP6Addr
 	}
-	return &nftables.Chain{Table: table(), Name: name}
+	return nftables.TypeIPAddr
 }
 
-func kernelSet(s Set) *nftables.Set {
-	kt := nftables.TypeIPAddr
-	if s.V6 {
-		kt = nftables.TypeIP6Addr
-	}
-	if s.VMap {
-		return &nftables.Set{Table: table(), Name: s.Name, KeyType: kt, IsMap: true, DataType: nftables.TypeVerdict}
-	}
-	return &nftables.Set{Table: table(), Name: s.Name, KeyType: kt}
-}
-
-func elements(s Set) []nftables.SetElement {
-	out := make([]nftables.SetElement, len(s.Elems))
+// elements is a set's addresses, each with its jump in a verdict map.
+func elements(s Set) []nft.Elem {
+	out := make([]nft.Elem, len(s.Elems))
 	for i, a := range s.Elems {
-		out[i] = element(a, s.VMap, s.jump(i))
+		out[i] = nft.Elem{Key: a.AsSlice(), Jump: s.jump(i)}
 	}
 	return out
 }
 
-// element is an address of a set, or of a verdict map with its jump.
-func element(a netip.Addr, vmap bool, jump string) nftables.SetElement {
-	if !vmap {
-		return nftables.SetElement{Key: a.AsSlice()}
+// renderRules is a chain's rules as nftables expressions.
+func renderRules(c Chain) []nftsync.Rule {
+	out := make([]nftsync.Rule, len(c.Rules))
+	for i, r := range c.Rules {
+		out[i] = nftsync.Rule{Comment: r.Comment, Exprs: ruleExprs(r)}
 	}
-	return nftables.SetElement{Key: a.AsSlice(), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: jump}}
-}
-
-// elementJump reads the chain a verdict map's element jumps to, from the
-// element's data as the library hands it over (the verdict's attributes).
-func elementJump(val []byte) string {
-	ad, err := netlink.NewAttributeDecoder(val)
-	if err != nil {
-		return ""
-	}
-	ad.ByteOrder = binary.BigEndian
-	var code uint32
-	var chain string
-	for ad.Next() {
-		switch ad.Type() {
-		case unix.NFTA_VERDICT_CODE:
-			code = ad.Uint32()
-		case unix.NFTA_VERDICT_CHAIN:
-			chain = ad.String()
-		}
-	}
-	if ad.Err() != nil || int32(code) != int32(expr.VerdictJump) {
-		return "?" // equals no wanted jump
-	}
-	return chain
+	return out
 }
 
 // ruleExprs renders a rule as nftables expressions.
@@ -193,28 +152,4 @@ func addrExprs(a Addr, v6, dst bool) []expr.Any {
 		es = append(es, load(), &expr.Lookup{SourceRegister: 1, SetName: a.VMap, DestRegister: 0, IsDestRegSet: true})
 	}
 	return es
-}
-
-func comment(s string) []byte {
-	if s == "" {
-		return nil
-	}
-	return userdata.AppendString(nil, userdata.TypeComment, s)
-}
-
-// fingerprint is a rule's expressions in netlink form, its counters
-// zeroed: equal fingerprints are equal rules.
-func fingerprint(es []expr.Any) ([]byte, error) {
-	var b bytes.Buffer
-	for _, e := range es {
-		if _, ok := e.(*expr.Counter); ok {
-			e = &expr.Counter{}
-		}
-		m, err := expr.Marshal(byte(nftables.TableFamilyINet), e)
-		if err != nil {
-			return nil, fmt.Errorf("encoding %T: %w", e, err)
-		}
-		b.Write(m)
-	}
-	return b.Bytes(), nil
 }

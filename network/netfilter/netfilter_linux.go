@@ -12,6 +12,7 @@ import (
 	"github.com/twill-net/twill/network"
 	nft "github.com/twill-net/twill/network/nftables"
 	"github.com/twill-net/twill/nl"
+	knft "github.com/twill-net/twill/nl/nft"
 )
 
 // NodeHost is the Host of the node twilld runs on (its network namespace).
@@ -28,21 +29,10 @@ func NodeHost() Host {
 	}
 }
 
-// familyName is how nft names the families a forward chain can be in.
-func familyName(f nftables.TableFamily) string {
-	switch f {
-	case nftables.TableFamilyIPv4:
-		return "ip"
-	case nftables.TableFamilyIPv6:
-		return "ip6"
-	}
-	return "inet"
-}
-
 // ForwardDrop lists the forward base chains outside twill's table whose
 // policy is drop (iptables-nft's filter FORWARD among them).
 func ForwardDrop() ([]string, error) {
-	chains, err := nft.List("chains", (*nftables.Conn).ListChains)
+	chains, err := knft.Conn{}.Chains()
 	if err != nil {
 		return nil, err
 	}
@@ -58,7 +48,7 @@ func ForwardDrop() ([]string, error) {
 		if fam == nftables.TableFamilyINet && c.Table.Name == nft.TableName {
 			continue
 		}
-		drops = append(drops, fmt.Sprintf("%s %s %s", familyName(fam), c.Table.Name, c.Name))
+		drops = append(drops, fmt.Sprintf("%s %s %s", knft.FamilyName(fam), c.Table.Name, c.Name))
 	}
 	return drops, nil
 }

@@ -1,12 +1,8 @@
 package nftables
 
 import (
-	"bytes"
-	"fmt"
-
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 
 	"github.com/twill-net/twill/internal/nftexpr"
@@ -86,22 +82,4 @@ func addrMatch(m network.Match, v6, dst bool) []expr.Any {
 		op = expr.CmpOpNeq
 	}
 	return nftexpr.MatchPrefix(m.Prefix, v6, dst, op)
-}
-
-// comment is a rule's user data as nft writes it, so that `nft list`
-// shows the comment.
-func comment(s string) []byte { return userdata.AppendString(nil, userdata.TypeComment, s) }
-
-// fingerprint is a rule's expressions in netlink form: equal fingerprints
-// are equal rules.
-func fingerprint(es []expr.Any) ([]byte, error) {
-	var b bytes.Buffer
-	for _, e := range es {
-		m, err := expr.Marshal(byte(nftables.TableFamilyINet), e)
-		if err != nil {
-			return nil, fmt.Errorf("encoding %T: %w", e, err)
-		}
-		b.Write(m)
-	}
-	return b.Bytes(), nil
 }

@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/google/nftables"
 
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/nl"
+	knft "github.com/twill-net/twill/nl/nft"
 	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
@@ -31,7 +31,7 @@ func tableIn(t *testing.T, name string) *Table {
 			{Cluster: netip.MustParsePrefix("10.244.0.0/16"), Local: netip.MustParsePrefix("10.244.3.0/24")},
 			{Cluster: netip.MustParsePrefix("fd00:10::/56"), Local: netip.MustParsePrefix("fd00:10:0:3::/64")},
 		},
-		Dial: func() (*nftables.Conn, error) { return nftables.New(nftables.WithNetNSFd(int(f.Fd()))) }}
+		Kernel: knft.Conn{NetNS: int(f.Fd())}}
 }
 
 func nft(t *testing.T, name string, args ...string) string {

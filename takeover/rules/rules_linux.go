@@ -14,7 +14,7 @@ import (
 	"github.com/google/nftables"
 
 	"github.com/twill-net/twill/network"
-	nft "github.com/twill-net/twill/network/nftables"
+	knft "github.com/twill-net/twill/nl/nft"
 	"github.com/twill-net/twill/takeover"
 )
 
@@ -32,7 +32,17 @@ var (
 )
 
 // System is flannel's rules in the caller's network namespace.
-type System struct{}
+type System struct {
+	// NFT is nftables (nil: the caller's namespace's).
+	NFT knft.Kernel
+}
+
+func (n System) nft() knft.Kernel {
+	if n.NFT == nil {
+		return knft.Conn{}
+	}
+	return n.NFT
+}
 
 var _ takeover.Netfilter = System{}
 
@@ -48,11 +58,11 @@ func families() []*iptables.IPTables {
 }
 
 // Present reports whether a flannel chain or table exists.
-func (System) Present() (bool, error) {
+func (n System) Present() (bool, error) {
 	if ok, err := network.AnyChain(flannelJumps); ok || err != nil {
 		return ok, err
 	}
-	tables, err := nftTables()
+	tables, err := nftTables(n.nft())
 	return len(tables) > 0, err
 }
 
@@ -96,26 +106,23 @@ func (n System) Remove() error {
 			}
 		}
 	}
-	tables, err := nftTables()
+	tables, err := nftTables(n.nft())
 	if err != nil || len(tables) == 0 {
 		return errors.Join(append(errs, err)...)
 	}
-	conn, err := nftables.New()
-	if err != nil {
-		return errors.Join(append(errs, fmt.Errorf("opening nftables: %w", err))...)
-	}
+	var b knft.Batch
 	for _, t := range tables {
-		conn.DelTable(t)
+		b.DelTable(t)
 	}
-	if err := conn.Flush(); err != nil {
+	if err := n.nft().Apply(&b); err != nil {
 		errs = append(errs, fmt.Errorf("deleting flannel's nftables tables: %w", err))
 	}
 	return errors.Join(errs...)
 }
 
 // nftTables lists flannel's nftables tables.
-func nftTables() ([]*nftables.Table, error) {
-	have, err := nft.List("tables", (*nftables.Conn).ListTables)
+func nftTables(k knft.Kernel) ([]*nftables.Table, error) {
+	have, err := k.Tables()
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,236 @@
+package nft
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/twill-net/twill/nl"
+)
+
+// Conn is the kernel's nftables, through netlink. Each call opens its own
+// socket.
+type Conn struct {
+	// NetNS, when set, is the network namespace's file descriptor (the
+	// caller's namespace when zero).
+	NetNS int
+}
+
+var _ Kernel = Conn{}
+
+// bufferSize bounds one transaction and one dump: a node's whole policy
+// table, thousands of rules and tens of thousands of set elements, goes in
+// one message, which the socket's default buffer (rmem/wmem_max) is too
+// small for. Forcing a larger one takes CAP_NET_ADMIN, as writing does;
+// without it the default stands.
+const bufferSize = 64 << 20
+
+func (c Conn) dial() (*nftables.Conn, error) {
+	opts := []nftables.ConnOption{nftables.WithSockOptions(bigBuffers)}
+	if c.NetNS != 0 {
+		opts = append(opts, nftables.WithNetNSFd(c.NetNS))
+	}
+	conn, err := nftables.New(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("opening nftables: %w", err)
+	}
+	return conn, nil
+}
+
+func bigBuffers(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		for _, opt := range []int{unix.SO_SNDBUFFORCE, unix.SO_RCVBUFFORCE} {
+			if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, opt, bufferSize); e != nil && !errors.Is(e, unix.EPERM) && serr == nil {
+				serr = fmt.Errorf("setting the nftables socket's buffer: %w", e)
+			}
+		}
+	})
+	return errors.Join(err, serr)
+}
+
+// Tables lists every table of every family.
+func (c Conn) Tables() ([]*nftables.Table, error) {
+	conn, err := c.dial()
+	if err != nil {
+		return nil, err
+	}
+	ts, err := conn.ListTables()
+	if err != nil {
+		return nil, fmt.Errorf("listing nftables tables: %w", err)
+	}
+	return ts, nil
+}
+
+// Chains lists every chain of every table.
+func (c Conn) Chains() ([]*nftables.Chain, error) {
+	conn, err := c.dial()
+	if err != nil {
+		return nil, err
+	}
+	cs, err := conn.ListChains()
+	if err != nil {
+		return nil, fmt.Errorf("listing nftables chains: %w", err)
+	}
+	return cs, nil
+}
+
+// Table reads one table whole, nil when there is none.
+func (c Conn) Table(family nftables.TableFamily, name string) (*Table, error) {
+	conn, err := c.dial()
+	if err != nil {
+		return nil, err
+	}
+	what := fmt.Sprintf("table %s %s", FamilyName(family), name)
+	tables, err := conn.ListTablesOfFamily(family)
+	if err != nil {
+		return nil, fmt.Errorf("listing nftables tables: %w", err)
+	}
+	var out *Table
+	for _, t := range tables {
+		if t.Name == name {
+			out = &Table{Table: t}
+		}
+	}
+	if out == nil {
+		return nil, nil
+	}
+	chains, err := conn.ListChainsOfTableFamily(family)
+	if err != nil {
+		return nil, fmt.Errorf("listing the chains of %s: %w", what, err)
+	}
+	for _, ch := range chains {
+		if ch.Table.Name != name {
+			continue
+		}
+		rules, err := conn.GetRules(ch.Table, ch)
+		if err != nil {
+			return nil, fmt.Errorf("listing the rules of chain %s in %s: %w", ch.Name, what, err)
+		}
+		out.Chains = append(out.Chains, Chain{Chain: ch, Rules: rules})
+	}
+	sets, err := conn.GetSets(out.Table)
+	if err != nil {
+		return nil, fmt.Errorf("listing the sets of %s: %w", what, err)
+	}
+	for _, s := range sets {
+		elems, err := conn.GetSetElements(s)
+		if err != nil {
+			return nil, fmt.Errorf("listing set %s of %s: %w", s.Name, what, err)
+		}
+		st := Set{Set: s, Elems: make([]Elem, len(elems))}
+		for i, e := range elems {
+			st.Elems[i] = Elem{Key: e.Key}
+			if s.IsMap {
+				st.Elems[i].Jump = elementJump(e.Val)
+			}
+		}
+		out.Sets = append(out.Sets, st)
+	}
+	return out, nil
+}
+
+// Apply commits the batch in one transaction.
+func (c Conn) Apply(b *Batch) error {
+	if b.Len() == 0 {
+		return nil
+	}
+	conn, err := c.dial()
+	if err != nil {
+		return err
+	}
+	for _, op := range b.Ops {
+		if err := queue(conn, op); err != nil {
+			return err
+		}
+	}
+	return conn.Flush()
+}
+
+func queue(conn *nftables.Conn, op Op) error {
+	switch op.Kind {
+	case AddTable:
+		conn.AddTable(op.Table)
+	case DelTable:
+		conn.DelTable(op.Table)
+	case AddChain:
+		conn.AddChain(op.Chain)
+	case FlushChain:
+		conn.FlushChain(op.Chain)
+	case DelChain:
+		conn.DelChain(op.Chain)
+	case AddRule:
+		conn.AddRule(op.Rule)
+	case AddSet:
+		if err := conn.AddSet(op.Set, elements(op.Set, op.Elems)); err != nil {
+			return fmt.Errorf("adding set %s: %w", op.Set.Name, err)
+		}
+	case DelSet:
+		conn.DelSet(op.Set)
+	case AddElems:
+		if err := conn.SetAddElements(op.Set, elements(op.Set, op.Elems)); err != nil {
+			return fmt.Errorf("adding to set %s: %w", op.Set.Name, err)
+		}
+	case DelElems:
+		if err := conn.SetDeleteElements(op.Set, elements(&nftables.Set{}, op.Elems)); err != nil {
+			return fmt.Errorf("deleting from set %s: %w", op.Set.Name, err)
+		}
+	default:
+		return fmt.Errorf("nftables batch: unknown operation %d", op.Kind)
+	}
+	return nil
+}
+
+// elements is elems as the library writes them into s: a verdict map's
+// with their jump.
+func elements(s *nftables.Set, elems []Elem) []nftables.SetElement {
+	out := make([]nftables.SetElement, len(elems))
+	for i, e := range elems {
+		out[i] = nftables.SetElement{Key: e.Key}
+		if s.IsMap {
+			out[i].VerdictData = &expr.Verdict{Kind: expr.VerdictJump, Chain: e.Jump}
+		}
+	}
+	return out
+}
+
+// elementJump reads the chain a verdict map's element jumps to, from the
+// element's data as the library hands it over (the verdict's attributes).
+func elementJump(val []byte) string {
+	ad, err := netlink.NewAttributeDecoder(val)
+	if err != nil {
+		return ""
+	}
+	ad.ByteOrder = binary.BigEndian
+	var code uint32
+	var chain string
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_VERDICT_CODE:
+			code = ad.Uint32()
+		case unix.NFTA_VERDICT_CHAIN:
+			chain = ad.String()
+		}
+	}
+	if ad.Err() != nil || int32(code) != int32(expr.VerdictJump) {
+		return "?" // equals no wanted jump
+	}
+	return chain
+}
+
+// Generation reads nftables' generation; only in the caller's namespace.
+func (c Conn) Generation() (uint32, error) {
+	if c.NetNS != 0 {
+		return 0, fmt.Errorf("reading nftables' generation in another network namespace: %w", errors.ErrUnsupported)
+	}
+	return nl.NftGeneration()
+}
