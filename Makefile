@@ -190,14 +190,15 @@ test-unit: ## Unit tier: no root needed (privileged tests skip themselves in -sh
 
 # The unit tier's coverage of backend/ (the netlink seam nl/ is the
 # privileged tier's: it is the code that talks to a real kernel).
-COVER_PKGS = $$($(GO) list ./backend/... ./daemon | grep -v '/backend/backendtest$$' | paste -sd, -)
-COVER_FLOOR = github.com/twill-net/twill/backend github.com/twill-net/twill/backend/hostgw github.com/twill-net/twill/backend/vxlan github.com/twill-net/twill/daemon
+COVER_DIRS = ./backend/... ./daemon ./policy ./network/nftables ./takeover ./nl/nftsync
+COVER_PKGS = $$($(GO) list $(COVER_DIRS) | grep -v '/backend/backendtest$$' | paste -sd, -)
+COVER_FLOOR = $(addprefix github.com/twill-net/twill/,backend backend/hostgw backend/vxlan daemon policy network/nftables takeover nl/nftsync)
 
 .PHONY: cover
-cover: ## Statement coverage by the unit tier, no root involved, per package: backend/, hostgw, vxlan and the daemon's engine at 80% or more each
+cover: ## Statement coverage by the unit tier, no root involved, per package: backend/, hostgw, vxlan, the daemon's engine, policy, network/nftables, takeover and the nftables engine at 80% or more each
 	@mkdir -p build
-	@echo '$(GO) test -vet=off -short -count=1 -coverpkg=... -coverprofile=build/cover.out ./backend/... ./daemon'
-	@$(GO) test -vet=off -short -count=1 -coverpkg=$(COVER_PKGS) -coverprofile=build/cover.out ./backend/... ./daemon >build/cover.log 2>&1 || \
+	@echo '$(GO) test -vet=off -short -count=1 -coverpkg=... -coverprofile=build/cover.out $(COVER_DIRS)'
+	@$(GO) test -vet=off -short -count=1 -coverpkg=$(COVER_PKGS) -coverprofile=build/cover.out $(COVER_DIRS) >build/cover.log 2>&1 || \
 		{ grep -v -e '^ok ' -e 'no test files' -e 'coverage: 0.0% of statements' build/cover.log; exit 1; }
 	@awk -v floor="$(COVER_FLOOR)" -f tools/cover.awk build/cover.out
 

@@ -362,11 +362,13 @@ func (t *Takeover) retire() error {
 	if err := t.o.Netfilter.Remove(); err != nil {
 		errs = append(errs, fmt.Errorf("removing flannel's rules: %w", err))
 	}
-	if err := os.Remove(t.o.SubnetFile); err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, fmt.Errorf("removing flannel's %s: %w", t.o.SubnetFile, err))
-	}
+	// subnet.env goes last, and only once the rest is gone: while it is
+	// there the next pass sees flannel's node and retries what failed.
 	if err := errors.Join(errs...); err != nil {
 		return err
+	}
+	if err := os.Remove(t.o.SubnetFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("removing flannel's %s: %w", t.o.SubnetFile, err)
 	}
 	t.o.Logger.Info("no pod is left on flannel's bridge: removed the bridge, flannel's devices, rules and subnet.env; the takeover from flannel is done",
 		"bridge", DefaultBridge, "subnet_file", t.o.SubnetFile)

@@ -1,13 +1,18 @@
 package takeover
 
 import (
+	"context"
+	"errors"
+	"io"
 	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/nl/nlfake"
@@ -219,4 +224,77 @@ func TestRetireLeavesAForeignBridge(t *testing.T) {
 	if _, err := k.LinkByIndex(cni0.Index); err != nil {
 		t.Errorf("a cni0 that is not flannel's was removed at retirement: %v", err)
 	}
+}
+
+// failingNetfilter refuses to remove flannel's rules a number of times.
+type failingNetfilter struct {
+	fakeNetfilter
+	fails int
+}
+
+func (f *failingNetfilter) Remove() error {
+	if f.fails > 0 {
+		f.fails--
+		return errors.New("iptables: resource busy")
+	}
+	return f.fakeNetfilter.Remove()
+}
+
+// Run passes until nothing of flannel's is left: while a pod stays on the
+// bridge, and through a removal that fails twice (warned once), then
+// returns; cancelled, it returns at once.
+func TestRunUntilFlannelIsGone(t *testing.T) {
+	n := newNode(t)
+	var logs strings.Builder
+	nf := &failingNetfilter{fakeNetfilter: fakeNetfilter{chains: true, hooked: true}, fails: 2}
+	n.tk.o.Netfilter, n.tk.o.Every = nf, time.Millisecond
+	n.tk.o.Logger = slog.New(slog.NewTextHandler(&syncWriter{w: &logs}, nil))
+	done := make(chan error, 1)
+	go func() { done <- n.tk.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned (%v) while a pod is on cni0", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if err := n.k.LinkDel(n.pod.Index); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return within 10 s of the last pod leaving")
+	}
+	if n.link("cni0") || nf.chains {
+		t.Errorf("after Run: cni0 there %v, flannel's chains there %v; want both gone", n.link("cni0"), nf.chains)
+	}
+	if got := strings.Count(logs.String(), "resource busy"); got != 1 {
+		t.Errorf("the failed removal warned %d times, want once:\n%s", got, logs.String())
+	}
+
+	again := newNode(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { done <- again.tk.Run(ctx) }()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return within 10 s of its context's end")
+	}
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }

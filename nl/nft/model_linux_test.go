@@ -1,0 +1,221 @@
+package nft_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/twill-net/twill/nl/nft"
+	"github.com/twill-net/twill/nl/nftsync"
+	"github.com/twill-net/twill/nl/nlfake"
+	"github.com/twill-net/twill/testsupport/netnstest"
+)
+
+var (
+	tbl    = &nftables.Table{Family: nftables.TableFamilyINet, Name: "m"}
+	accept = nftables.ChainPolicyAccept
+	prio   = *nftables.ChainPriorityFilter + 10
+	fwd    = &nftables.Chain{Table: tbl, Name: "forward", Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: &prio, Policy: &accept}
+	input  = &nftables.Chain{Table: tbl, Name: "forward", Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: &prio, Policy: &accept}
+	c1     = &nftables.Chain{Table: tbl, Name: "c1"}
+	c2     = &nftables.Chain{Table: tbl, Name: "c2"}
+	addrs  = &nftables.Set{Table: tbl, Name: "addrs", KeyType: nftables.TypeIPAddr}
+	addrs6 = &nftables.Set{Table: tbl, Name: "addrs", KeyType: nftables.TypeIP6Addr}
+	jumps  = &nftables.Set{Table: tbl, Name: "jumps", KeyType: nftables.TypeIPAddr, IsMap: true, DataType: nftables.TypeVerdict}
+)
+
+func elem(last byte, jump string) nft.Elem { return nft.Elem{Key: []byte{10, 0, 0, last}, Jump: jump} }
+
+// rule is a rule of chain c: an optional lookup of set, a counter, then
+// a verdict (jumping to target when set).
+func rule(c *nftables.Chain, comment, set string, vmap bool, target string) *nftables.Rule {
+	es := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+	}
+	if set != "" {
+		es = append(es, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+			&expr.Lookup{SourceRegister: 1, SetName: set, IsDestRegSet: vmap})
+	}
+	es = append(es, &expr.Counter{})
+	switch {
+	case vmap:
+	case target != "":
+		es = append(es, &expr.Verdict{Kind: expr.VerdictJump, Chain: target})
+	default:
+		es = append(es, &expr.Verdict{Kind: expr.VerdictAccept})
+	}
+	return &nftables.Rule{Table: c.Table, Chain: c, Exprs: es, UserData: nftsync.Comment(comment)}
+}
+
+// full is a table with every kind of object and reference: a base chain
+// looking up a verdict map that jumps to a chain, which looks up a set
+// and jumps to another chain.
+func full(b *nft.Batch) {
+	b.AddTable(tbl)
+	b.AddSet(addrs, []nft.Elem{elem(1, ""), elem(2, "")})
+	b.AddChain(fwd)
+	b.AddChain(c1)
+	b.AddChain(c2)
+	b.AddSet(jumps, []nft.Elem{elem(1, "c1")})
+	b.AddRule(rule(c2, "c2 accepts", "", false, ""))
+	b.AddRule(rule(c1, "c1 to c2", "addrs", false, "c2"))
+	b.AddRule(rule(fwd, "by map", "jumps", true, ""))
+}
+
+// The model answers every batch as the kernel does, and holds what the
+// kernel holds afterwards: the same error (by errno), the same tables,
+// chains, rules, sets and elements. Each case starts from an empty
+// namespace, applies setup (which both accept), then the batch.
+func TestPrivilegedModelMatchesKernel(t *testing.T) {
+	netnstest.RequireRoot(t)
+	cases := []struct {
+		name  string
+		setup func(*nft.Batch)
+		batch func(*nft.Batch)
+		want  error // nil, or the errno both must answer
+	}{
+		{"a whole table", nil, full, nil},
+		{"a second identical batch", full, full, nil},
+		{"flush and delete chains that jump to each other", full, func(b *nft.Batch) {
+			b.DelElems(jumps, []nft.Elem{elem(1, "")})
+			b.FlushChain(c1)
+			b.FlushChain(c2)
+			b.DelChain(c1)
+			b.DelChain(c2)
+		}, nil},
+		{"delete the table", full, func(b *nft.Batch) { b.DelTable(tbl) }, nil},
+		{"delete a table that is not there", nil, func(b *nft.Batch) { b.DelTable(tbl) }, unix.ENOENT},
+		{"a rule into a missing chain, after a table", nil, func(b *nft.Batch) {
+			b.AddTable(tbl)
+			b.AddRule(rule(c1, "x", "", false, ""))
+		}, unix.ENOENT},
+		{"a lookup of a missing set", nil, func(b *nft.Batch) {
+			b.AddTable(tbl)
+			b.AddChain(c1)
+			b.AddRule(rule(c1, "x", "addrs", false, ""))
+		}, unix.ENOENT},
+		{"a jump to a missing chain", nil, func(b *nft.Batch) {
+			b.AddTable(tbl)
+			b.AddChain(c1)
+			b.AddRule(rule(c1, "x", "", false, "c2"))
+		}, unix.ENOENT},
+		{"delete a chain a rule jumps to", full, func(b *nft.Batch) { b.DelChain(c2) }, unix.EBUSY},
+		{"delete a chain a map jumps to", full, func(b *nft.Batch) {
+			b.FlushChain(c1)
+			b.DelChain(c1)
+		}, unix.EBUSY},
+		{"delete a chain with its rules", full, func(b *nft.Batch) {
+			b.DelElems(jumps, []nft.Elem{elem(1, "")})
+			b.DelChain(c1)
+		}, nil},
+		{"delete a set a rule looks up", full, func(b *nft.Batch) { b.DelSet(addrs) }, unix.EBUSY},
+		{"delete a missing element", full, func(b *nft.Batch) { b.DelElems(addrs, []nft.Elem{elem(9, "")}) }, unix.ENOENT},
+		{"a map element to a missing chain", full, func(b *nft.Batch) { b.AddElems(jumps, []nft.Elem{elem(2, "c9")}) }, unix.ENOENT},
+		{"a map element added again, jumping elsewhere", full, func(b *nft.Batch) { b.AddElems(jumps, []nft.Elem{elem(1, "c2")}) }, unix.EEXIST},
+		{"an element's jump changed: deleted, then added", full, func(b *nft.Batch) {
+			b.DelElems(jumps, []nft.Elem{elem(1, "")})
+			b.AddElems(jumps, []nft.Elem{elem(1, "c2")})
+		}, nil},
+		{"an element added again", full, func(b *nft.Batch) { b.AddElems(addrs, []nft.Elem{elem(1, "")}) }, nil},
+		{"a set made again, of another type", full, func(b *nft.Batch) { b.AddSet(addrs6, nil) }, unix.EEXIST},
+		{"a base chain hooked elsewhere", full, func(b *nft.Batch) { b.AddChain(input) }, unix.EOPNOTSUPP},
+		{"a refused batch leaves nothing: table, then a bad rule", nil, func(b *nft.Batch) {
+			full(b)
+			b.AddRule(rule(c1, "bad", "nosuchset", false, ""))
+		}, unix.ENOENT},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			name := netnstest.New(t, "nftm")
+			f, err := os.Open("/var/run/netns/" + name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			kernels := []nft.Kernel{nft.Conn{NetNS: int(f.Fd())}, &nlfake.Nftables{}}
+			var errs [2]error
+			var states [2]string
+			for i, k := range kernels {
+				if tc.setup != nil {
+					var b nft.Batch
+					tc.setup(&b)
+					if err := k.Apply(&b); err != nil {
+						t.Fatalf("setup, %T: %v", k, err)
+					}
+				}
+				var b nft.Batch
+				tc.batch(&b)
+				errs[i] = k.Apply(&b)
+				states[i] = describe(t, k)
+			}
+			for i, k := range kernels {
+				if !sameErrno(errs[i], tc.want) {
+					t.Errorf("%T: %v, want %v", k, errs[i], tc.want)
+				}
+			}
+			if states[0] != states[1] {
+				t.Errorf("the kernel holds\n%s\nthe model holds\n%s", states[0], states[1])
+			}
+		})
+	}
+}
+
+func sameErrno(err, want error) bool {
+	if want == nil {
+		return err == nil
+	}
+	return errors.Is(err, want)
+}
+
+// describe is every table of k, as text: chains with their hooks and
+// rules (comment and fingerprint), sets with their kinds and elements.
+func describe(t *testing.T, k nft.Kernel) string {
+	t.Helper()
+	tables, err := k.Tables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, tb := range tables {
+		got, err := k.Table(tb.Family, tb.Name)
+		if err != nil || got == nil {
+			t.Fatalf("reading table %s: %v, %v", tb.Name, got, err)
+		}
+		out = append(out, "table "+nft.FamilyName(tb.Family)+" "+tb.Name)
+		for _, c := range got.Chains {
+			hook := "regular"
+			if c.Chain.Hooknum != nil {
+				hook = fmt.Sprintf("%s hook %d priority %d", c.Chain.Type, *c.Chain.Hooknum, *c.Chain.Priority)
+			}
+			out = append(out, "  chain "+c.Chain.Name+" "+hook)
+			for _, r := range c.Rules {
+				fp, err := nftsync.Fingerprint(r.Exprs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out = append(out, fmt.Sprintf("    rule %q %x", r.UserData, fp))
+			}
+		}
+		for _, s := range got.Sets {
+			kind := "set " + s.Set.KeyType.Name
+			if s.Set.IsMap {
+				kind = "map"
+			}
+			var elems []string
+			for _, e := range s.Elems {
+				elems = append(elems, fmt.Sprintf("%x:%s", e.Key, e.Jump))
+			}
+			slices.Sort(elems)
+			out = append(out, "  "+kind+" "+s.Set.Name+" {"+strings.Join(elems, " ")+"}")
+		}
+	}
+	return strings.Join(out, "\n")
+}

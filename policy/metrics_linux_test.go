@@ -1,0 +1,84 @@
+package policy
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/twill-net/twill/nl/nlfake"
+)
+
+// The packets the kernel counted against a pod's default deny are the
+// denied packets of the policies that select it, and an allow rule's are
+// its policy's; the table is the one an Enforcer wrote.
+func TestCollectorCountsWhatTheTableCounted(t *testing.T) {
+	k := &nlfake.Nftables{}
+	tb := &Table{Kernel: k}
+	src := &fakeSource{s: snapshot(testPolicy("y", "deny", nil, nil), testPolicy("y", "from-x", nil, func(sp *networkingv1NetworkPolicySpec) {
+		sp.Ingress = fromNamespaces("x")
+	})), synced: make(chan struct{})}
+	close(src.synced)
+	e := &Enforcer{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Source: src, Kernel: tb, Node: "n1"}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx, []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); !slices.Equal(e.Selected("y/a").Ingress, []string{"y/deny", "y/from-x"}); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("y/a not selected by y/deny and y/from-x within 10 s: %+v", e.Selected("y/a"))
+		}
+	}
+	k.Count(denyComment("in", "y/a"), 7)
+	k.Count("allow y/from-x", 3)
+	c := &Collector{Counters: tb.Counters, Enforcer: e}
+	want := `
+# HELP twill_netpol_packets_total Packets allowed by a NetworkPolicy's rules, and denied to or from the pods it selects.
+# TYPE twill_netpol_packets_total counter
+twill_netpol_packets_total{policy="y/deny",verdict="denied"} 7
+twill_netpol_packets_total{policy="y/from-x",verdict="allowed"} 3
+twill_netpol_packets_total{policy="y/from-x",verdict="denied"} 7
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "twill_netpol_packets_total"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(c, "twill_netpol_unknown_dropped_packets_total"); n != 1 {
+		t.Errorf("twill_netpol_unknown_dropped_packets_total: %d series, want 1", n)
+	}
+}
+
+// ListCluster reads what Explain needs from the apiserver.
+func TestListCluster(t *testing.T) {
+	s := snapshot(testPolicy("y", "deny", nil, nil))
+	objs := []runtime.Object{&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}}
+	for _, p := range s.Pods {
+		objs = append(objs, p)
+	}
+	for _, n := range s.Namespaces {
+		objs = append(objs, n)
+	}
+	objs = append(objs, s.Policies[0])
+	c, err := ListCluster(context.Background(), fake.NewClientset(objs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Nodes) != 1 || len(c.Pods) != len(s.Pods) || len(c.Namespaces) != 2 || len(c.Policies) != 1 || c.Policies[0].Name != "deny" {
+		t.Errorf("ListCluster read %d nodes, %d pods, %d namespaces, %d policies; want 1, %d, 2, 1 (y/deny)",
+			len(c.Nodes), len(c.Pods), len(c.Namespaces), len(c.Policies), len(s.Pods))
+	}
+}
