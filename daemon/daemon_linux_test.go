@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/twill-net/twill/network"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/subnet"
+	"github.com/twill-net/twill/testsupport/logtest"
 	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
@@ -159,7 +159,7 @@ func runChild() int {
 // files it writes.
 type child struct {
 	record, env, gate, ready string
-	logs                     *lockedBuffer
+	logs                     *logtest.Buffer
 	exited                   chan error
 }
 
@@ -170,7 +170,7 @@ func startChild(t *testing.T) *child {
 	c := &child{
 		record: filepath.Join(dir, "record.json"), env: filepath.Join(dir, "subnet.env"),
 		gate: filepath.Join(dir, "watching"), ready: filepath.Join(dir, "ready"),
-		logs: &lockedBuffer{}, exited: make(chan error, 1),
+		logs: &logtest.Buffer{}, exited: make(chan error, 1),
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -262,22 +262,4 @@ func TestPrivilegedReadyWithoutTheKernelWatch(t *testing.T) {
 	c.waitFor(t, "the warning that the kernel watch has not started", func() bool {
 		return strings.Contains(c.logs.String(), "the kernel watch has not started; ready without it")
 	})
-}
-
-// lockedBuffer collects a child's output while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

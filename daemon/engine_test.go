@@ -25,6 +25,7 @@ import (
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/nl/nlfake"
 	"github.com/twill-net/twill/subnet"
+	"github.com/twill-net/twill/testsupport/logtest"
 )
 
 // The daemon's engine without root: leases go in through a subnet manager
@@ -174,28 +175,11 @@ type engine struct {
 	node     *memNode
 	d        *daemon.Daemon
 	dir      string
-	log      *lockedLog
+	log      *logtest.Buffer
 	done     chan error
 	wrapped  *wrapped
 	cancel   context.CancelFunc
 	attempts atomic.Int32
-}
-
-type lockedLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // startEngine runs a daemon on a fake kernel with eth0 (192.168.1.1/24),
@@ -210,7 +194,7 @@ func startEngineWith(t *testing.T, typ string, w *wrapped, failRoutes int32, adj
 	k := &nlfake.Kernel{}
 	k.AddLink("lo", 65536, true, netip.MustParsePrefix("127.0.0.1/8"))
 	k.AddLink("eth0", 1500, true, netip.MustParsePrefix("192.168.1.1/24"))
-	e := &engine{t: t, k: k, node: newMemNode(), dir: t.TempDir(), log: &lockedLog{}, done: make(chan error, 1), wrapped: w,
+	e := &engine{t: t, k: k, node: newMemNode(), dir: t.TempDir(), log: &logtest.Buffer{}, done: make(chan error, 1), wrapped: w,
 		subnets: &memSubnets{conf: fmt.Sprintf(engineConf, typ), peers: peers, publish: make(chan func(subnet.Change), 1)}}
 	k.Fail = func(what string) error {
 		if what == "route" && e.attempts.Add(1) <= failRoutes {

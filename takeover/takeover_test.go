@@ -3,19 +3,18 @@ package takeover
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/nl/nlfake"
+	"github.com/twill-net/twill/testsupport/logtest"
 )
 
 var _ Kernel = (*nlfake.Kernel)(nil)
@@ -245,10 +244,10 @@ func (f *failingNetfilter) Remove() error {
 // returns; cancelled, it returns at once.
 func TestRunUntilFlannelIsGone(t *testing.T) {
 	n := newNode(t)
-	var logs strings.Builder
+	var logs logtest.Buffer
 	nf := &failingNetfilter{fakeNetfilter: fakeNetfilter{chains: true, hooked: true}, fails: 2}
 	n.tk.o.Netfilter, n.tk.o.Every = nf, time.Millisecond
-	n.tk.o.Logger = slog.New(slog.NewTextHandler(&syncWriter{w: &logs}, nil))
+	n.tk.o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	done := make(chan error, 1)
 	go func() { done <- n.tk.Run(context.Background()) }()
 	select {
@@ -286,15 +285,4 @@ func TestRunUntilFlannelIsGone(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return within 10 s of its context's end")
 	}
-}
-
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }

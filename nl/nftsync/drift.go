@@ -3,6 +3,7 @@ package nftsync
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"slices"
 )
 
@@ -127,7 +128,7 @@ func diffSets(d *Drift, want Table, have *State) {
 			d.Wrong = append(d.Wrong, fmt.Sprintf("set %s: %d elements jump elsewhere", s.Name, wrong))
 		}
 	}
-	for _, name := range sortedKeys(have.Sets) {
+	for _, name := range slices.Sorted(maps.Keys(have.Sets)) {
 		if !wanted[name] {
 			d.Extra = append(d.Extra, "set "+name)
 		}

@@ -3,7 +3,6 @@ package nftsync
 import (
 	"bytes"
 	"fmt"
-	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -170,14 +169,4 @@ func setTypesDiffer(have *State, want Table) bool {
 		}
 	}
 	return false
-}
-
-// sortedKeys is m's keys, in order.
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
 }

@@ -2,6 +2,8 @@ package nftsync
 
 import (
 	"github.com/google/nftables"
+	"maps"
+	"slices"
 
 	"github.com/twill-net/twill/nl/nft"
 )
@@ -198,14 +200,14 @@ func (w *writer) diffSets(have *State, maps bool) {
 func (w *writer) deleteExtra(have *State) {
 	t := w.e.table()
 	var chains []string
-	for _, name := range sortedKeys(have.Chains) {
+	for _, name := range slices.Sorted(maps.Keys(have.Chains)) {
 		if w.model.Chains[name] == nil {
 			chains = append(chains, name)
 			w.batch.FlushChain(&nftables.Chain{Table: t, Name: name})
 		}
 	}
 	var sets []string
-	for _, name := range sortedKeys(have.Sets) {
+	for _, name := range slices.Sorted(maps.Keys(have.Sets)) {
 		if w.model.Sets[name] != nil {
 			continue
 		}
