@@ -89,6 +89,12 @@ func TestEtcdDisruption(t *testing.T) {
 				cp = startCapture(t, c.topo.Underlay)
 			}
 			d := startDisruption(t, tc.backend, c.bin, from, to, func(v lab.Vantage, tg lab.Target) bool { return node[v.Name] != node[tg.Name] })
+			d.diagnose = func(event string, _ time.Time) {
+				for i, dm := range c.daemons {
+					lines := strings.Split(strings.TrimSpace(dm.Output()), "\n")
+					t.Logf("%s broke held connections; node%d's twilld, its last %d lines:\n%s", event, i+1, min(len(lines), 80), strings.Join(lines[max(0, len(lines)-80):], "\n"))
+				}
+			}
 			for _, ev := range events {
 				d.event(ev.name, ev.control, func() { ev.do(t, c) })
 			}
@@ -124,6 +130,9 @@ type disruption struct {
 	run     *lab.HoldRun
 	cancel  context.CancelFunc
 	rows    []disruptRow
+	// diagnose, when set, logs what the nodes' daemons said from since
+	// on, for an event that broke held connections it must not break.
+	diagnose func(event string, since time.Time)
 }
 
 type disruptRow struct {
@@ -145,19 +154,22 @@ func startDisruption(t *testing.T, backend, binDir string, from []lab.Vantage, t
 }
 
 // event does an event; what follows it for 3 s is the event's too.
-func (d *disruption) event(name string, control bool, do func()) {
-	start := time.Now()
-	do()
-	time.Sleep(3 * time.Second)
-	d.rows = append(d.rows, disruptRow{event: name, control: control, sum: d.run.Summary(start, time.Now())})
-}
+func (d *disruption) event(name string, control bool, do func()) { d.record(name, control, "", do) }
 
 // eventStalls is event for one that stops the data plane for a while, as
 // the docs say (why): the held connections it breaks are reported, not
 // failed on; the events after it must break none.
-func (d *disruption) eventStalls(name, why string, do func()) {
-	d.event(name, false, do)
-	d.rows[len(d.rows)-1].stalls = why
+func (d *disruption) eventStalls(name, why string, do func()) { d.record(name, false, why, do) }
+
+func (d *disruption) record(name string, control bool, stalls string, do func()) {
+	start := time.Now()
+	do()
+	time.Sleep(3 * time.Second)
+	r := disruptRow{event: name, control: control, stalls: stalls, sum: d.run.Summary(start, time.Now())}
+	d.rows = append(d.rows, r)
+	if !control && stalls == "" && r.sum.Broken > 0 && d.diagnose != nil {
+		d.diagnose(name, start.Add(-time.Second))
+	}
 }
 
 // finish stops holding, prints the table and fails for each event (but

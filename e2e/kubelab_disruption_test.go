@@ -25,7 +25,23 @@ func startKubeDisruption(t *testing.T, s *lab.State, bin, backend string) *disru
 	if err != nil {
 		t.Fatal(err)
 	}
-	return startDisruption(t, backend+", Kubernetes lab", bin, from, to, pairs)
+	d := startDisruption(t, backend+", Kubernetes lab", bin, from, to, pairs)
+	d.diagnose = kubeDiagnose(t, s)
+	return d
+}
+
+// kubeDiagnose logs, for an event that broke held connections, what twill's
+// pods (twilld, and the wireguard keepers) logged from since on, with
+// their times, so that a rare failure leaves its evidence in the test's
+// output.
+func kubeDiagnose(t *testing.T, s *lab.State) func(string, time.Time) {
+	return func(event string, since time.Time) {
+		for _, app := range []string{"twill", "twill-wireguard"} {
+			out, err := s.Kubectl(context.Background(), nil, "-n", lab.TwillNamespace, "logs", "-l", "app.kubernetes.io/name="+app,
+				"--all-containers", "--prefix", "--timestamps", "--since-time", since.UTC().Format(time.RFC3339), "--max-log-requests", "20")
+			t.Logf("%s broke held connections; %s pods' logs since %s (%v):\n%s", event, app, since.Format("15:04:05.000"), err, out)
+		}
+	}
 }
 
 // startDisruptionBut holds connections between the pods of every node but
@@ -44,9 +60,11 @@ func startDisruptionBut(t *testing.T, s *lab.State, bin, title, leaving string) 
 	}
 	stays := func(name string) bool { n, ok := nodeOf[name]; return ok && n != leaving }
 	from = slices.DeleteFunc(from, func(v lab.Vantage) bool { return !stays(v.Name) })
-	return startDisruption(t, title, bin, from, to, func(v lab.Vantage, tg lab.Target) bool {
+	d := startDisruption(t, title, bin, from, to, func(v lab.Vantage, tg lab.Target) bool {
 		return pairs(v, tg) && stays(v.Name) && stays(tg.Name)
 	})
+	d.diagnose = kubeDiagnose(t, s)
+	return d
 }
 
 // twillPodOn is the name of node's twill pod.
