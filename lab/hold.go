@@ -63,10 +63,16 @@ type holdStats struct {
 func (h *holdStats) echoed(now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if d := now.Sub(h.lastEcho); d > h.stallEnded {
-		h.stallEnded = d
+	lengthen(&h.stallEnded, &h.lastEcho, now)
+}
+
+// lengthen makes longest the longest time between two events, now's and
+// the last's, and now the last.
+func lengthen(longest *time.Duration, last *time.Time, now time.Time) {
+	if d := now.Sub(*last); d > *longest {
+		*longest = d
 	}
-	h.lastEcho = now
+	*last = now
 }
 
 func (h *holdStats) broke(err error) {
@@ -89,13 +95,9 @@ func (h *holdStats) newConn(ok bool, start time.Time) {
 		return
 	}
 	h.w.NewOK++
-	if !start.After(h.lastNew) {
-		return
+	if start.After(h.lastNew) {
+		lengthen(&h.gapEnded, &h.lastNew, start)
 	}
-	if d := start.Sub(h.lastNew); d > h.gapEnded {
-		h.gapEnded = d
-	}
-	h.lastNew = start
 }
 
 func (h *holdStats) udp(ok bool) {
