@@ -3,6 +3,8 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"os"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -18,21 +20,27 @@ import (
 // scale is a cluster of 1,000 pods over 3 nodes in 10 namespaces, and 500
 // policies: each selects one app's pods and lets in two roles on port 80.
 // Node n holds 10.244.2n.0/23; pod i is on node i%3 at scalePodIP(i).
-func scale() Snapshot {
-	s := Snapshot{Node: "n0", LocalCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/23")}}
-	for i := range 10 {
+func scale() Snapshot { return scaleOf(1000, 500) }
+
+// scaleOf is scale's cluster with pods pods (one namespace per 100, one
+// app per 20) and policies policies (ten per app). Node n holds the n-th
+// block of 10.244.0.0/16 big enough for its pods (a /23 at 1,000 pods, a
+// /20 at 10,000).
+func scaleOf(pods, policies int) Snapshot {
+	s := Snapshot{Node: "n0", LocalCIDRs: []netip.Prefix{scaleBlock(pods, 0)}}
+	namespaces, apps := max(pods/100, 1), max(pods/20, 1)
+	for i := range namespaces {
 		s.Namespaces = append(s.Namespaces, testNS(fmt.Sprintf("ns%d", i), map[string]string{"tier": fmt.Sprint(i % 3)}))
 	}
-	for i := range 1000 {
+	for i := range pods {
 		node := i % 3
-		ip := scalePodIP(i)
-		s.Pods = append(s.Pods, testPod(fmt.Sprintf("ns%d", i%10), fmt.Sprintf("p%d", i), fmt.Sprintf("n%d", node), ip,
-			map[string]string{"app": fmt.Sprintf("app%d", i%50), "role": fmt.Sprintf("r%d", i%7)},
+		s.Pods = append(s.Pods, testPod(fmt.Sprintf("ns%d", i%namespaces), fmt.Sprintf("p%d", i), fmt.Sprintf("n%d", node), scalePodIPOf(pods, i),
+			map[string]string{"app": fmt.Sprintf("app%d", i%apps), "role": fmt.Sprintf("r%d", i%7)},
 			corev1.ContainerPort{Name: "http", ContainerPort: 80}))
 	}
 	p80 := intstr.FromInt32(80)
-	for i := range 500 {
-		np := testPolicy(fmt.Sprintf("ns%d", i%10), fmt.Sprintf("pol%d", i), map[string]string{"app": fmt.Sprintf("app%d", i%50)}, func(sp *networkingv1.NetworkPolicySpec) {
+	for i := range policies {
+		np := testPolicy(fmt.Sprintf("ns%d", i%namespaces), fmt.Sprintf("pol%d", i), map[string]string{"app": fmt.Sprintf("app%d", i%apps)}, func(sp *networkingv1.NetworkPolicySpec) {
 			sp.Ingress = []networkingv1.NetworkPolicyIngressRule{{
 				From: []networkingv1.NetworkPolicyPeer{
 					{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": fmt.Sprintf("r%d", i%7)}}},
@@ -47,11 +55,26 @@ func scale() Snapshot {
 	return s
 }
 
+// scaleBlock is node n's block in a cluster of pods pods.
+func scaleBlock(pods, n int) netip.Prefix {
+	bits := 32
+	for size := 1; size < pods/3+3; size *= 2 {
+		bits--
+	}
+	base := netip.MustParseAddr("10.244.0.0").As4()
+	v := (uint32(base[0])<<24 | uint32(base[1])<<16) + uint32(n)<<(32-bits)
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), bits)
+}
+
 // scalePodIP is pod i's address in scale(): the (2+i/3)th of its node's
 // /23.
-func scalePodIP(i int) string {
-	host := 2 + i/3
-	return fmt.Sprintf("10.244.%d.%d", 2*(i%3)+host/256, host%256)
+func scalePodIP(i int) string { return scalePodIPOf(1000, i) }
+
+func scalePodIPOf(pods, i int) string {
+	a := scaleBlock(pods, i%3).Addr().As4()
+	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+	v += uint32(2 + i/3)
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}).String()
 }
 
 // BenchmarkPolicyChange: a label change at 1,000 pods and 500 policies,
@@ -65,6 +88,43 @@ func BenchmarkPolicyChange(b *testing.B) {
 // ClusterNetworkPolicies beside the 500 NetworkPolicies (scaleCluster).
 func BenchmarkClusterPolicyChange(b *testing.B) {
 	benchChange(b, newNode(b).tb, scaleCluster())
+}
+
+// BenchmarkPolicyChangeAtScale is BenchmarkPolicyChange at 10,000 pods
+// and 2,000 policies (the 3,334 local pods in a /20), and with 100
+// ClusterNetworkPolicies beside them; it reports too the first write of
+// the whole table (Compile and Sync: twilld's start → table, less the
+// informers' lists) and the heap the compiled state and the table's model
+// hold. Under make bench-smoke it runs at 2,000 pods and 400 policies.
+func BenchmarkPolicyChangeAtScale(b *testing.B) {
+	pods, policies, cnps := 10000, 2000, 100
+	if os.Getenv("TWILL_BENCH_SMOKE") != "" {
+		pods, policies, cnps = 2000, 400, 20
+	}
+	for _, tc := range []struct {
+		name string
+		cnps int
+	}{{"networkpolicies", 0}, {"with-clusternetworkpolicies", cnps}} {
+		b.Run(tc.name, func(b *testing.B) {
+			s := scaleOf(pods, policies)
+			s.ClusterPolicies = policyscale.ClusterPolicies(tc.cnps)
+			tb := newNode(b).tb
+			runtime.GC()
+			var before runtime.MemStats
+			runtime.ReadMemStats(&before)
+			start := time.Now()
+			if _, err := tb.Sync(Compile(s).Ruleset, false); err != nil {
+				b.Fatal(err)
+			}
+			first := time.Since(start)
+			runtime.GC()
+			var after runtime.MemStats
+			runtime.ReadMemStats(&after)
+			benchChange(b, tb, s) // resets the metrics reported before it
+			b.ReportMetric(float64(first.Milliseconds()), "first-write-ms")
+			b.ReportMetric(float64(after.HeapInuse-min(after.HeapInuse, before.HeapInuse))/(1<<20), "table-model-heap-MiB")
+		})
+	}
 }
 
 // scaleCluster is scale() and 50 ClusterNetworkPolicies, 25 of each tier
@@ -81,13 +141,7 @@ func benchChange(b *testing.B, tb *Table, s Snapshot) {
 	if _, err := tb.Sync(rs, false); err != nil {
 		b.Fatal(err)
 	}
-	var rules, elems int
-	for _, c := range rs.Chains {
-		rules += len(c.Rules)
-	}
-	for _, st := range rs.Sets {
-		elems += len(st.Elems)
-	}
+	rules, elems := rs.size()
 
 	var took []time.Duration
 	var compile time.Duration

@@ -143,6 +143,7 @@ type compiler struct {
 	selected        map[string]*Selection
 	sets            map[string]Set
 	peerCache       map[ruleID][]peer
+	selectorCache   map[string][]peer // by set name (matcher.setName)
 	problems        []Problem
 }
 
@@ -150,7 +151,7 @@ func newCompiler(s Snapshot) *compiler {
 	c := &compiler{nsLabels: map[string]labels.Set{}, cidrs: s.LocalCIDRs, logDenied: s.LogDenied, allocations: s.Allocations, now: s.Now,
 		ingress: map[string][][]Rule{}, egress: map[string][][]Rule{}, nodes: s.Nodes,
 		admin: map[string][]tierRule{}, baseline: map[string][]tierRule{},
-		selected: map[string]*Selection{}, sets: map[string]Set{}, peerCache: map[ruleID][]peer{}, localNS: map[string][]*pod{}}
+		selected: map[string]*Selection{}, sets: map[string]Set{}, peerCache: map[ruleID][]peer{}, selectorCache: map[string][]peer{}, localNS: map[string][]*pod{}}
 	c.logAllowedAll, c.sample, c.logNS = s.LogAllowed && !s.LogOff, s.LogSample, map[string]bool{}
 	c.logDenied = s.LogDenied && !s.LogOff
 	for _, n := range s.Namespaces {

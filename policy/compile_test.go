@@ -278,3 +278,40 @@ func rawSet(t *testing.T, rs Ruleset, name string) Set {
 	t.Fatalf("no set %s", name)
 	return Set{}
 }
+
+// Rules that name the same peer, in any policy, look up one set: the
+// table's elements grow with the peers named, not with the policies. A
+// peer without a namespace selector is its policy's namespace's pods: the
+// same pod selector in another namespace is another set.
+func TestPoliciesNamingTheSamePeerShareItsSet(t *testing.T) {
+	fromTeam := func(ns, name string) *networkingv1.NetworkPolicy {
+		return testPolicy(ns, name, nil, func(s *networkingv1.NetworkPolicySpec) {
+			s.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
+				{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "y"}}},
+				{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"pod": "a"}}},
+			}}}
+		})
+	}
+	rs := Compile(snapshot(fromTeam("x", "one"), fromTeam("x", "two"), fromTeam("y", "three"))).Ruleset
+	peers := func(name, policy string) (sets []string) {
+		for _, r := range chain(t, rs, name).Rules {
+			if r.Comment == "allow "+policy && r.Src.Set != "" {
+				sets = append(sets, r.Src.Set)
+			}
+		}
+		return sets
+	}
+	one, two, three := peers("in:x/a", "x/one"), peers("in:x/a", "x/two"), peers("in:y/a", "y/three")
+	if len(one) != 2 || !slices.Equal(one, two) {
+		t.Fatalf("x/one's peers look up %v, x/two's %v: want the same two sets", one, two)
+	}
+	if one[0] != three[0] || one[1] == three[1] {
+		t.Errorf("x/one's sets %v, y/three's %v: want the namespace selector's shared, the pod selector's each its namespace's", one, three)
+	}
+	if got := set(t, rs, one[1]); !slices.Equal(got, addrs("10.244.1.2")) {
+		t.Errorf("x's pod=a: %v, want x/a alone", got)
+	}
+	if got := set(t, rs, three[1]); !slices.Equal(got, addrs("10.244.1.3")) {
+		t.Errorf("y's pod=a: %v, want y/a alone", got)
+	}
+}

@@ -77,8 +77,7 @@ func (c *compiler) computePeers(np *networkingv1.NetworkPolicy, id ruleID, list 
 	if len(list) == 0 {
 		return []peer{{any: true}}
 	}
-	var matchers []matcher
-	var out []peer
+	var sel, out []peer
 	for i, pr := range list {
 		if pr.IPBlock != nil {
 			out = append(out, c.ipBlock(id, i, pr.IPBlock)...)
@@ -89,14 +88,41 @@ func (c *compiler) computePeers(np *networkingv1.NetworkPolicy, id ruleID, list 
 			c.problems = append(c.problems, Problem{id.policyName(), fmt.Errorf("spec.%s[%d] peer %d: %w", dirField(id.dir), id.index, i, err)})
 			continue
 		}
-		matchers = append(matchers, m)
+		for _, p := range c.selectorSets(m) {
+			if !slices.ContainsFunc(sel, func(q peer) bool { return q.addr.Set == p.addr.Set }) { // the same peer twice in one rule
+				sel = append(sel, p)
+			}
+		}
 	}
-	if len(matchers) == 0 {
-		return out
+	return append(sel, out...)
+}
+
+// selectorSets is a set per family of the pods m matches, named from m's
+// selectors (and, for a peer with no namespace selector, the policy's
+// namespace): every rule that names the same peer, in any policy, shares
+// its sets, so their elements grow with the peers named, not with the
+// policies that name them; and a change of who matches rewrites elements,
+// not rules.
+func (c *compiler) selectorSets(m matcher) []peer {
+	name := m.setName()
+	if p, ok := c.selectorCache[name]; ok {
+		return p
 	}
 	var ips []netip.Addr
-	c.eachMatching(matchers, func(p *pod) { ips = append(ips, p.ips...) })
-	return append(c.addrSets(id.name(), ips), out...)
+	c.eachMatching([]matcher{m}, func(p *pod) { ips = append(ips, p.ips...) })
+	p := c.addrSets(name, ips)
+	c.selectorCache[name] = p
+	return p
+}
+
+// setName names the sets of the pods m matches.
+func (m matcher) setName() string {
+	key := "namespace " + m.ns
+	if m.nsSel != nil {
+		key = "namespaceSelector " + m.nsSel.String()
+	}
+	h := sha256.Sum256([]byte(key + "\x00podSelector " + m.podSel.String()))
+	return "sel-" + hex.EncodeToString(h[:6])
 }
 
 func dirField(dir string) string {

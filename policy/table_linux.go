@@ -54,10 +54,26 @@ func sameRules(a, b any) bool {
 // check), or its last write failed: then it reads the kernel's.
 func (t *Table) Sync(rs Ruleset, reread bool) (Changes, error) {
 	ch, err := t.eng().Sync(desired(rs), reread)
+	if errors.Is(err, unix.EMSGSIZE) {
+		rules, elems := rs.size()
+		return Changes{}, fmt.Errorf("table inet %s, %d chains, %d rules and %d set elements, is larger than one nftables transaction can carry: "+
+			"the pods' chains repeat the rules of every policy that selects them (%w)", TableName, len(rs.Chains), rules, elems, err)
+	}
 	if err != nil {
 		return Changes{}, fmt.Errorf("table inet %s: %w", TableName, err)
 	}
 	return ch, nil
+}
+
+// size counts the ruleset's rules and set elements.
+func (rs Ruleset) size() (rules, elems int) {
+	for _, c := range rs.Chains {
+		rules += len(c.Rules)
+	}
+	for _, s := range rs.Sets {
+		elems += len(s.Elems)
+	}
+	return rules, elems
 }
 
 // desired is rs as the engine writes it: each chain rendered only when the
