@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -13,8 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
 	"github.com/twill-net/twill/backend/wireguard"
+	"github.com/twill-net/twill/backend/wireguard/uapi"
 	twcluster "github.com/twill-net/twill/lab/cluster"
+	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
 // dataPlaneRun is how long each iperf3 measurement runs (1 s in smoke).
@@ -60,6 +66,47 @@ func BenchmarkDataPlane(b *testing.B) {
 			}
 		})
 	}
+	b.Run("wireguard-tunnel", func(b *testing.B) {
+		for range b.N {
+			benchWireGuardTunnel(b)
+		}
+	})
+}
+
+// benchWireGuardTunnel is the wireguard case's floor: wireguard-go's
+// device at twill's pinned version (twill-wg, run and configured by hand:
+// no twilld, no pod), one on each node, each on its node's core, and
+// iperf3 from node1 to node2's tunnel address. Its share of node→node is
+// what userspace WireGuard itself costs; the wireguard case's share
+// against it is what twill's pod path adds.
+func benchWireGuardTunnel(b *testing.B) {
+	c := newCluster(b, 2)
+	keys := make([]wgtypes.Key, 2)
+	for i := range keys {
+		keys[i], _ = wgtypes.GeneratePrivateKey()
+	}
+	port := wireguard.DefaultListenPort
+	tunnelIP := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 98, 0, byte(i + 1)}) }
+	for i, n := range c.topo.Nodes {
+		sock := filepath.Join(c.dir, fmt.Sprintf("wg%d.sock", i))
+		dev := start(b, n.NS, filepath.Join(c.dir, fmt.Sprintf("wg%d.log", i)), c.bin+"/twill-wg", "--name", "wg-floor", "--socket", sock, "--mtu", "1420")
+		b.Cleanup(func() { dev.Stop(b) })
+		cl := &uapi.Client{Path: sock}
+		waitFor(b, 10*time.Second, "node's twill-wg serving", func() bool { _, err := cl.Get(context.Background()); return err == nil })
+		other := 1 - i
+		cfg := wgtypes.Config{PrivateKey: &keys[i], ListenPort: &port, Peers: []wgtypes.PeerConfig{{
+			PublicKey: keys[other].PublicKey(), Endpoint: net.UDPAddrFromAddrPort(netip.AddrPortFrom(c.topo.Nodes[other].Addr.Addr(), uint16(port))),
+			AllowedIPs: []net.IPNet{{IP: tunnelIP(other).AsSlice(), Mask: net.CIDRMask(32, 32)}}}}}
+		if err := cl.Set(context.Background(), cfg); err != nil {
+			b.Fatal(err)
+		}
+		netnstest.IP(b, n.NS, "addr", "add", tunnelIP(i).String()+"/24", "dev", "wg-floor")
+		netnstest.IP(b, n.NS, "link", "set", "wg-floor", "up")
+		pinProcess(b, fmt.Sprint(dev.cmd.Process.Pid), i)
+	}
+	nodeA, nodeB := c.topo.Nodes[0].NS, c.topo.Nodes[1].NS
+	waitFor(b, 10*time.Second, "node1 reaching node2 through the tunnel", func() bool { return ping(nodeA, tunnelIP(1)) == nil })
+	measureDataPlane(b, c, "wireguard-go tunnel (no twilld, no pod)", nodeA, nodeB, tunnelIP(1))
 }
 
 func benchDataPlane(b *testing.B, backendType, conf string) {
@@ -124,8 +171,10 @@ func measureDataPlane(b *testing.B, c *cluster, what, podA, podB string, ipB net
 	}
 	nodeSrv := start(b, nodeB, filepath.Join(c.dir, "iperf-node.log"), "taskset", "-c", "1", "iperf3", "-s", "-p", "5201")
 	defer nodeSrv.Stop(b)
-	podSrv := start(b, podB, filepath.Join(c.dir, "iperf-pod.log"), "taskset", "-c", "1", "iperf3", "-s", "-p", "5201")
-	defer podSrv.Stop(b)
+	if podB != nodeB { // a tunnel between the nodes has its far end on the node server
+		podSrv := start(b, podB, filepath.Join(c.dir, "iperf-pod.log"), "taskset", "-c", "1", "iperf3", "-s", "-p", "5201")
+		defer podSrv.Stop(b)
+	}
 
 	b.ResetTimer()
 	for _, streams := range []int{1, 4} {

@@ -22,8 +22,10 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 }
 
 // BenchmarkCNIAddDel200 measures sequential ADD and DEL latency over 200
-// pods driven through libcni, for twill and, in the same run, for the
-// upstream ptp + host-local chain as the reference.
+// pods driven through libcni, for twill, for twill chained with portmap as
+// dist/10-twill.conflist ships it (a pod with no host port, as most are),
+// and, in the same run, for the upstream ptp + host-local chain as the
+// reference.
 func BenchmarkCNIAddDel200(b *testing.B) {
 	for range b.N {
 		n := newNode(b, "10.244.0.0/24")
@@ -36,7 +38,7 @@ func BenchmarkCNIAddDel200(b *testing.B) {
 		for _, tc := range []struct {
 			name string
 			list json.RawMessage
-		}{{"twill", n.conflist("1.1.0")}, {"ptp+host-local", ptp}} {
+		}{{"twill", n.conflist("1.1.0")}, {"twill+portmap", n.conflist("1.1.0", `{"type":"portmap","capabilities":{"portMappings":true}}`)}, {"ptp+host-local", ptp}} {
 			measure := func(op string) []time.Duration {
 				resp := n.run(cnidriver.Request{Op: op, ConfList: tc.list, Attachments: pods})
 				mustOK(b, tc.name+" "+op, resp)
