@@ -44,6 +44,12 @@ func TestCollectorCountsWhatTheTableCounted(t *testing.T) {
 			t.Fatalf("y/a not selected by y/deny and y/from-x within 10 s: %+v", e.Selected("y/a"))
 		}
 	}
+	if got := e.PodByIP(netip.MustParseAddr("10.244.1.3")); got != "y/a" {
+		t.Errorf("PodByIP(10.244.1.3) = %q, want y/a", got)
+	}
+	if rs := e.Ruleset(); !slices.ContainsFunc(rs.Chains, func(c Chain) bool { return c.Name == ChainName("in", "y/a") }) {
+		t.Errorf("the ruleset as last written lacks y/a's chain: %v", chainNames(rs))
+	}
 	k.Count(denyComment("in", "y/a"), 7)
 	k.Count("allow y/from-x", 3)
 	c := &Collector{Counters: tb.Counters, Enforcer: e}

@@ -23,9 +23,9 @@ END {
 		if (!(p in all)) { printf "%s: no statements in the profile\n", p; bad = 1; continue }
 		pct = 100 * ran[p] / all[p]
 		short = p; sub("^github.com/twill-net/twill/", "", short)
-		printf "%-18s %5.1f%% of statements, unit tier (no root)\n", short "/", pct
+		printf "%-30s %5.1f%% of statements, unit tier (no root)\n", short "/", pct
 		if (pct < 80) { printf "%s is below the 80%% floor\n", short; bad = 1 }
 	}
-	printf "%-18s %5.1f%% of statements\n", "all of them", 100 * covered / total
+	printf "%-30s %5.1f%% of statements\n", "all of them", 100 * covered / total
 	exit bad
 }
