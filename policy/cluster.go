@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -10,34 +11,30 @@ import (
 
 // ListCluster reads from the apiserver what Explain reads.
 func ListCluster(ctx context.Context, cli kubernetes.Interface) (*Cluster, error) {
-	c := &Cluster{}
-	nodes, err := cli.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	var opts metav1.ListOptions
+	nodes, nerr := cli.CoreV1().Nodes().List(ctx, opts)
+	pods, perr := cli.CoreV1().Pods("").List(ctx, opts)
+	nss, serr := cli.CoreV1().Namespaces().List(ctx, opts)
+	nps, aerr := cli.NetworkingV1().NetworkPolicies("").List(ctx, opts)
+	if err := errors.Join(listed("Nodes", nerr), listed("pods", perr), listed("namespaces", serr), listed("NetworkPolicies", aerr)); err != nil {
+		return nil, err
+	}
+	return &Cluster{Nodes: pointers(nodes.Items), Pods: pointers(pods.Items), Namespaces: pointers(nss.Items), Policies: pointers(nps.Items)}, nil
+}
+
+// listed names what a failed list was listing.
+func listed(what string, err error) error {
 	if err != nil {
-		return nil, fmt.Errorf("listing Nodes: %w", err)
+		return fmt.Errorf("listing %s: %w", what, err)
 	}
-	for i := range nodes.Items {
-		c.Nodes = append(c.Nodes, &nodes.Items[i])
+	return nil
+}
+
+// pointers is a pointer to each of items.
+func pointers[T any](items []T) []*T {
+	out := make([]*T, len(items))
+	for i := range items {
+		out[i] = &items[i]
 	}
-	pods, err := cli.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("listing pods: %w", err)
-	}
-	for i := range pods.Items {
-		c.Pods = append(c.Pods, &pods.Items[i])
-	}
-	nss, err := cli.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("listing namespaces: %w", err)
-	}
-	for i := range nss.Items {
-		c.Namespaces = append(c.Namespaces, &nss.Items[i])
-	}
-	nps, err := cli.NetworkingV1().NetworkPolicies("").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("listing NetworkPolicies: %w", err)
-	}
-	for i := range nps.Items {
-		c.Policies = append(c.Policies, &nps.Items[i])
-	}
-	return c, nil
+	return out
 }

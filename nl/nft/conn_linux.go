@@ -60,28 +60,25 @@ func bigBuffers(c *netlink.Conn) error {
 
 // Tables lists every table of every family.
 func (c Conn) Tables() ([]*nftables.Table, error) {
-	conn, err := c.dial()
-	if err != nil {
-		return nil, err
-	}
-	ts, err := conn.ListTables()
-	if err != nil {
-		return nil, fmt.Errorf("listing nftables tables: %w", err)
-	}
-	return ts, nil
+	return list(c, "tables", (*nftables.Conn).ListTables)
 }
 
 // Chains lists every chain of every table.
 func (c Conn) Chains() ([]*nftables.Chain, error) {
+	return list(c, "chains", (*nftables.Conn).ListChains)
+}
+
+// list opens nftables and lists what f lists, named what in an error.
+func list[T any](c Conn, what string, f func(*nftables.Conn) ([]T, error)) ([]T, error) {
 	conn, err := c.dial()
 	if err != nil {
 		return nil, err
 	}
-	cs, err := conn.ListChains()
+	out, err := f(conn)
 	if err != nil {
-		return nil, fmt.Errorf("listing nftables chains: %w", err)
+		return nil, fmt.Errorf("listing nftables %s: %w", what, err)
 	}
-	return cs, nil
+	return out, nil
 }
 
 // Table reads one table whole, nil when there is none.
