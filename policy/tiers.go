@@ -321,15 +321,25 @@ func (c *compiler) tierRule(id cnpRule, pe peer, pt port) Rule {
 func (c *compiler) ingressPeers(id cnpRule, from []cnpapi.IngressPeer) (out []peer, failed bool) {
 	var ms []matcher
 	for j, pr := range from {
-		m, err := peerSelector(pr.Namespaces, pr.Pods)
-		if err != nil {
-			id.problem(c, "from[%d]: %v", j, err)
+		m, ok := c.cnpMatcher(id, "from", j, pr.Namespaces, pr.Pods)
+		if !ok {
 			failed = true
 			continue
 		}
 		ms = append(ms, m)
 	}
 	return c.matcherPeers(id.name(), ms), failed
+}
+
+// cnpMatcher reads a peer's namespaces and pods (field[j] of the rule), or
+// says why it cannot.
+func (c *compiler) cnpMatcher(id cnpRule, field string, j int, ns *metav1.LabelSelector, pods *cnpapi.NamespacedPod) (matcher, bool) {
+	m, err := peerSelector(ns, pods)
+	if err != nil {
+		id.problem(c, "%s[%d]: %v", field, j, err)
+		return m, false
+	}
+	return m, true
 }
 
 func peerSelector(ns *metav1.LabelSelector, pods *cnpapi.NamespacedPod) (matcher, error) {
@@ -387,9 +397,8 @@ func (c *compiler) egressPeers(id cnpRule, to []cnpapi.EgressPeer, action cnpapi
 			}
 			nodes = append(nodes, c.nodeAddrs(sel)...)
 		default:
-			m, err := peerSelector(pr.Namespaces, pr.Pods)
-			if err != nil {
-				id.problem(c, "to[%d]: %v", j, err)
+			m, ok := c.cnpMatcher(id, "to", j, pr.Namespaces, pr.Pods)
+			if !ok {
 				failed = true
 				continue
 			}

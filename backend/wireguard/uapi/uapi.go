@@ -117,29 +117,38 @@ func (c *Client) Generation(ctx context.Context) (uint64, error) {
 	if _, err := io.WriteString(conn, "twill_generation=1\n\n"); err != nil {
 		return 0, err
 	}
-	r := bufio.NewReader(conn)
-	var gen uint64
-	found := false
+	kv, err := readReply(bufio.NewReader(conn))
+	if err != nil {
+		return 0, fmt.Errorf("reading %s's generation: %w", c.Path, err)
+	}
+	v, found := kv["generation"]
+	if !found {
+		return 0, fmt.Errorf("%s does not tell its generation", c.Path)
+	}
+	gen, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("reading %s's generation: %q", c.Path, "generation="+v)
+	}
+	return gen, nil
+}
+
+// readReply reads a short reply of key=value lines (at most 8), up to the
+// blank line that ends it.
+func readReply(r *bufio.Reader) (map[string]string, error) {
+	kv := map[string]string{}
 	for n := 0; n < 8; n++ {
 		line, err := r.ReadString('\n')
 		if err != nil {
-			return 0, fmt.Errorf("reading %s's generation: %w", c.Path, err)
+			return nil, err
 		}
 		line = strings.TrimSuffix(line, "\n")
 		if line == "" {
 			break
 		}
-		if v, ok := strings.CutPrefix(line, "generation="); ok {
-			if gen, err = strconv.ParseUint(v, 10, 64); err != nil {
-				return 0, fmt.Errorf("reading %s's generation: %q", c.Path, line)
-			}
-			found = true
-		}
+		k, v, _ := strings.Cut(line, "=")
+		kv[k] = v
 	}
-	if !found {
-		return 0, fmt.Errorf("%s does not tell its generation", c.Path)
-	}
-	return gen, nil
+	return kv, nil
 }
 
 // Version asks a device which version of twill-wg's extensions to the
@@ -162,25 +171,16 @@ func (c *Client) Version(ctx context.Context) (int, error) {
 	if _, err := r.Peek(1); closedUnanswered(err) {
 		return 0, nil
 	}
+	kv, err := readReply(r)
+	if err != nil {
+		return 0, fmt.Errorf("asking %s's version: %w", c.Path, err)
+	}
 	version, errno := -1, -1
-	for n := 0; n < 8; n++ {
-		line, err := r.ReadString('\n')
-		if err != nil {
-			return 0, fmt.Errorf("asking %s's version: %w", c.Path, err)
-		}
-		line = strings.TrimSuffix(line, "\n")
-		if line == "" {
-			break
-		}
-		k, v, _ := strings.Cut(line, "=")
-		switch k {
-		case "twill_version":
-			version, err = strconv.Atoi(v)
-		case "errno":
-			errno, err = strconv.Atoi(v)
-		}
-		if err != nil {
-			return 0, fmt.Errorf("asking %s's version: reply %q", c.Path, line)
+	for k, dst := range map[string]*int{"twill_version": &version, "errno": &errno} {
+		if v, ok := kv[k]; ok {
+			if *dst, err = strconv.Atoi(v); err != nil {
+				return 0, fmt.Errorf("asking %s's version: reply %q", c.Path, k+"="+v)
+			}
 		}
 	}
 	if errno != 0 || version < 1 {
