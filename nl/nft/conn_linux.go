@@ -153,36 +153,58 @@ func (c Conn) Apply(b *Batch) error {
 	return conn.Flush()
 }
 
+// queue hands op to the library's connection.
 func queue(conn *nftables.Conn, op Op) error {
 	switch op.Kind {
-	case AddTable:
+	case AddTable, DelTable:
+		queueTable(conn, op)
+	case AddChain, FlushChain, DelChain:
+		queueChain(conn, op)
+	case AddRule:
+		conn.AddRule(op.Rule)
+	case AddSet, DelSet, AddElems, DelElems:
+		return queueSet(conn, op)
+	default:
+		return fmt.Errorf("nftables batch: unknown operation %d", op.Kind)
+	}
+	return nil
+}
+
+func queueTable(conn *nftables.Conn, op Op) {
+	if op.Kind == AddTable {
 		conn.AddTable(op.Table)
-	case DelTable:
-		conn.DelTable(op.Table)
+		return
+	}
+	conn.DelTable(op.Table)
+}
+
+func queueChain(conn *nftables.Conn, op Op) {
+	switch op.Kind {
 	case AddChain:
 		conn.AddChain(op.Chain)
 	case FlushChain:
 		conn.FlushChain(op.Chain)
-	case DelChain:
-		conn.DelChain(op.Chain)
-	case AddRule:
-		conn.AddRule(op.Rule)
-	case AddSet:
-		if err := conn.AddSet(op.Set, elements(op.Set, op.Elems)); err != nil {
-			return fmt.Errorf("adding set %s: %w", op.Set.Name, err)
-		}
-	case DelSet:
-		conn.DelSet(op.Set)
-	case AddElems:
-		if err := conn.SetAddElements(op.Set, elements(op.Set, op.Elems)); err != nil {
-			return fmt.Errorf("adding to set %s: %w", op.Set.Name, err)
-		}
-	case DelElems:
-		if err := conn.SetDeleteElements(op.Set, elements(&nftables.Set{}, op.Elems)); err != nil {
-			return fmt.Errorf("deleting from set %s: %w", op.Set.Name, err)
-		}
 	default:
-		return fmt.Errorf("nftables batch: unknown operation %d", op.Kind)
+		conn.DelChain(op.Chain)
+	}
+}
+
+// queueSet hands a set's operation to the library, which encodes the
+// elements as it queues them.
+func queueSet(conn *nftables.Conn, op Op) error {
+	var err error
+	switch op.Kind {
+	case AddSet:
+		err = conn.AddSet(op.Set, elements(op.Set, op.Elems))
+	case AddElems:
+		err = conn.SetAddElements(op.Set, elements(op.Set, op.Elems))
+	case DelElems:
+		err = conn.SetDeleteElements(op.Set, elements(&nftables.Set{}, op.Elems))
+	default:
+		conn.DelSet(op.Set)
+	}
+	if err != nil {
+		return fmt.Errorf("queueing set %s: %w", op.Set.Name, err)
 	}
 	return nil
 }
