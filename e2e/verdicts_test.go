@@ -22,6 +22,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 
 	"github.com/twill-net/twill/policy"
+	"github.com/twill-net/twill/policy/clusterread"
 	"github.com/twill-net/twill/policy/verdictlog"
 )
 
@@ -292,7 +293,7 @@ func verdictCluster(t *testing.T, k *kubeCluster) *policy.Cluster {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cl, err := policy.ListCluster(ctx, cli)
+	cl, err := clusterread.Read(ctx, cli)
 	if err != nil {
 		t.Fatal(err)
 	}

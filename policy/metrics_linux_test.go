@@ -11,10 +11,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/twill-net/twill/nl/nlfake"
 )
@@ -65,26 +61,5 @@ twill_netpol_packets_total{policy="y/from-x",verdict="denied"} 7
 	}
 	if n := testutil.CollectAndCount(c, "twill_netpol_unknown_dropped_packets_total"); n != 1 {
 		t.Errorf("twill_netpol_unknown_dropped_packets_total: %d series, want 1", n)
-	}
-}
-
-// ListCluster reads what Explain needs from the apiserver.
-func TestListCluster(t *testing.T) {
-	s := snapshot(testPolicy("y", "deny", nil, nil))
-	objs := []runtime.Object{&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}}
-	for _, p := range s.Pods {
-		objs = append(objs, p)
-	}
-	for _, n := range s.Namespaces {
-		objs = append(objs, n)
-	}
-	objs = append(objs, s.Policies[0])
-	c, err := ListCluster(context.Background(), fake.NewClientset(objs...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(c.Nodes) != 1 || len(c.Pods) != len(s.Pods) || len(c.Namespaces) != 2 || len(c.Policies) != 1 || c.Policies[0].Name != "deny" {
-		t.Errorf("ListCluster read %d nodes, %d pods, %d namespaces, %d policies; want 1, %d, 2, 1 (y/deny)",
-			len(c.Nodes), len(c.Pods), len(c.Namespaces), len(c.Policies), len(s.Pods))
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/twill-net/twill/policy"
+	"github.com/twill-net/twill/policy/clusterread"
 )
 
 func newPolicyExplainCommand() *cobra.Command {
@@ -42,7 +43,7 @@ seen the latest change).`,
 			if err != nil {
 				return err
 			}
-			c, err := policy.ListCluster(cmd.Context(), cli)
+			c, err := clusterread.Read(cmd.Context(), cli)
 			if err != nil {
 				return err
 			}
