@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+
+	"github.com/twill-net/twill/nl/nft"
 )
 
 // Drift says how the kernel's table differs from the desired one, each
@@ -29,7 +31,7 @@ func (e *Engine) Drift(want Table) (Drift, error) {
 		d.Missing = append(d.Missing, e.What())
 		return d, nil
 	}
-	pre := "chain " + e.What()[len("table "):] + " "
+	pre := "chain " + nft.FamilyName(e.Family) + " " + e.Name + " "
 	wanted := map[string]bool{}
 	for _, c := range want.Chains {
 		wanted[c.Name] = true

@@ -142,13 +142,6 @@ func (e *Engine) rewrite(want Table, why error) (*writer, error) {
 	return w, nil
 }
 
-// Forget makes the next Sync read the kernel's table.
-func (e *Engine) Forget() {
-	e.mu.Lock()
-	e.last = nil
-	e.mu.Unlock()
-}
-
 // Delete removes the table if it exists, and says whether it did.
 func (e *Engine) Delete() (bool, error) {
 	e.mu.Lock()

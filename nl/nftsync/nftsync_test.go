@@ -210,8 +210,8 @@ func TestSyncErrors(t *testing.T) {
 	}
 }
 
-// Drift names what differs in the sets, and Forget makes the next Sync
-// read the kernel's table.
+// Drift names what differs in the sets, and a Sync that reads the
+// kernel's table deletes what is no longer wanted.
 func TestDriftOfSets(t *testing.T) {
 	k := &nlfake.Nftables{}
 	e := engine(k)
@@ -240,9 +240,8 @@ func TestDriftOfSets(t *testing.T) {
 	if d, _ := e.Drift(fewer); !slices.Contains(d.Extra, "set bad") {
 		t.Errorf("drift %+v lacks the extra set", d)
 	}
-	e.Forget()
-	if ch := syncOK(t, e, fewer, false); ch.Del != 5 {
-		t.Errorf("after Forget, Sync wrote %+v, want the pods' 4 chains and the set deleted", ch)
+	if ch := syncOK(t, e, fewer, true); ch.Del != 5 {
+		t.Errorf("Sync of the kernel's table wrote %+v, want the pods' 4 chains and the set deleted", ch)
 	}
 	if got := e.What(); got != "table inet t" {
 		t.Errorf("What() = %q", got)
