@@ -164,6 +164,9 @@ func (n *Network) apply(ctx context.Context, t tunnel, dev Device, link int, key
 	cfg, c := plan(have, key, t.port, want, n.sh)
 	n.mu.Lock()
 	prev := n.last[t.name]
+	// rotating: the device was last seen with another key, which this
+	// pass replaces: that change is a rotation, not drift.
+	rotating := n.held[t.name] != key
 	n.mu.Unlock()
 	if c == 0 {
 		n.record(t, want, link, conflicted, generation(ctx, dev))
@@ -178,7 +181,7 @@ func (n *Network) apply(ctx context.Context, t tunnel, dev Device, link int, key
 	var was map[wgtypes.Key]peer
 	if prev != nil {
 		was = prev.peers
-		if key == n.currentKey() && maps.EqualFunc(was, want, equalPeer) {
+		if !rotating && key == n.currentKey() && maps.EqualFunc(was, want, equalPeer) {
 			n.b.opts.Metrics.AddDriftRepairs(c)
 			n.b.log.Info("repaired WireGuard peers that had drifted", "device", t.name, "changes", c)
 		}

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/twill-net/twill/backend"
@@ -321,6 +323,37 @@ func TestRotate(t *testing.T) {
 	raw, _ := os.ReadFile(filepath.Join(state, keyFile))
 	if strings.TrimSpace(string(raw)) != dev.PrivateKey.String() {
 		t.Fatal("the rotated key was not stored")
+	}
+}
+
+// TestRotationIsNotDrift: the device taking a rotated key is not a
+// repair of drift; a peer removed by hand is.
+func TestRotationIsNotDrift(t *testing.T) {
+	ctx := context.Background()
+	n := newNode(t, `{"Type":"wireguard"}`, t.TempDir(), lease("10.244.1.0/24", "fd10:0:0:1::/64", "192.168.1.1", "fd00::1", wgtypes.Key{}))
+	repairs := prometheus.NewCounter(prometheus.CounterOpts{Name: "repairs"})
+	n.b.opts.Metrics = &backend.Metrics{DriftRepairs: repairs}
+	peers := []subnet.Lease{lease("10.244.2.0/24", "", "192.168.1.2", "", wgtypes.Key{2})}
+	if err := n.nw.Reconcile(ctx, peers); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.nw.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.nw.Reconcile(ctx, peers); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(repairs); got != 0 {
+		t.Fatalf("a rotation counted as %v drift repairs", got)
+	}
+	if err := n.devs.dev(DeviceName).Set(ctx, wgtypes.Config{Peers: []wgtypes.PeerConfig{{PublicKey: wgtypes.Key{2}, Remove: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.nw.Reconcile(ctx, peers); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(repairs); got != 1 {
+		t.Fatalf("a peer removed by hand and put back counted as %v drift repairs, want 1", got)
 	}
 }
 
