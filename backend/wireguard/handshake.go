@@ -28,36 +28,52 @@ import (
 // wrong, so the next datagram starts a new one at once), and so does the
 // other side while nothing at all has come from it; for at most
 // greetFor, after which WireGuard's own retries carry on.
+//
+// A node that rotates its key follows every peer the same way: WireGuard
+// ends every session when the key changes, and the node's traffic starts
+// handshakes its peers drop until they learn the new key, or that cross
+// theirs once they have. It sends no datagram at first (its peers do not
+// know the key yet), and where it leads it puts the peer back after
+// rekeyRetry already: a crossing is the likely failure there, and the
+// peers learn of a key within milliseconds.
 const (
 	greetEvery    = 100 * time.Millisecond
 	yieldFor      = 200 * time.Millisecond
 	retryGreeting = time.Second
+	rekeyRetry    = 300 * time.Millisecond
 	greetFor      = 6 * time.Second
 )
 
-// fresh is a peer just added to a device.
+// fresh is a peer just added to a device, or one whose session ended
+// because the device took a new key (rekey).
 type fresh struct {
-	dev  string
-	key  wgtypes.Key
-	addr netip.Addr // its device address, where the datagram goes
+	dev   string
+	key   wgtypes.Key
+	addr  netip.Addr // its device address, where the datagram goes
+	rekey bool
 }
 
 // greeting is a fresh peer being followed.
 type greeting struct {
+	// since: before the change that made the peer fresh; a handshake
+	// after it is the one followed.
 	since, last time.Time
 	addr        netip.Addr
 	lead        bool // this side's key is the lower: it greets first
 	nudged      bool // a datagram went to it
+	// retry is how long the lead waits from last before it puts the
+	// peer back (0: retryGreeting).
+	retry time.Duration
 }
 
 // leads reports whether a node with key self greets a peer with key
 // other first: both sides agree on it.
 func leads(self, other wgtypes.Key) bool { return bytes.Compare(self[:], other[:]) < 0 }
 
-// greet nudges the fresh peers this side leads, and follows them all;
-// none when there are over maxNudges (a node's start in a large cluster:
-// traffic starts those).
-func (n *Network) greet(fs []fresh) {
+// greet nudges the fresh peers this side leads (but rekeyed ones), and
+// follows them all from since; none when there are over maxNudges (a
+// node's start in a large cluster: traffic starts those).
+func (n *Network) greet(fs []fresh, since time.Time) {
 	if len(fs) == 0 || len(fs) > maxNudges {
 		return
 	}
@@ -69,8 +85,11 @@ func (n *Network) greet(fs []fresh) {
 		if n.greeting[f.dev] == nil {
 			n.greeting[f.dev] = map[wgtypes.Key]greeting{}
 		}
-		g := greeting{since: now, last: now, addr: f.addr, lead: leads(self, f.key)}
-		if g.lead {
+		g := greeting{since: since, last: now, addr: f.addr, lead: leads(self, f.key)}
+		switch {
+		case f.rekey:
+			g.nudged, g.retry = true, rekeyRetry
+		case g.lead:
 			g.nudged = true
 			lead = append(lead, f.addr)
 		}
@@ -115,10 +134,10 @@ func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
 	// heard: the peer sent anything authenticated (a handshake
 	// initiation counts): this side has answered it, and waits for its
 	// data.
-	shook := make(map[wgtypes.Key]bool, len(have))
+	shook := make(map[wgtypes.Key]time.Time, len(have))
 	heard := make(map[wgtypes.Key]bool, len(have))
 	for _, p := range have {
-		shook[p.PublicKey] = !p.LastHandshakeTime.IsZero()
+		shook[p.PublicKey] = p.LastHandshakeTime
 		heard[p.PublicKey] = p.ReceiveBytes > 0
 	}
 	var (
@@ -132,7 +151,7 @@ func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
 		if rec != nil {
 			p, wanted = rec.peers[k]
 		}
-		if shook[k] || !wanted || now.Sub(g.since) > greetFor {
+		if shook[k].After(g.since) || !wanted || now.Sub(g.since) > greetFor {
 			delete(n.greeting[t.name], k)
 			continue
 		}
@@ -142,7 +161,7 @@ func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
 		case greetPutBack:
 			cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: k, Remove: true}, peerConfig(p, n.sh))
 		}
-		g.last, g.nudged = now, true
+		g.last, g.nudged, g.retry = now, true, 0
 		n.greeting[t.name][k] = g
 		again = append(again, g.addr)
 	}
@@ -214,7 +233,11 @@ const (
 func greetNext(g greeting, heard bool, now time.Time) int {
 	switch {
 	case g.lead:
-		if now.Sub(g.last) >= retryGreeting {
+		retry := g.retry
+		if retry == 0 {
+			retry = retryGreeting
+		}
+		if now.Sub(g.last) >= retry {
 			return greetPutBack
 		}
 	case heard:

@@ -188,6 +188,76 @@ func TestGreetingDue(t *testing.T) {
 	}
 }
 
+// A node that rotates its key follows every peer's next handshake:
+// WireGuard ended their sessions, and the node's own handshake may cross
+// the peer's (each then drops the answer to its own, and both wait 5s).
+// It sends nothing at once, as its peers do not know the key yet; a peer
+// it leads with no handshake since the rotation is put back and nudged
+// after rekeyRetry; a peer that leads is left to do so.
+func TestRotationFollowsEveryPeersHandshake(t *testing.T) {
+	ctx := context.Background()
+	n := newNode(t, `{"Type":"wireguard","Mode":"auto"}`, t.TempDir(), lease("10.244.1.0/24", "", "192.168.1.1", "", wgtypes.Key{}))
+	var led, leading wgtypes.Key // the node leads led whatever its key; leading leads it
+	for i := range led {
+		led[i] = 0xff
+	}
+	leading[len(leading)-1] = 1
+	peers := []subnet.Lease{lease("10.244.2.0/24", "", "192.168.1.2", "", led), lease("10.244.3.0/24", "", "192.168.1.3", "", leading)}
+	if err := n.nw.Reconcile(ctx, peers); err != nil {
+		t.Fatal(err)
+	}
+	// Both sessions up for a while: handshakes done, data received.
+	dev := n.devs.dev(DeviceName)
+	mark := func(k wgtypes.Key, handshake time.Time, tx int64) {
+		dev.mu.Lock()
+		defer dev.mu.Unlock()
+		p := dev.peers[k]
+		p.LastHandshakeTime, p.ReceiveBytes, p.TransmitBytes = handshake, 4096, tx
+		dev.peers[k] = p
+	}
+	mark(led, time.Now().Add(-time.Minute), 148)
+	mark(leading, time.Now().Add(-time.Minute), 148)
+	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), time.Now().Add(greetFor+time.Second)) // the start's greetings end
+	n.nudged = nil
+
+	if err := n.nw.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.nw.Reconcile(ctx, peers); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	if len(n.nudged) != 0 {
+		t.Fatalf("nudged %v at the rotation, before any peer knows the key", n.nudged)
+	}
+	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(rekeyRetry/2))
+	if len(n.nudged) != 0 {
+		t.Fatalf("nudged %v before rekeyRetry", n.nudged)
+	}
+	// Neither has a handshake since: the one the node leads is put back
+	// and nudged, the other is left to its peer.
+	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(rekeyRetry+time.Millisecond))
+	dev.mu.Lock()
+	putBack, kept := dev.peers[led].TransmitBytes == 0, dev.peers[leading].TransmitBytes == 148
+	dev.mu.Unlock()
+	if addrs(n.nudged) != "10.244.2.0" || !putBack || !kept {
+		t.Fatalf("after rekeyRetry: nudged %v, want the led peer's device address; led peer put back: %v; leading peer kept: %v", n.nudged, putBack, kept)
+	}
+	// Both handshake: followed no more.
+	mark(led, time.Now(), 92)
+	mark(leading, time.Now(), 92)
+	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(3*retryGreeting))
+	if len(n.nudged) != 1 {
+		t.Fatalf("nudged %v after both handshakes", n.nudged)
+	}
+	n.nw.mu.Lock()
+	left := len(n.nw.greeting[DeviceName])
+	n.nw.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d peers still followed after their handshakes", left)
+	}
+}
+
 func addrs(as []netip.Addr) string {
 	s := make([]string, len(as))
 	for i, a := range as {

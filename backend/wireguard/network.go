@@ -117,6 +117,7 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 		nudges  []fresh
 	)
 	rs = failClosed(n.b.tunnels, n.b.opts.Config, rs)
+	at := time.Now() // before any change: a handshake after it is one of this pass's peers
 	for _, t := range n.b.tunnels {
 		want, ref, conflicted := desired(t, key, peers)
 		refused = append(refused, ref...)
@@ -142,7 +143,7 @@ func (n *Network) Reconcile(ctx context.Context, peers []subnet.Lease) error {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	n.greet(nudges)
+	n.greet(nudges, at)
 	n.b.opts.Metrics.AddDriftRepairs(st.Repaired)
 	n.b.log.Debug("reconciled", "peers", len(peers), "device_changes", changed, "routes_added", st.Added, "routes_deleted", st.Deleted)
 	if err := errors.Join(errs...); err != nil {
@@ -187,7 +188,25 @@ func (n *Network) apply(ctx context.Context, t tunnel, dev Device, link int, key
 		}
 	}
 	n.record(t, want, link, conflicted, generation(ctx, dev))
-	return c, added(t, have, want), nil
+	fresh := added(t, have, want)
+	if have.PrivateKey != key && have.PrivateKey != (wgtypes.Key{}) {
+		fresh = append(fresh, rekeyed(t, have, want)...)
+	}
+	return c, fresh, nil
+}
+
+// rekeyed lists the peers in want the device had already, when it has
+// just taken a new key of its own (a rotation): WireGuard ended their
+// sessions, and each needs a new handshake, which is followed as a new
+// peer's is (see greet).
+func rekeyed(t tunnel, have *wgtypes.Device, want map[wgtypes.Key]peer) []fresh {
+	var out []fresh
+	for _, p := range have.Peers {
+		if w, ok := want[p.PublicKey]; ok && len(w.allowed) > 0 {
+			out = append(out, fresh{dev: t.name, key: p.PublicKey, addr: w.allowed[0].Addr(), rekey: true})
+		}
+	}
+	return out
 }
 
 // maxNudges bounds the nudges of one pass: a node's start in a large

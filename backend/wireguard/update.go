@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
@@ -57,6 +58,7 @@ func (n *Network) Update(ctx context.Context, upserted, removed []subnet.Lease) 
 		gone  []netip.Prefix
 		nudge []fresh
 	)
+	at := time.Now() // before any change: a handshake after it is one of this change's peers
 	for _, c := range changes {
 		if len(c.cfg.Peers) > 0 {
 			dev, err := n.b.devices.open(c.t.name, n.b.devices.Impl(c.t.name))
@@ -75,7 +77,7 @@ func (n *Network) Update(ctx context.Context, upserted, removed []subnet.Lease) 
 	if _, err := n.routes.Update(rs, gone); err != nil {
 		return fmt.Errorf("wireguard: %w", err)
 	}
-	n.greet(nudge)
+	n.greet(nudge, at)
 	return nil
 }
 
