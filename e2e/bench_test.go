@@ -102,15 +102,23 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // 10 ms: an exec'd iptables counts). Ticks alone cannot tell 0.01% from
 // 0.06% over 15 s.
 func cpuTime(tb testing.TB, pid int) time.Duration {
+	c := cpuTimes(tb, pid)
+	return c.own + c.children
+}
+
+// cpu is cpuTime in its two parts.
+type cpu struct{ own, children time.Duration }
+
+func cpuTimes(tb testing.TB, pid int) cpu {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		tb.Fatal(err)
 	}
 	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	var total time.Duration
+	var c cpu
 	for _, i := range []int{13, 14} {
 		v, _ := strconv.ParseInt(f[i], 10, 64)
-		total += time.Duration(v) * 10 * time.Millisecond
+		c.children += time.Duration(v) * 10 * time.Millisecond
 	}
 	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
 	if err != nil || len(tasks) == 0 {
@@ -122,9 +130,9 @@ func cpuTime(tb testing.TB, pid int) time.Duration {
 			continue // a thread that just exited
 		}
 		ns, _ := strconv.ParseInt(strings.Fields(string(b))[0], 10, 64)
-		total += time.Duration(ns)
+		c.own += time.Duration(ns)
 	}
-	return total
+	return c
 }
 
 func peakRSS(tb testing.TB, pid int) int64 {
