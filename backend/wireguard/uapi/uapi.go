@@ -369,10 +369,20 @@ func peerField(p *wgtypes.Peer, k, v string) error {
 		if pf, err = netip.ParsePrefix(v); err == nil {
 			p.AllowedIPs = append(p.AllowedIPs, net.IPNet{IP: pf.Addr().AsSlice(), Mask: net.CIDRMask(pf.Bits(), pf.Addr().BitLen())})
 		}
-	case "last_handshake_time_sec":
-		var s int64
-		if s, err = strconv.ParseInt(v, 10, 64); err == nil && s != 0 {
-			p.LastHandshakeTime = time.Unix(s, int64(p.LastHandshakeTime.Nanosecond()))
+	case "last_handshake_time_sec", "last_handshake_time_nsec":
+		// Either may come first; a time of 0 (no handshake) stays zero.
+		var x int64
+		if x, err = strconv.ParseInt(v, 10, 64); err == nil && x != 0 {
+			sec, nsec := int64(0), int64(0)
+			if !p.LastHandshakeTime.IsZero() {
+				sec, nsec = p.LastHandshakeTime.Unix(), int64(p.LastHandshakeTime.Nanosecond())
+			}
+			if k == "last_handshake_time_sec" {
+				sec = x
+			} else {
+				nsec = x
+			}
+			p.LastHandshakeTime = time.Unix(sec, nsec)
 		}
 	case "rx_bytes":
 		p.ReceiveBytes, err = strconv.ParseInt(v, 10, 64)

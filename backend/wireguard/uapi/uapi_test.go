@@ -53,6 +53,15 @@ func TestParseGet(t *testing.T) {
 		p.AllowedIPs[0].String() != "10.244.1.0/24" || p.AllowedIPs[1].String() != "fd10::/64" || p.ReceiveBytes != 20 || p.TransmitBytes != 10 {
 		t.Fatalf("peer %+v", p)
 	}
+	// The handshake's time to the nanosecond, whichever part comes
+	// first: twilld compares it with the moment it changed the device.
+	if want := time.Unix(1700000000, 5); !p.LastHandshakeTime.Equal(want) {
+		t.Fatalf("last handshake %s, want %s", p.LastHandshakeTime, want)
+	}
+	swapped := strings.Replace(reply, "last_handshake_time_sec=1700000000\nlast_handshake_time_nsec=5", "last_handshake_time_nsec=5\nlast_handshake_time_sec=1700000000", 1)
+	if d, err := ParseGet(bufio.NewReader(strings.NewReader(swapped))); err != nil || !d.Peers[0].LastHandshakeTime.Equal(time.Unix(1700000000, 5)) {
+		t.Fatalf("nsec before sec: %v, %v", d, err)
+	}
 }
 
 func TestParseGetRejects(t *testing.T) {
