@@ -33,9 +33,11 @@ import (
 // ends every session when the key changes, and the node's traffic starts
 // handshakes its peers drop until they learn the new key, or that cross
 // theirs once they have. It sends no datagram at first (its peers do not
-// know the key yet), and where it leads it puts the peer back after
-// rekeyRetry already: a crossing is the likely failure there, and the
-// peers learn of a key within milliseconds.
+// know the key yet). Whichever side leads (the rotating node, or a peer
+// that took the new key in place of the old) puts the peer back after
+// rekeyRetry already: a crossing is the likely failure there, as both
+// sides have traffic waiting, and peers learn of a key within
+// milliseconds.
 const (
 	greetEvery    = 100 * time.Millisecond
 	yieldFor      = 200 * time.Millisecond
@@ -44,13 +46,14 @@ const (
 	greetFor      = 6 * time.Second
 )
 
-// fresh is a peer just added to a device, or one whose session ended
-// because the device took a new key (rekey).
+// fresh is a peer just added to a device (rotated: in place of another
+// key of its lease), or one whose session ended because the device took a
+// new key (rekey).
 type fresh struct {
-	dev   string
-	key   wgtypes.Key
-	addr  netip.Addr // its device address, where the datagram goes
-	rekey bool
+	dev            string
+	key            wgtypes.Key
+	addr           netip.Addr // its device address, where the datagram goes
+	rekey, rotated bool
 }
 
 // greeting is a fresh peer being followed.
@@ -86,9 +89,12 @@ func (n *Network) greet(fs []fresh, since time.Time) {
 			n.greeting[f.dev] = map[wgtypes.Key]greeting{}
 		}
 		g := greeting{since: since, last: now, addr: f.addr, lead: leads(self, f.key)}
+		if f.rekey || f.rotated {
+			g.retry = rekeyRetry
+		}
 		switch {
 		case f.rekey:
-			g.nudged, g.retry = true, rekeyRetry
+			g.nudged = true
 		case g.lead:
 			g.nudged = true
 			lead = append(lead, f.addr)

@@ -258,6 +258,44 @@ func TestRotationFollowsEveryPeersHandshake(t *testing.T) {
 	}
 }
 
+// A peer that rotated its key, seen by a lease event or a full pass, is
+// greeted at once where the node leads, and put back after rekeyRetry
+// already, as the rotating side may have crossed the greeting.
+func TestPeerRotationPutsBackSooner(t *testing.T) {
+	for _, full := range []bool{false, true} {
+		ctx := context.Background()
+		n := newNode(t, `{"Type":"wireguard","Mode":"auto"}`, t.TempDir(), lease("10.244.1.0/24", "", "192.168.1.1", "", wgtypes.Key{}))
+		var old, rotated wgtypes.Key // the node leads rotated whatever its key
+		old[len(old)-1] = 1
+		for i := range rotated {
+			rotated[i] = 0xff
+		}
+		if err := n.nw.Reconcile(ctx, []subnet.Lease{lease("10.244.2.0/24", "", "192.168.1.2", "", old)}); err != nil {
+			t.Fatal(err)
+		}
+		n.nw.followOnce(ctx, tunnelOf(n, DeviceName), time.Now().Add(greetFor+time.Second))
+		n.nudged = nil
+		l := lease("10.244.2.0/24", "", "192.168.1.2", "", rotated)
+		var err error
+		if full {
+			err = n.nw.Reconcile(ctx, []subnet.Lease{l})
+		} else {
+			err = n.nw.Update(ctx, []subnet.Lease{l}, nil)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		if addrs(n.nudged) != "10.244.2.0" {
+			t.Fatalf("full pass %v: nudged %v, want the rotated peer at once", full, n.nudged)
+		}
+		n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(rekeyRetry+time.Millisecond))
+		if addrs(n.nudged) != "10.244.2.0 10.244.2.0" {
+			t.Fatalf("full pass %v: nudged %v after rekeyRetry, want the rotated peer put back and nudged again", full, n.nudged)
+		}
+	}
+}
+
 func addrs(as []netip.Addr) string {
 	s := make([]string, len(as))
 	for i, a := range as {

@@ -215,17 +215,21 @@ func rekeyed(t tunnel, have *wgtypes.Device, want map[wgtypes.Key]peer) []fresh 
 const maxNudges = 64
 
 // added lists the peers in want the device did not have: new peers, and
-// peers that rotated their key (see greet); none when there are over
-// maxNudges.
+// peers that rotated their key (they route a prefix another key had; see
+// greet); none when there are over maxNudges.
 func added(t tunnel, have *wgtypes.Device, want map[wgtypes.Key]peer) []fresh {
 	had := make(map[wgtypes.Key]bool, len(have.Peers))
+	routed := map[netip.Prefix]bool{}
 	for _, p := range have.Peers {
 		had[p.PublicKey] = true
+		for _, a := range p.AllowedIPs {
+			routed[prefixOf(a)] = true
+		}
 	}
 	var out []fresh
 	for k, p := range want {
 		if !had[k] && len(p.allowed) > 0 {
-			out = append(out, fresh{dev: t.name, key: k, addr: p.allowed[0].Addr()})
+			out = append(out, fresh{dev: t.name, key: k, addr: p.allowed[0].Addr(), rotated: routed[p.allowed[0]]})
 		}
 	}
 	if len(out) > maxNudges {

@@ -126,7 +126,7 @@ func (n *Network) planUpdateLocked(t tunnel, self wgtypes.Key, upserted, removed
 			c.cfg.Peers = append(c.cfg.Peers, wgtypes.PeerConfig{PublicKey: old, Remove: true})
 		}
 		if !had || old != p.key {
-			c.fresh = append(c.fresh, fresh{dev: t.name, key: p.key, addr: p.allowed[0].Addr()})
+			c.fresh = append(c.fresh, fresh{dev: t.name, key: p.key, addr: p.allowed[0].Addr(), rotated: had})
 		}
 		if had {
 			for _, a := range rec.peers[old].allowed {
