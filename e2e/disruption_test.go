@@ -153,7 +153,8 @@ func startDisruption(t *testing.T, backend, binDir string, from []lab.Vantage, t
 	return d
 }
 
-// event does an event; what follows it for 3 s is the event's too.
+// event does an event; what follows it for 3 s is the event's too, and
+// then until the held pairs are well again (see settle).
 func (d *disruption) event(name string, control bool, do func()) { d.record(name, control, "", do) }
 
 // eventStalls is event for one that stops the data plane for a while, as
@@ -164,11 +165,32 @@ func (d *disruption) eventStalls(name, why string, do func()) { d.record(name, f
 func (d *disruption) record(name string, control bool, stalls string, do func()) {
 	start := time.Now()
 	do()
-	time.Sleep(3 * time.Second)
-	r := disruptRow{event: name, control: control, stalls: stalls, sum: d.run.Summary(start, time.Now())}
+	time.Sleep(2 * time.Second) // settle waits a second more at least
+	r := disruptRow{event: name, control: control, stalls: stalls, sum: d.run.Summary(start, d.settle(time.Now()))}
 	d.rows = append(d.rows, r)
 	if !control && stalls == "" && r.sum.Broken > 0 && d.diagnose != nil {
 		d.diagnose(name, start.Add(-time.Second))
+	}
+}
+
+// settleFor bounds how long an event's row waits for the pairs to be
+// well again.
+const settleFor = 15 * time.Second
+
+// settle returns once a second of windows after from shows the held
+// pairs well (nothing broken, failed or lost, no stall over 5 heartbeats),
+// or after settleFor: a stall that outlasts an event's 3 s is counted in
+// its row, not in the next event's.
+func (d *disruption) settle(from time.Time) time.Time {
+	last := from
+	for {
+		time.Sleep(time.Second)
+		now := time.Now()
+		s := d.run.Summary(last, now)
+		if s.Pairs > 0 && s.Broken == 0 && s.NewFail == 0 && s.UDPLost == 0 && s.Stall < 5*lab.HoldBeat || now.Sub(from) > settleFor {
+			return now
+		}
+		last = now
 	}
 }
 
