@@ -325,6 +325,14 @@ func idleString(idle float64) string {
 // putLeases writes n peer leases, 100 to a transaction (etcd's default
 // limit is 128), four transactions at a time.
 func putLeases(b testing.TB, c *cluster, backendType string, n int) {
+	putEach(b, c, n, func(i int) clientv3.Op {
+		k, v, _ := benchLease(backendType, i)
+		return clientv3.OpPut(k, v)
+	})
+}
+
+// putEach commits op(0) .. op(n-1), as putLeases says.
+func putEach(b testing.TB, c *cluster, n int, op func(i int) clientv3.Op) {
 	ctx := context.Background()
 	var g errgroup.Group
 	g.SetLimit(4)
@@ -332,8 +340,7 @@ func putLeases(b testing.TB, c *cluster, backendType string, n int) {
 		g.Go(func() error {
 			var ops []clientv3.Op
 			for j := i; j < min(i+100, n); j++ {
-				k, v, _ := benchLease(backendType, j)
-				ops = append(ops, clientv3.OpPut(k, v))
+				ops = append(ops, op(j))
 			}
 			_, err := c.cli.Txn(ctx).Then(ops...).Commit()
 			return err

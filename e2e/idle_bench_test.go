@@ -12,7 +12,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"golang.org/x/sync/errgroup"
 )
 
 // BenchmarkIdleBesideFlanneld is idle CPU, twilld's beside flanneld's, in
@@ -88,23 +87,10 @@ func putFlannelLeases(b testing.TB, c *cluster, backendType string, n int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var g errgroup.Group
-	g.SetLimit(4)
-	for i := 0; i < n; i += 100 {
-		g.Go(func() error {
-			var ops []clientv3.Op
-			for j := i; j < min(i+100, n); j++ {
-				k, v, _ := benchLease(backendType, j)
-				k = flannelPrefix + strings.TrimPrefix(k, "/twill.io/network")
-				ops = append(ops, clientv3.OpPut(k, v, clientv3.WithLease(grant.ID)))
-			}
-			_, err := c.cli.Txn(ctx).Then(ops...).Commit()
-			return err
-		})
-	}
-	if err := g.Wait(); err != nil {
-		b.Fatal(err)
-	}
+	putEach(b, c, n, func(i int) clientv3.Op {
+		k, v, _ := benchLease(backendType, i)
+		return clientv3.OpPut(flannelPrefix+strings.TrimPrefix(k, "/twill.io/network"), v, clientv3.WithLease(grant.ID))
+	})
 }
 
 // peerRoutes counts the IPv4 routes into benchNetwork in namespace ns,
