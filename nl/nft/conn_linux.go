@@ -136,6 +136,19 @@ func (c Conn) Table(family nftables.TableFamily, name string) (*Table, error) {
 	return out, nil
 }
 
+// Rules reads one chain's rules.
+func (c Conn) Rules(t *nftables.Table, chain string) ([]*nftables.Rule, error) {
+	conn, err := c.dial()
+	if err != nil {
+		return nil, err
+	}
+	rules, err := conn.GetRules(t, &nftables.Chain{Table: t, Name: chain})
+	if err != nil {
+		return nil, fmt.Errorf("listing the rules of chain %s in table %s %s: %w", chain, FamilyName(t.Family), t.Name, err)
+	}
+	return rules, nil
+}
+
 // Apply commits the batch in one transaction.
 func (c Conn) Apply(b *Batch) error {
 	if b.Len() == 0 {
@@ -162,6 +175,8 @@ func queue(conn *nftables.Conn, op Op) error {
 		queueChain(conn, op)
 	case AddRule:
 		conn.AddRule(op.Rule)
+	case DelRule:
+		return conn.DelRule(op.Rule)
 	case AddSet, DelSet, AddElems, DelElems:
 		return queueSet(conn, op)
 	default:

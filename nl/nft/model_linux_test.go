@@ -80,56 +80,72 @@ func TestPrivilegedModelMatchesKernel(t *testing.T) {
 		name  string
 		setup func(*nft.Batch)
 		batch func(*nft.Batch)
-		want  error // nil, or the errno both must answer
+		// read, when set, is the batch instead, for one that names what
+		// it read of each kernel (a rule's handle)
+		read func(*testing.T, nft.Kernel, *nft.Batch)
+		want error // nil, or the errno both must answer
 	}{
-		{"a whole table", nil, full, nil},
-		{"a second identical batch", full, full, nil},
+		{"a whole table", nil, full, nil, nil},
+		{"a second identical batch", full, full, nil, nil},
 		{"flush and delete chains that jump to each other", full, func(b *nft.Batch) {
 			b.DelElems(jumps, []nft.Elem{elem(1, "")})
 			b.FlushChain(c1)
 			b.FlushChain(c2)
 			b.DelChain(c1)
 			b.DelChain(c2)
-		}, nil},
-		{"delete the table", full, func(b *nft.Batch) { b.DelTable(tbl) }, nil},
-		{"delete a table that is not there", nil, func(b *nft.Batch) { b.DelTable(tbl) }, unix.ENOENT},
+		}, nil, nil},
+		{"delete the table", full, func(b *nft.Batch) { b.DelTable(tbl) }, nil, nil},
+		{"delete a table that is not there", nil, func(b *nft.Batch) { b.DelTable(tbl) }, nil, unix.ENOENT},
 		{"a rule into a missing chain, after a table", nil, func(b *nft.Batch) {
 			b.AddTable(tbl)
 			b.AddRule(rule(c1, "x", "", false, ""))
-		}, unix.ENOENT},
+		}, nil, unix.ENOENT},
 		{"a lookup of a missing set", nil, func(b *nft.Batch) {
 			b.AddTable(tbl)
 			b.AddChain(c1)
 			b.AddRule(rule(c1, "x", "addrs", false, ""))
-		}, unix.ENOENT},
+		}, nil, unix.ENOENT},
 		{"a jump to a missing chain", nil, func(b *nft.Batch) {
 			b.AddTable(tbl)
 			b.AddChain(c1)
 			b.AddRule(rule(c1, "x", "", false, "c2"))
-		}, unix.ENOENT},
-		{"delete a chain a rule jumps to", full, func(b *nft.Batch) { b.DelChain(c2) }, unix.EBUSY},
+		}, nil, unix.ENOENT},
+		{"delete a chain a rule jumps to", full, func(b *nft.Batch) { b.DelChain(c2) }, nil, unix.EBUSY},
 		{"delete a chain a map jumps to", full, func(b *nft.Batch) {
 			b.FlushChain(c1)
 			b.DelChain(c1)
-		}, unix.EBUSY},
+		}, nil, unix.EBUSY},
 		{"delete a chain with its rules", full, func(b *nft.Batch) {
 			b.DelElems(jumps, []nft.Elem{elem(1, "")})
 			b.DelChain(c1)
-		}, nil},
-		{"delete a set a rule looks up", full, func(b *nft.Batch) { b.DelSet(addrs) }, unix.EBUSY},
-		{"delete a missing element", full, func(b *nft.Batch) { b.DelElems(addrs, []nft.Elem{elem(9, "")}) }, unix.ENOENT},
-		{"a map element to a missing chain", full, func(b *nft.Batch) { b.AddElems(jumps, []nft.Elem{elem(2, "c9")}) }, unix.ENOENT},
-		{"a map element added again, jumping elsewhere", full, func(b *nft.Batch) { b.AddElems(jumps, []nft.Elem{elem(1, "c2")}) }, unix.EEXIST},
+		}, nil, nil},
+		{"delete a set a rule looks up", full, func(b *nft.Batch) { b.DelSet(addrs) }, nil, unix.EBUSY},
+		{"delete a missing element", full, func(b *nft.Batch) { b.DelElems(addrs, []nft.Elem{elem(9, "")}) }, nil, unix.ENOENT},
+		{"a map element to a missing chain", full, func(b *nft.Batch) { b.AddElems(jumps, []nft.Elem{elem(2, "c9")}) }, nil, unix.ENOENT},
+		{"a map element added again, jumping elsewhere", full, func(b *nft.Batch) { b.AddElems(jumps, []nft.Elem{elem(1, "c2")}) }, nil, unix.EEXIST},
 		{"an element's jump changed: deleted, then added", full, func(b *nft.Batch) {
 			b.DelElems(jumps, []nft.Elem{elem(1, "")})
 			b.AddElems(jumps, []nft.Elem{elem(1, "c2")})
-		}, nil},
-		{"an element added again", full, func(b *nft.Batch) { b.AddElems(addrs, []nft.Elem{elem(1, "")}) }, nil},
-		{"a set made again, of another type", full, func(b *nft.Batch) { b.AddSet(addrs6, nil) }, unix.EEXIST},
-		{"a base chain hooked elsewhere", full, func(b *nft.Batch) { b.AddChain(input) }, unix.EOPNOTSUPP},
+		}, nil, nil},
+		{"an element added again", full, func(b *nft.Batch) { b.AddElems(addrs, []nft.Elem{elem(1, "")}) }, nil, nil},
+		{"a set made again, of another type", full, func(b *nft.Batch) { b.AddSet(addrs6, nil) }, nil, unix.EEXIST},
+		{"a base chain hooked elsewhere", full, func(b *nft.Batch) { b.AddChain(input) }, nil, unix.EOPNOTSUPP},
 		{"a refused batch leaves nothing: table, then a bad rule", nil, func(b *nft.Batch) {
 			full(b)
 			b.AddRule(rule(c1, "bad", "nosuchset", false, ""))
+		}, nil, unix.ENOENT},
+		{"delete a rule by its handle", func(b *nft.Batch) {
+			full(b)
+			b.AddRule(rule(c2, "c2 again", "", false, ""))
+		}, nil, func(t *testing.T, k nft.Kernel, b *nft.Batch) {
+			b.DelRule(&nftables.Rule{Table: tbl, Chain: c2, Handle: handleOf(t, k, "c2", 0)})
+		}, nil},
+		{"delete a rule that jumped: its chain may go", full, nil, func(t *testing.T, k nft.Kernel, b *nft.Batch) {
+			b.DelRule(&nftables.Rule{Table: tbl, Chain: c1, Handle: handleOf(t, k, "c1", 0)})
+			b.DelChain(c2)
+		}, nil},
+		{"delete a rule that is not there", full, nil, func(t *testing.T, k nft.Kernel, b *nft.Batch) {
+			b.DelRule(&nftables.Rule{Table: tbl, Chain: c2, Handle: handleOf(t, k, "c2", 0) + 1000})
 		}, unix.ENOENT},
 	}
 	for _, tc := range cases {
@@ -152,7 +168,11 @@ func TestPrivilegedModelMatchesKernel(t *testing.T) {
 					}
 				}
 				var b nft.Batch
-				tc.batch(&b)
+				if tc.read != nil {
+					tc.read(t, k, &b)
+				} else {
+					tc.batch(&b)
+				}
 				errs[i] = k.Apply(&b)
 				states[i] = describe(t, k)
 			}
@@ -166,6 +186,22 @@ func TestPrivilegedModelMatchesKernel(t *testing.T) {
 			}
 		})
 	}
+}
+
+// handleOf is the handle of the i-th rule of chain, in table tbl of k.
+func handleOf(t *testing.T, k nft.Kernel, chain string, i int) uint64 {
+	t.Helper()
+	got, err := k.Table(tbl.Family, tbl.Name)
+	if err != nil || got == nil {
+		t.Fatalf("reading table %s: %v, %v", tbl.Name, got, err)
+	}
+	for _, c := range got.Chains {
+		if c.Chain.Name == chain && i < len(c.Rules) {
+			return c.Rules[i].Handle
+		}
+	}
+	t.Fatalf("no rule %d in chain %s", i, chain)
+	return 0
 }
 
 func sameErrno(err, want error) bool {
@@ -218,4 +254,33 @@ func describe(t *testing.T, k nft.Kernel) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// Rules reads what Table reads of one chain, and nothing of a chain or a
+// table that is not there, as the model does.
+func TestPrivilegedModelRulesMatchesKernel(t *testing.T) {
+	netnstest.RequireRoot(t)
+	name := netnstest.New(t, "nftr")
+	f, err := os.Open("/var/run/netns/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, k := range []nft.Kernel{nft.Conn{NetNS: int(f.Fd())}, &nlfake.Nftables{}} {
+		if rules, err := k.Rules(tbl, "c1"); err != nil || len(rules) > 0 {
+			t.Errorf("%T, no table: %v, %v; want no rules", k, rules, err)
+		}
+		var b nft.Batch
+		full(&b)
+		if err := k.Apply(&b); err != nil {
+			t.Fatalf("%T: %v", k, err)
+		}
+		if rules, err := k.Rules(tbl, "c9"); err != nil || len(rules) > 0 {
+			t.Errorf("%T, no chain: %v, %v; want no rules", k, rules, err)
+		}
+		rules, err := k.Rules(tbl, "c1")
+		if err != nil || len(rules) != 1 || rules[0].Handle != handleOf(t, k, "c1", 0) || string(rules[0].UserData) != string(nftsync.Comment("c1 to c2")) {
+			t.Errorf("%T: rules of c1: %v, %v; want the one rule Table reads", k, rules, err)
+		}
+	}
 }

@@ -24,6 +24,10 @@ type Kernel interface {
 	// and their elements. It returns nil when there is no such table.
 	// Reading sends no change notifications.
 	Table(family nftables.TableFamily, name string) (*Table, error)
+	// Rules reads one chain's rules, in order: one request, for a caller
+	// that needs no more. A missing table or chain has none (the
+	// kernel's dump says no more).
+	Rules(t *nftables.Table, chain string) ([]*nftables.Rule, error)
 	// Apply commits the batch in one transaction: the kernel applies all
 	// of it or, with an error, none of it.
 	Apply(b *Batch) error
@@ -76,6 +80,7 @@ const (
 	FlushChain
 	DelChain
 	AddRule // appended to its chain
+	DelRule // by its handle
 	AddSet  // created if missing, with Elems
 	DelSet
 	AddElems
@@ -113,6 +118,12 @@ func (b *Batch) DelChain(c *nftables.Chain) { b.add(Op{Kind: DelChain, Table: c.
 // AddRule queues r, appended to its chain (r.Chain).
 func (b *Batch) AddRule(r *nftables.Rule) {
 	b.add(Op{Kind: AddRule, Table: r.Table, Chain: r.Chain, Rule: r})
+}
+
+// DelRule queues the deletion of r, found by its handle in its chain
+// (r.Chain), as read from the kernel.
+func (b *Batch) DelRule(r *nftables.Rule) {
+	b.add(Op{Kind: DelRule, Table: r.Table, Chain: r.Chain, Rule: r})
 }
 
 // AddSet queues s's creation with elems, if it is missing.

@@ -123,6 +123,31 @@ func (f *Nftables) Table(family nftables.TableFamily, name string) (*nft.Table, 
 	return out, nil
 }
 
+// Rules reads one chain's rules.
+func (f *Nftables) Rules(t *nftables.Table, chain string) ([]*nftables.Rule, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i := f.find(t.Family, t.Name)
+	if i < 0 {
+		return nil, nil
+	}
+	ft := f.tables[i]
+	j := ft.chain(chain)
+	if j < 0 {
+		return nil, nil
+	}
+	tt, cc := ft.table, ft.chains[j].chain
+	cc.Table = &tt
+	var out []*nftables.Rule
+	for _, r := range ft.chains[j].rules {
+		rr := *r
+		rr.Table, rr.Chain = &tt, &cc
+		rr.Exprs = slices.Clone(r.Exprs)
+		out = append(out, &rr)
+	}
+	return out, nil
+}
+
 // Generation is the number of transactions committed.
 func (f *Nftables) Generation() (uint32, error) {
 	f.mu.Lock()
@@ -221,6 +246,8 @@ func (tx *fakeTx) apply(op nft.Op) error {
 		return t.chainOp(op)
 	case nft.AddRule:
 		return tx.addRule(t, op.Rule)
+	case nft.DelRule:
+		return t.delRule(op.Rule)
 	default:
 		return t.setOp(op)
 	}

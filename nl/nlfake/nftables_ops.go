@@ -119,6 +119,24 @@ func (tx *fakeTx) addRule(t *fakeTable, r *nftables.Rule) error {
 	return nil
 }
 
+// delRule deletes the rule with r's handle from r's chain.
+func (t *fakeTable) delRule(r *nftables.Rule) error {
+	if r.Chain == nil {
+		return errno("a rule with no chain", unix.EINVAL)
+	}
+	i := t.chain(r.Chain.Name)
+	if i < 0 {
+		return errno("no chain "+r.Chain.Name, unix.ENOENT)
+	}
+	c := t.chains[i]
+	j := slices.IndexFunc(c.rules, func(have *nftables.Rule) bool { return have.Handle == r.Handle })
+	if j < 0 {
+		return errno(fmt.Sprintf("chain %s: no rule with handle %d", r.Chain.Name, r.Handle), unix.ENOENT)
+	}
+	c.rules = slices.Delete(slices.Clone(c.rules), j, j+1)
+	return nil
+}
+
 // setOp adds or deletes a set, or its elements.
 func (t *fakeTable) setOp(op nft.Op) error {
 	name := op.Set.Name
