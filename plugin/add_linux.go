@@ -87,6 +87,9 @@ func add(in addInput, args *skel.CmdArgs, pod, host *nl.Handle) (err error) {
 	if err != nil {
 		return err
 	}
+	if err := addHostPorts(in.conf, w, &undo); err != nil {
+		return err
+	}
 	result := w.Result(hostLink, podLink, args.Netns)
 	if ipamResult != nil {
 		result.DNS = ipamResult.DNS

@@ -40,7 +40,7 @@ func cmdCheck(args *skel.CmdArgs, c *NetConf) error {
 		if err := w.verify(pod, host, prev, args.Netns); err != nil {
 			return fmt.Errorf("twill: CHECK: %w", err)
 		}
-		return nil
+		return checkHostPorts(c, w, ips)
 	})
 	if err != nil {
 		return err

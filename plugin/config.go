@@ -10,6 +10,7 @@ import (
 
 	"github.com/twill-net/twill/internal/strictjson"
 	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/plugin/hostport"
 )
 
 // Defaults.
@@ -26,6 +27,13 @@ type NetConf struct {
 	MTU        int    `json:"mtu,omitempty"`
 	// ValidAttachments is injected by the runtime for GC.
 	ValidAttachments []types.GCAttachment `json:"cni.dev/valid-attachments,omitempty"`
+	// RuntimeConfig holds the runtime's values for the capabilities the
+	// plugin declares in the conflist: portMappings (hostPort).
+	RuntimeConfig struct {
+		PortMappings json.RawMessage `json:"portMappings,omitempty"`
+	} `json:"runtimeConfig,omitempty"`
+	// HostPorts are RuntimeConfig.PortMappings, checked.
+	HostPorts []hostport.Port `json:"-"`
 }
 
 // knownKeys are the keys the CNI spec or runtimes put in a plugin's
@@ -75,7 +83,11 @@ func ParseConf(data []byte) (*NetConf, error) {
 	if err := strictjson.Decode(data, &typed, "", others...); err != nil {
 		return nil, fmt.Errorf("twill: network configuration: %w", err)
 	}
-	c := &NetConf{}
+	ports, err := runtimeHostPorts(data)
+	if err != nil {
+		return nil, fmt.Errorf("twill: network configuration: %w", err)
+	}
+	c := &NetConf{HostPorts: ports}
 	if err := json.Unmarshal(data, c); err != nil {
 		return nil, fmt.Errorf("twill: decoding network configuration: %w", err)
 	}
@@ -95,6 +107,22 @@ func ParseConf(data []byte) (*NetConf, error) {
 		c.DataDir = DefaultDataDir
 	}
 	return c, nil
+}
+
+// runtimeHostPorts reads runtimeConfig.portMappings; the runtime's other
+// values (for capabilities twill does not declare) are not read.
+func runtimeHostPorts(data []byte) ([]hostport.Port, error) {
+	var top struct {
+		RuntimeConfig json.RawMessage `json:"runtimeConfig"`
+	}
+	if err := json.Unmarshal(data, &top); err != nil || len(top.RuntimeConfig) == 0 || string(top.RuntimeConfig) == "null" {
+		return nil, nil // the whole configuration decoded before this
+	}
+	var rc map[string]json.RawMessage
+	if err := json.Unmarshal(top.RuntimeConfig, &rc); err != nil {
+		return nil, fmt.Errorf("runtimeConfig %q: must be a JSON object", strictjson.Shown(top.RuntimeConfig))
+	}
+	return hostport.Parse(rc["portMappings"])
 }
 
 // CheckIfName validates CNI_IFNAME as the kernel would, with a clearer error.

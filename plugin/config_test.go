@@ -13,6 +13,11 @@ func TestParseConf(t *testing.T) {
 	if c.SubnetFile != DefaultSubnetFile || c.DataDir != DefaultDataDir || c.MTU != 1400 {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
+	c, err = ParseConf([]byte(`{"cniVersion":"1.1.0","name":"pods","type":"twill","capabilities":{"portMappings":true},
+		"runtimeConfig":{"portMappings":[{"hostPort":8080,"containerPort":80,"protocol":"tcp","hostIP":""}],"bandwidth":{}}}`))
+	if err != nil || len(c.HostPorts) != 1 || c.HostPorts[0].HostPort != 8080 || c.HostPorts[0].ContainerPort != 80 {
+		t.Fatalf("portMappings: %+v, %v", c, err)
+	}
 	for _, tt := range []struct{ in, want string }{
 		{`{"cniVersion":"1.1.0","name":"pods","type":"twill","subnetfile":"/x"}`, `unknown key "subnetfile"`},
 		{`{"cniVersion":"1.1.0","name":"pods","type":"twill","mtu":70000}`, "mtu 70000"},
@@ -23,6 +28,9 @@ func TestParseConf(t *testing.T) {
 		{`{"cniVersion":"1.1.0","name":"pods","type":"twill","mtu":"abc"}`, `mtu "abc": must be a whole number`},
 		{`{"cniVersion":"1.1.0","name":"pods","type":"twill","subnetFile":7}`, `subnetFile "7": must be a string`},
 		{`{"cniVersion":"1.1.0","name":["x"],"type":"twill"}`, `name "[\"x\"]": must be a string`},
+		// The runtime's portMappings, entry by entry.
+		{`{"cniVersion":"1.1.0","name":"pods","type":"twill","runtimeConfig":"x"}`, `runtimeConfig "x": must be a JSON object`},
+		{`{"cniVersion":"1.1.0","name":"pods","type":"twill","runtimeConfig":{"portMappings":[{"hostPort":80,"containerPort":0}]}}`, `runtimeConfig.portMappings[0].containerPort 0: must be a port`},
 	} {
 		if _, err := ParseConf([]byte(tt.in)); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("ParseConf(%s) error %v, want %q", tt.in, err, tt.want)

@@ -53,6 +53,9 @@ func cmdDel(args *skel.CmdArgs, c *NetConf) error {
 	if err := deletePodRules(host, ips); err != nil {
 		errs = append(errs, err)
 	}
+	if err := delHostPorts(args, c); err != nil {
+		errs = append(errs, err)
+	}
 	if poolDir != "" {
 		if _, err := poolRelease(poolDir, args.ContainerID, args.IfName); err != nil {
 			errs = append(errs, err)

@@ -13,8 +13,8 @@ import (
 	"github.com/twill-net/twill/subnet"
 )
 
-// cmdGC removes allocations and host veths of attachments the runtime no
-// longer has (cni.dev/valid-attachments).
+// cmdGC removes allocations, host veths and host ports of attachments the
+// runtime no longer has (cni.dev/valid-attachments).
 func cmdGC(args *skel.CmdArgs, c *NetConf) error {
 	valid := map[types.GCAttachment]bool{}
 	for _, a := range c.ValidAttachments {
@@ -53,6 +53,7 @@ func cmdGC(args *skel.CmdArgs, c *NetConf) error {
 			errs = append(errs, fmt.Errorf("twill: %w", err))
 		}
 	}
+	errs = append(errs, pruneHostPorts(host))
 	return errors.Join(errs...)
 }
 

@@ -40,6 +40,9 @@ type Attachment struct {
 	ContainerID string `json:"containerID"`
 	IfName      string `json:"ifName"`
 	Netns       string `json:"netns"`
+	// CapabilityArgs are the runtime's values for the capabilities the
+	// plugins declare (portMappings), as containerd passes them.
+	CapabilityArgs map[string]any `json:"capabilityArgs,omitempty"`
 }
 
 // Outcome is what one operation returned.
@@ -103,7 +106,7 @@ func Run(ctx context.Context, req Request) (Response, error) {
 	out := make([]Outcome, len(req.Attachments))
 	do := func(i int) {
 		a := req.Attachments[i]
-		rt := &libcni.RuntimeConf{ContainerID: a.ContainerID, NetNS: a.Netns, IfName: a.IfName}
+		rt := &libcni.RuntimeConf{ContainerID: a.ContainerID, NetNS: a.Netns, IfName: a.IfName, CapabilityArgs: a.CapabilityArgs}
 		out[i] = one(func() (types.Result, error) {
 			switch req.Op {
 			case "add":

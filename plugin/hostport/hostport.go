@@ -1,0 +1,172 @@
+package hostport
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/userdata"
+
+	"github.com/twill-net/twill/nl/nft"
+	"github.com/twill-net/twill/nl/nftsync"
+)
+
+// Add writes the pod's host ports, replacing any rules owner had (an ADD
+// killed half-way), in one transaction with the base chains. A pod with
+// no mapping that serves one of its addresses changes nothing.
+func Add(k nft.Kernel, owner string, ips []netip.Addr, ports []Port) error {
+	rs := podRules(owner, ips, ports)
+	if len(rs) == 0 {
+		return nil
+	}
+	have, err := read(k)
+	if err != nil {
+		return err
+	}
+	var b nft.Batch
+	have.del(&b, owner)
+	b.AddTable(table)
+	for _, c := range []*nftables.Chain{hostport, hairpin, pre, out, post} {
+		b.AddChain(c)
+	}
+	for _, c := range []*nftables.Chain{pre, out, post} {
+		b.FlushChain(c)
+	}
+	for _, r := range baseRules() {
+		b.AddRule(r)
+	}
+	for _, r := range rs {
+		b.AddRule(r)
+	}
+	if err := k.Apply(&b); err != nil {
+		return fmt.Errorf("host ports of %s: %w", owner, err)
+	}
+	return nil
+}
+
+// Remove deletes owner's rules and says whether there were any.
+func Remove(k nft.Kernel, owner string) (bool, error) {
+	have, err := read(k)
+	if err != nil || len(have[owner]) == 0 {
+		return false, err
+	}
+	var b nft.Batch
+	have.del(&b, owner)
+	if err := k.Apply(&b); err != nil {
+		return true, fmt.Errorf("deleting the host ports of %s: %w", owner, err)
+	}
+	return true, nil
+}
+
+// Prune deletes the rules of every owner that stale names, in one
+// transaction, and returns those owners, sorted.
+func Prune(k nft.Kernel, stale func(owner string) bool) ([]string, error) {
+	have, err := read(k)
+	if err != nil {
+		return nil, err
+	}
+	var b nft.Batch
+	var gone []string
+	for _, o := range slices.Sorted(maps.Keys(have)) {
+		if stale(o) {
+			gone = append(gone, o)
+			have.del(&b, o)
+		}
+	}
+	if b.Len() == 0 {
+		return nil, nil
+	}
+	if err := k.Apply(&b); err != nil {
+		return nil, fmt.Errorf("deleting the host ports of %s: %w", strings.Join(gone, ", "), err)
+	}
+	return gone, nil
+}
+
+// Owners lists the owners that have rules, sorted.
+func Owners(k nft.Kernel) ([]string, error) {
+	have, err := read(k)
+	return slices.Sorted(maps.Keys(have)), err
+}
+
+// Check compares owner's rules with what Add writes for ips and ports,
+// and names the first mapping that is missing or different.
+func Check(k nft.Kernel, owner string, ips []netip.Addr, ports []Port) error {
+	have, err := read(k)
+	if err != nil {
+		return err
+	}
+	got := map[string][]byte{}
+	for _, r := range have[owner] {
+		fp, err := nftsync.Fingerprint(r.Exprs)
+		if err != nil {
+			return err
+		}
+		got[comment(r)] = fp
+	}
+	for _, r := range podRules(owner, ips, ports) {
+		fp, err := nftsync.Fingerprint(r.Exprs)
+		if err != nil {
+			return err
+		}
+		switch g, ok := got[comment(r)]; {
+		case !ok:
+			return fmt.Errorf("host port %s missing from table inet %s", describe(r), TableName)
+		case !bytes.Equal(g, fp):
+			return fmt.Errorf("host port %s in table inet %s is not what twill wrote", describe(r), TableName)
+		}
+	}
+	return nil
+}
+
+// owned is the pods' rules in the kernel, by owner.
+type owned map[string][]*nftables.Rule
+
+// read reads the pods' rules: two requests, none when the table is not
+// there.
+func read(k nft.Kernel) (owned, error) {
+	have := owned{}
+	for _, c := range []*nftables.Chain{hostport, hairpin} {
+		rules, err := k.Rules(table, c.Name)
+		if err != nil {
+			return nil, fmt.Errorf("reading the host ports: %w", err)
+		}
+		for _, r := range rules {
+			if o := ownerOf(r); o != "" {
+				if r.Handle == 0 {
+					return nil, errors.New("reading the host ports: a rule without a handle")
+				}
+				have[o] = append(have[o], &nftables.Rule{Table: table, Chain: c, Handle: r.Handle, Exprs: r.Exprs, UserData: r.UserData})
+			}
+		}
+	}
+	return have, nil
+}
+
+// del queues the deletion of owner's rules.
+func (have owned) del(b *nft.Batch, owner string) {
+	for _, r := range have[owner] {
+		b.DelRule(r)
+	}
+}
+
+func comment(r *nftables.Rule) string {
+	s, _ := userdata.GetString(r.UserData, userdata.TypeComment)
+	return s
+}
+
+// ownerOf is the owner a pod's rule names first in its comment.
+func ownerOf(r *nftables.Rule) string {
+	o, _, _ := strings.Cut(comment(r), " ")
+	return o
+}
+
+// describe is a pod rule's comment without its owner.
+func describe(r *nftables.Rule) string {
+	_, d, _ := strings.Cut(comment(r), " ")
+	return d
+}

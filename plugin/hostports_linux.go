@@ -1,0 +1,95 @@
+package plugin
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"github.com/containernetworking/cni/pkg/skel"
+
+	"github.com/twill-net/twill/nl"
+	"github.com/twill-net/twill/nl/nft"
+	"github.com/twill-net/twill/plugin/hostport"
+)
+
+// nodeNftables is the node's nftables: the plugin runs in the node's
+// network namespace.
+var nodeNftables nft.Kernel = nft.Conn{}
+
+// addHostPorts serves the pod's hostPorts (runtimeConfig.portMappings,
+// when the conflist declares the capability) and pushes their removal.
+func addHostPorts(c *NetConf, w Wiring, undo *undoStack) error {
+	if len(c.HostPorts) == 0 {
+		return nil
+	}
+	if err := hostport.Add(nodeNftables, w.HostVeth, w.IPs, c.HostPorts); err != nil {
+		return fmt.Errorf("twill: %w", err)
+	}
+	undo.push(func() { _, _ = hostport.Remove(nodeNftables, w.HostVeth) })
+	return nil
+}
+
+// delHostPorts removes the attachment's host ports. An attachment with
+// port mappings and none of twill's rules was wired while portmap was
+// chained after twill (before the conflist served the capability itself,
+// or on a node switched from flannel): portmap's own DEL removes its rules,
+// when portmap is installed.
+func delHostPorts(args *skel.CmdArgs, c *NetConf) error {
+	had, err := hostport.Remove(nodeNftables, HostVethName(args.ContainerID, args.IfName))
+	if err != nil {
+		return fmt.Errorf("twill: %w", err)
+	}
+	if had || len(c.HostPorts) == 0 {
+		return nil
+	}
+	if _, err := findPlugin("portmap", filepath.SplitList(os.Getenv("CNI_PATH"))); err != nil {
+		return nil // not installed: it made no rules either
+	}
+	conf, err := json.Marshal(map[string]any{
+		"cniVersion": "1.0.0", // what every portmap since 1.0 reads
+		"name":       c.Name, "type": "portmap",
+		"runtimeConfig": map[string]json.RawMessage{"portMappings": c.RuntimeConfig.PortMappings},
+	})
+	if err != nil {
+		return fmt.Errorf("twill: %w", err)
+	}
+	if _, err := delegate(context.Background(), "DEL", "portmap", conf); err != nil {
+		return fmt.Errorf("twill: removing the host ports portmap wired for %s: %w", args.ContainerID, err)
+	}
+	return nil
+}
+
+// checkHostPorts verifies the pod's host ports.
+func checkHostPorts(c *NetConf, w Wiring, ips []netip.Addr) error {
+	if len(c.HostPorts) == 0 {
+		return nil
+	}
+	if err := hostport.Check(nodeNftables, w.HostVeth, ips, c.HostPorts); err != nil {
+		return fmt.Errorf("twill: CHECK: %w", err)
+	}
+	return nil
+}
+
+// pruneHostPorts removes the host ports of attachments whose host veth is
+// gone, of this network or any other.
+func pruneHostPorts(host *nl.Handle) error {
+	var errs []error
+	_, err := hostport.Prune(nodeNftables, func(owner string) bool {
+		exists, err := host.LinkExists(owner)
+		if err != nil {
+			errs = append(errs, err)
+			return false
+		}
+		return !exists
+	})
+	if err != nil {
+		return fmt.Errorf("twill: %w", err)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("twill: collecting host ports: %w", errs[0])
+	}
+	return nil
+}
