@@ -22,10 +22,11 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 }
 
 // BenchmarkCNIAddDel200 measures sequential ADD and DEL latency over 200
-// pods driven through libcni, for twill, for twill chained with portmap as
-// dist/10-twill.conflist ships it (a pod with no host port, as most are),
-// and, in the same run, for the upstream ptp + host-local chain as the
-// reference.
+// pods driven through libcni: for twill alone; for twill as
+// dist/10-twill.conflist ships it, serving portMappings itself, with pods
+// without a host port (as most are) and with one each; for twill chained
+// with portmap as it shipped before, the same two ways; and, in the same
+// run, for the upstream ptp + host-local chain as the reference.
 func BenchmarkCNIAddDel200(b *testing.B) {
 	for range b.N {
 		n := newNode(b, "10.244.0.0/24")
@@ -35,12 +36,27 @@ func BenchmarkCNIAddDel200(b *testing.B) {
 		}
 		ptp := json.RawMessage(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"ptpnet","plugins":[{"type":"ptp",
 			"ipam":{"type":"host-local","subnet":"10.245.0.0/24","dataDir":%q}}]}`, filepath.Join(n.dir, "hl")))
+		withHostPorts := make([]cnidriver.Attachment, len(pods))
+		for i, p := range pods {
+			withHostPorts[i] = withPorts(p, fmt.Sprintf(`{"hostPort":%d,"containerPort":80,"protocol":"tcp"}`, 20000+i))
+		}
+		portmap := n.conflist("1.1.0", `{"type":"portmap","capabilities":{"portMappings":true}}`)
 		for _, tc := range []struct {
-			name string
-			list json.RawMessage
-		}{{"twill", n.conflist("1.1.0")}, {"twill+portmap", n.conflist("1.1.0", `{"type":"portmap","capabilities":{"portMappings":true}}`)}, {"ptp+host-local", ptp}} {
+			name  string
+			list  json.RawMessage
+			ports bool
+		}{
+			{"twill", n.conflist("1.1.0"), false},
+			{"twill-shipped", n.capConflist(), false}, {"twill-shipped-hostport", n.capConflist(), true},
+			{"twill+portmap", portmap, false}, {"twill+portmap-hostport", portmap, true},
+			{"ptp+host-local", ptp, false},
+		} {
+			atts := pods
+			if tc.ports {
+				atts = withHostPorts
+			}
 			measure := func(op string) []time.Duration {
-				resp := n.run(cnidriver.Request{Op: op, ConfList: tc.list, Attachments: pods})
+				resp := n.run(cnidriver.Request{Op: op, ConfList: tc.list, Attachments: atts})
 				mustOK(b, tc.name+" "+op, resp)
 				ds := make([]time.Duration, len(resp.Outcomes))
 				for i, o := range resp.Outcomes {
@@ -55,7 +71,7 @@ func BenchmarkCNIAddDel200(b *testing.B) {
 			b.ReportMetric(ms(percentile(adds, 0.99)), tc.name+"-add-p99-ms")
 			b.ReportMetric(ms(percentile(dels, 0.5)), tc.name+"-del-p50-ms")
 			b.ReportMetric(ms(percentile(dels, 0.99)), tc.name+"-del-p99-ms")
-			b.Logf("%-15s ADD p50 %6.1f ms p99 %6.1f ms   DEL p50 %6.1f ms p99 %6.1f ms", tc.name,
+			b.Logf("%-22s ADD p50 %6.1f ms p99 %6.1f ms   DEL p50 %6.1f ms p99 %6.1f ms", tc.name,
 				ms(percentile(adds, 0.5)), ms(percentile(adds, 0.99)), ms(percentile(dels, 0.5)), ms(percentile(dels, 0.99)))
 		}
 		adds, dels, execs := batchFloor(b, n, pods)
@@ -63,7 +79,7 @@ func BenchmarkCNIAddDel200(b *testing.B) {
 		b.ReportMetric(ms(percentile(adds, 0.5)), "ip-batch-add-p50-ms")
 		b.ReportMetric(ms(percentile(dels, 0.5)), "ip-batch-del-p50-ms")
 		b.ReportMetric(ms(percentile(execs, 0.5)), "ip-exec-p50-ms")
-		b.Logf("%-15s ADD p50 %6.1f ms p99 %6.1f ms   DEL p50 %6.1f ms p99 %6.1f ms   (of which one exec of ip: p50 %.1f ms)", "ip -batch floor",
+		b.Logf("%-22s ADD p50 %6.1f ms p99 %6.1f ms   DEL p50 %6.1f ms p99 %6.1f ms   (of which one exec of ip: p50 %.1f ms)", "ip -batch floor",
 			ms(percentile(adds, 0.5)), ms(percentile(adds, 0.99)), ms(percentile(dels, 0.5)), ms(percentile(dels, 0.99)), ms(percentile(execs, 0.5)))
 		n.requireClean()
 	}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/containernetworking/cni/pkg/skel"
+	"golang.org/x/sys/unix"
 
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/nl/nft"
@@ -21,6 +22,8 @@ var nodeNftables nft.Kernel = nft.Conn{}
 
 // addHostPorts serves the pod's hostPorts (runtimeConfig.portMappings,
 // when the conflist declares the capability) and pushes their removal.
+// UDP flows to those ports that conntrack still sends elsewhere (to the
+// pod that had the port before) are forgotten, so they reach this one.
 func addHostPorts(c *NetConf, w Wiring, undo *undoStack) error {
 	if len(c.HostPorts) == 0 {
 		return nil
@@ -29,6 +32,15 @@ func addHostPorts(c *NetConf, w Wiring, undo *undoStack) error {
 		return fmt.Errorf("twill: %w", err)
 	}
 	undo.push(func() { _, _ = hostport.Remove(nodeNftables, w.HostVeth) })
+	var udp []uint16
+	for _, p := range c.HostPorts {
+		if p.Proto == unix.IPPROTO_UDP {
+			udp = append(udp, p.HostPort)
+		}
+	}
+	if _, err := nl.ForgetUDPToPorts(udp...); err != nil {
+		return fmt.Errorf("twill: host ports: %w", err)
+	}
 	return nil
 }
 

@@ -3,6 +3,8 @@ package plugin_test
 import (
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+	cnins "github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/twill-net/twill/lab/cnidriver"
 	"github.com/twill-net/twill/testsupport/netnstest"
@@ -165,4 +168,60 @@ func TestPrivilegedHostPortsMigrateFromPortmapAndGC(t *testing.T) {
 	}
 	mustOK(t, "DEL", n.run(cnidriver.Request{Op: "del", ConfList: list, Attachments: []cnidriver.Attachment{kept}}))
 	n.requireClean()
+}
+
+// udpIn opens a UDP socket inside the namespace ns.
+func udpIn(t *testing.T, ns string) *net.UDPConn {
+	t.Helper()
+	target, err := cnins.GetNS("/var/run/netns/" + ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	var c *net.UDPConn
+	err = target.Do(func(cnins.NetNS) error {
+		c, err = net.ListenUDP("udp4", &net.UDPAddr{Port: 40000})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// echoed sends msg to dst and says whether it came back within a second.
+func echoed(c *net.UDPConn, dst string, msg string) bool {
+	if _, err := c.WriteToUDPAddrPort([]byte(msg), netip.MustParseAddrPort(dst)); err != nil {
+		return false
+	}
+	_ = c.SetReadDeadline(time.Now().Add(time.Second))
+	buf := make([]byte, 64)
+	n, _, err := c.ReadFromUDPAddrPort(buf)
+	return err == nil && string(buf[:n]) == msg
+}
+
+// A client that keeps one UDP flow to a host port reaches the pod that
+// took the port over, not the one deleted before it: the flow's conntrack
+// entry, which still points at the old pod, is forgotten at ADD.
+func TestPrivilegedUDPHostPortFollowsItsNewPod(t *testing.T) {
+	n := newNode(t, "10.244.7.0/24")
+	list := n.capConflist()
+	const dns = `{"hostPort":5300,"containerPort":5300,"protocol":"udp"}`
+	first := withPorts(n.pod("first"), dns)
+	mustOK(t, "ADD", n.run(cnidriver.Request{Op: "add", ConfList: list, Attachments: []cnidriver.Attachment{first}}))
+	n.echo(nsName(first.Netns), 5300)
+	cli := n.client()
+	c := udpIn(t, cli)
+	if !echoed(c, "192.168.60.1:5300", "to the first") {
+		t.Fatal("the first pod's UDP host port did not answer")
+	}
+	mustOK(t, "DEL", n.run(cnidriver.Request{Op: "del", ConfList: list, Attachments: []cnidriver.Attachment{first}}))
+	second := withPorts(n.pod("second"), dns)
+	mustOK(t, "ADD", n.run(cnidriver.Request{Op: "add", ConfList: list, Attachments: []cnidriver.Attachment{second}}))
+	n.echo(nsName(second.Netns), 5300)
+	if !echoed(c, "192.168.60.1:5300", "to the second") {
+		t.Error("the same UDP flow did not reach the pod that took the host port over")
+	}
+	mustOK(t, "DEL", n.run(cnidriver.Request{Op: "del", ConfList: list, Attachments: []cnidriver.Attachment{second}}))
 }

@@ -119,7 +119,10 @@ func TestPodsKeepTheirOwnRules(t *testing.T) {
 	k := &nlfake.Nftables{}
 	mustAdd(t, k, "twA", podA, web)
 	mustAdd(t, k, "twB", podB, dns4)
-	mustAdd(t, k, "twA", podA, dns4) // a second ADD replaces the first's rules
+	if _, err := Remove(k, "twA"); err != nil {
+		t.Fatal(err)
+	}
+	mustAdd(t, k, "twA", podA, dns4)
 	for _, c := range []string{"prerouting", "output", "postrouting"} {
 		if got := comments(t, k, c); len(got) != len(slices.Compact(slices.Clone(got))) || len(got) == 0 {
 			t.Errorf("chain %s: %q, want each base rule once", c, got)
@@ -186,5 +189,25 @@ func TestCheckNamesWhatIsMissing(t *testing.T) {
 	}
 	if err := Check(k, "twA", podA, []Port{{HostPort: 8080, ContainerPort: 81, Proto: 6}}); err == nil {
 		t.Error("Check of another container port passed")
+	}
+}
+
+// A base chain changed by hand is written whole again by the next ADD.
+func TestAddRepairsTheBaseChains(t *testing.T) {
+	k := &nlfake.Nftables{}
+	mustAdd(t, k, "twA", podA, web)
+	rules, _ := k.Rules(table, "prerouting")
+	var b nft.Batch
+	b.DelRule(&nftables.Rule{Table: table, Chain: pre, Handle: rules[0].Handle})
+	b.AddRule(rule(pre, "an operator's", family(podB[0])...))
+	if err := k.Apply(&b); err != nil {
+		t.Fatal(err)
+	}
+	mustAdd(t, k, "twB", podB, dns4)
+	if got := comments(t, k, "prerouting"); !slices.Equal(got, []string{"to a local address"}) {
+		t.Errorf("prerouting: %q, want twill's rule alone", got)
+	}
+	if got := comments(t, k, hostportsChain); len(got) != 3 {
+		t.Errorf("hostports: %q, want both pods' rules", got)
 	}
 }
