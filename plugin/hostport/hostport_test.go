@@ -38,12 +38,12 @@ func TestParse(t *testing.T) {
 func TestParseNamesTheFieldAndTheValue(t *testing.T) {
 	for in, want := range map[string]string{
 		`{"hostPort":1}`: `runtimeConfig.portMappings "{\"hostPort\":1}": must be a list`,
-		`[{"hostPort":0,"containerPort":80,"protocol":"tcp"}]`:                    `runtimeConfig.portMappings[0].hostPort 0: must be a port, 1 to 65535`,
+		`[{"hostPort":0,"containerPort":80,"protocol":"tcp"}]`:                       `runtimeConfig.portMappings[0].hostPort 0: must be a port, 1 to 65535`,
 		`[{"hostPort":80,"containerPort":80},{"hostPort":80,"containerPort":70000}]`: `runtimeConfig.portMappings[1].containerPort 70000: must be a port, 1 to 65535`,
-		`[{"hostPort":80,"containerPort":80,"protocol":"icmp"}]`:                   `runtimeConfig.portMappings[0].protocol "icmp": must be tcp, udp or sctp`,
-		`[{"hostPort":80,"containerPort":80,"hostIP":"node1"}]`:                    `runtimeConfig.portMappings[0].hostIP "node1": must be an IP address`,
-		`[{"hostPort":"80","containerPort":80}]`:                                   `runtimeConfig.portMappings[0].hostPort "80": must be a whole number`,
-		`[{"hostPort":80,"containerPort":80,"bind":"x"}]`:                          `unknown key "bind"`,
+		`[{"hostPort":80,"containerPort":80,"protocol":"icmp"}]`:                     `runtimeConfig.portMappings[0].protocol "icmp": must be tcp, udp or sctp`,
+		`[{"hostPort":80,"containerPort":80,"hostIP":"node1"}]`:                      `runtimeConfig.portMappings[0].hostIP "node1": must be an IP address`,
+		`[{"hostPort":"80","containerPort":80}]`:                                     `runtimeConfig.portMappings[0].hostPort "80": must be a whole number`,
+		`[{"hostPort":80,"containerPort":80,"bind":"x"}]`:                            `unknown key "bind"`,
 	} {
 		_, err := Parse(json.RawMessage(in))
 		if err == nil || !strings.Contains(err.Error(), want) {
