@@ -140,8 +140,9 @@ func testKubeLab(t *testing.T, backend string) {
 	labNodeIsolation(t, s)
 
 	// Pod to pod across nodes (TCP), node to pod, pod to ClusterIP
-	// (kube-proxy), hostPort (the chained portmap).
+	// (kube-proxy), hostPort (twill's host-port table).
 	l.checkAll(name)
+	hostPortIsTwills(t, s)
 
 	// crictl drives the node's containerd with the shipped conflist (the
 	// ConfigMap's, equal to dist/10-twill.conflist: dist's tests hold them
@@ -604,4 +605,28 @@ func holdKubelet(tb testing.TB, s *lab.State, i int) func() {
 			tb.Error(err)
 		}
 	}
+}
+
+// hostPortIsTwills checks that the hostPort pod's port is served by the
+// twill plugin (the shipped conflist chains no portmap): its node's
+// table inet twill-hostport maps it, and no portmap chain exists there.
+func hostPortIsTwills(t *testing.T, s *lab.State) {
+	t.Helper()
+	for _, p := range s.Pods {
+		if !strings.HasPrefix(p.Name, "hostport") {
+			continue
+		}
+		out, err := s.NodeExec(context.Background(), p.Node, nil, "nft", "list", "ruleset")
+		if err != nil {
+			t.Fatalf("nft list ruleset on %s: %v\n%s", p.Node, err, out)
+		}
+		if !strings.Contains(out, "table inet twill-hostport") || !strings.Contains(out, fmt.Sprintf("dport %d dnat", lab.HostPort)) {
+			t.Errorf("%s's ruleset has no twill host port %d:\n%s", p.Node, lab.HostPort, out)
+		}
+		if strings.Contains(out, "CNI-HOSTPORT") || strings.Contains(out, "cni_hostport") {
+			t.Errorf("%s's ruleset has portmap's chains:\n%s", p.Node, out)
+		}
+		return
+	}
+	t.Error("no hostport pod in the lab")
 }

@@ -12,7 +12,7 @@ import (
 
 // checkKube probes, over TCP: every pod from every pod and from every node
 // (node -> pod), the echo Service's ClusterIP from everywhere (kube-proxy),
-// and the hostPort pod through its node's address (the chained portmap);
+// and the hostPort pod through its node's address (twill's host ports);
 // in a dual-stack lab each of them in both families.
 func checkKube(ctx context.Context, s *State, binDir string) (Result, error) {
 	if err := s.refreshPods(ctx); err != nil {

@@ -160,7 +160,7 @@ func withIPv6(m []byte, family string) ([]byte, error) {
 // workloadManifest is the lab's test workload: an echo Deployment spread
 // over the nodes, a ClusterIP Service in front of it (of both families in
 // a dual-stack lab), and one pod with a
-// hostPort (served through the chained portmap plugin) on the first node.
+// hostPort (served by the twill plugin's host-port table) on the first node.
 func workloadManifest(image string, replicas int, firstNode string) string {
 	r := strings.NewReplacer("IMAGE", image, "REPLICAS", fmt.Sprint(replicas), "NODE", firstNode,
 		"ECHOPORT", fmt.Sprint(EchoPort), "HOSTPORT", fmt.Sprint(HostPort), "NAMESPACE", kubeNamespace)

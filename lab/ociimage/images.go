@@ -10,8 +10,8 @@ import (
 )
 
 // TwillDebs are the Debian packages in twill's image: the iptables
-// binaries twilld and the chained portmap plugin's rules need (go-iptables
-// runs them), and the libraries they link. dist/Dockerfile installs the
+// binaries twilld's iptables mode needs (go-iptables runs them), and the
+// libraries they link. dist/Dockerfile installs the
 // same from Debian, so both paths give the same layout.
 var TwillDebs = []string{
 	"libc6", "libgcc-s1", "libmnl0", "libnftnl11", "libxtables12", "libip4tc2", "libip6tc2",

@@ -76,10 +76,7 @@ upgrade (the old backend's routes would stay on every node).
     {
       "type": "twill",
       "subnetFile": "/run/twill/subnet.env",
-      "dataDir": "/var/lib/cni/networks"
-    },
-    {
-      "type": "portmap",
+      "dataDir": "/var/lib/cni/networks",
       "capabilities": { "portMappings": true }
     }
   ]
