@@ -2,7 +2,8 @@
 # matrix.sh [NAME...]: make test-kernels. Boots each kernel of
 # kernels.list (or those named) under qemu's TCG emulator, two at a time,
 # each with checks.sh and twill's static binaries (bin/, as make build
-# writes them, plus the e2e and policy test binaries), and fails unless
+# writes them, the e2e, policy, plugin and host-port test binaries, and the
+# reference plugins the plugin's tests chain), and fails unless
 # every kernel booted and passed every check. Logs: build/kernels/logs/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,9 +15,12 @@ mkdir -p "$logs"
 bin=$(mktemp -d /tmp/twill-kernels-bin.XXXXXX)
 trap 'rm -rf "$bin"' EXIT
 cp bin/twill bin/twill-lab bin/twill-wg bin/twillctl bin/twilld bin/twilld-lab "$bin/"
-for pkg in e2e policy; do
-	CGO_ENABLED=0 $GO test -c -trimpath -ldflags '-s -w' -o "$bin/$pkg.test" "./$pkg"
+for pkg in e2e policy plugin plugin/hostport; do
+	CGO_ENABLED=0 $GO test -c -trimpath -ldflags '-s -w' -o "$bin/${pkg##*/}.test" "./$pkg"
 done
+# The plugin's tests chain the reference plugins (internal/tools pins them).
+CGO_ENABLED=0 $GO build -trimpath -ldflags '-s -w' -o "$bin/" github.com/containernetworking/plugins/plugins/main/ptp \
+	github.com/containernetworking/plugins/plugins/ipam/host-local github.com/containernetworking/plugins/plugins/meta/portmap
 dirs=()
 for n in "${names[@]}"; do
 	dirs+=("$(tools/kernels/fetch.sh "$n")")
