@@ -79,7 +79,8 @@ func benchKubePolicy(b *testing.B, cnps int) {
 	}
 	startup := time.Since(start)
 
-	// A local pod leaves (then rejoins) every peer set its role is in.
+	// A local pod leaves every peer set its role is in, then joins those
+	// of another role.
 	var changes, patches []time.Duration
 	samples := benchSamples
 	if benchSmoke() {
@@ -89,10 +90,13 @@ func benchKubePolicy(b *testing.B, cnps int) {
 		m := i % samples
 		role := "none"
 		if i >= samples {
-			role = fmt.Sprintf("r%d", (3*m)%7)
+			// Another role than the pod had before it left: should twilld
+			// take the two changes in one compile, the table still changes
+			// (back to the role it left, it would not, and no write come).
+			role = fmt.Sprintf("r%d", (3*m+1)%7)
 		}
 		patch := fmt.Appendf(nil, `{"metadata":{"labels":{"role":%q}}}`, role)
-		drain(writes)
+		quiet(writes, 100*time.Millisecond, 10*time.Second)
 		t0 := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		_, err := api.CoreV1().Pods(fmt.Sprintf("ns%d", (3*m)%10)).Patch(ctx, fmt.Sprintf("p%d", 3*m), types.MergePatchType, patch, metav1.PatchOptions{})
@@ -271,15 +275,20 @@ func watchPolicyTable(b *testing.B, name string) <-chan struct{} {
 	return writes
 }
 
-func drain(c <-chan struct{}) {
-	for {
+// quiet waits until c has been silent for d (at most until max has
+// passed), dropping what it sends: the write a change is timed to is then
+// one that came after it, not a late notification of an earlier write.
+func quiet(c <-chan struct{}, d, max time.Duration) {
+	end := time.Now().Add(max)
+	for time.Now().Before(end) {
 		select {
 		case <-c:
-		default:
+		case <-time.After(d):
 			return
 		}
 	}
 }
+
 
 // policyAPI is the two typed clients the benchmark uses; the whole
 // clientset (k8s.io/client-go/kubernetes) would add about a hundred
