@@ -289,7 +289,6 @@ func quiet(c <-chan struct{}, d, max time.Duration) {
 	}
 }
 
-
 // policyAPI is the two typed clients the benchmark uses; the whole
 // clientset (k8s.io/client-go/kubernetes) would add about a hundred
 // packages to the e2e binary's build.
