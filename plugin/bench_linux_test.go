@@ -15,6 +15,15 @@ import (
 
 const benchPods = 200
 
+// podsToBench is benchPods, or 20 under make bench-smoke (that it runs,
+// not its figures).
+func podsToBench() int {
+	if os.Getenv("TWILL_BENCH_SMOKE") != "" {
+		return 20
+	}
+	return benchPods
+}
+
 func percentile(ds []time.Duration, p float64) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
@@ -30,7 +39,7 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 func BenchmarkCNIAddDel200(b *testing.B) {
 	for range b.N {
 		n := newNode(b, "10.244.0.0/24")
-		pods := make([]cnidriver.Attachment, benchPods)
+		pods := make([]cnidriver.Attachment, podsToBench())
 		for i := range pods {
 			pods[i] = n.pod(fmt.Sprintf("bench-%03d", i))
 		}
