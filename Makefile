@@ -190,12 +190,12 @@ test-unit: ## Unit tier: no root needed (privileged tests skip themselves in -sh
 
 # The unit tier's coverage of backend/ (the netlink seam nl/ is the
 # privileged tier's: it is the code that talks to a real kernel).
-COVER_DIRS = ./backend/... ./daemon ./policy ./network/nftables ./takeover ./nl/nftsync
+COVER_DIRS = ./backend/... ./daemon ./policy ./network/nftables ./takeover ./nl/nftsync ./plugin/hostport
 COVER_PKGS = $$($(GO) list $(COVER_DIRS) | grep -v '/backend/backendtest$$' | paste -sd, -)
-COVER_FLOOR = $(addprefix github.com/twill-net/twill/,backend backend/kernelsync backend/hostgw backend/vxlan backend/wireguard backend/wireguard/uapi backend/wireguard/userspace backend/wireguard/wgkeeper backend/eni backend/eni/cni daemon policy network/nftables takeover nl/nftsync)
+COVER_FLOOR = $(addprefix github.com/twill-net/twill/,backend backend/kernelsync backend/hostgw backend/vxlan backend/wireguard backend/wireguard/uapi backend/wireguard/userspace backend/wireguard/wgkeeper backend/eni backend/eni/cni daemon policy network/nftables takeover nl/nftsync plugin/hostport)
 
 .PHONY: cover
-cover: ## Statement coverage by the unit tier, no root involved, per package: every backend/ package, the daemon's engine, policy, network/nftables, takeover and the nftables engine at 80% or more each
+cover: ## Statement coverage by the unit tier, no root involved, per package: every backend/ package, the daemon's engine, policy, network/nftables, takeover, the nftables engine and the plugin's host ports at 80% or more each
 	@mkdir -p build
 	@echo '$(GO) test -vet=off -short -count=1 -coverpkg=... -coverprofile=build/cover.out $(COVER_DIRS)'
 	@$(GO) test -vet=off -short -count=1 -coverpkg=$(COVER_PKGS) -coverprofile=build/cover.out $(COVER_DIRS) >build/cover.log 2>&1 || \
