@@ -101,42 +101,53 @@ func baseInPlace(k nft.Kernel) (bool, error) {
 	return true, nil
 }
 
-// Remove deletes owner's rules and says whether there were any.
+// Remove deletes owner's rules and says whether there were any. Rules
+// another DEL or GC deleted between the read and the write are taken as
+// deleted: the read and the write are tried once more.
 func Remove(k nft.Kernel, owner string) (bool, error) {
-	have, err := read(k)
-	if err != nil || len(have[owner]) == 0 {
-		return false, err
+	gone, err := deleteOwners(k, func(o string) bool { return o == owner })
+	if err != nil {
+		return len(gone) > 0, fmt.Errorf("deleting the host ports of %s: %w", owner, err)
 	}
-	var b nft.Batch
-	have.del(&b, owner)
-	if err := k.Apply(&b); err != nil {
-		return true, fmt.Errorf("deleting the host ports of %s: %w", owner, err)
-	}
-	return true, nil
+	return len(gone) > 0, nil
 }
 
 // Prune deletes the rules of every owner that stale names, in one
 // transaction, and returns those owners, sorted.
 func Prune(k nft.Kernel, stale func(owner string) bool) ([]string, error) {
-	have, err := read(k)
+	gone, err := deleteOwners(k, stale)
 	if err != nil {
-		return nil, err
-	}
-	var b nft.Batch
-	var gone []string
-	for _, o := range slices.Sorted(maps.Keys(have)) {
-		if stale(o) {
-			gone = append(gone, o)
-			have.del(&b, o)
-		}
-	}
-	if b.Len() == 0 {
-		return nil, nil
-	}
-	if err := k.Apply(&b); err != nil {
 		return nil, fmt.Errorf("deleting the host ports of %s: %w", strings.Join(gone, ", "), err)
 	}
 	return gone, nil
+}
+
+// deleteOwners deletes the rules of the owners del names, in one
+// transaction, and returns those owners, sorted. A rule that went between
+// the read and the write (ENOENT) has the whole tried once more.
+func deleteOwners(k nft.Kernel, del func(owner string) bool) ([]string, error) {
+	var gone []string
+	for try := 0; ; try++ {
+		have, err := read(k)
+		if err != nil {
+			return nil, err
+		}
+		var b nft.Batch
+		gone = nil
+		for _, o := range slices.Sorted(maps.Keys(have)) {
+			if del(o) {
+				gone = append(gone, o)
+				have.del(&b, o)
+			}
+		}
+		if b.Len() == 0 {
+			return nil, nil
+		}
+		err = k.Apply(&b)
+		if err == nil || try > 0 || !errors.Is(err, unix.ENOENT) {
+			return gone, err
+		}
+	}
 }
 
 // Owners lists the owners that have rules, sorted.

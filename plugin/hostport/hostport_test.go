@@ -211,3 +211,44 @@ func TestAddRepairsTheBaseChains(t *testing.T) {
 		t.Errorf("hostports: %q, want both pods' rules", got)
 	}
 }
+
+// racing is a kernel in which another writer deletes the first rule a
+// transaction deletes just before the transaction commits, once.
+type racing struct {
+	*nlfake.Nftables
+	raced bool
+}
+
+func (r *racing) Apply(b *nft.Batch) error {
+	if !r.raced {
+		for _, op := range b.Ops {
+			if op.Kind == nft.DelRule {
+				r.raced = true
+				var other nft.Batch
+				other.DelRule(op.Rule)
+				if err := r.Nftables.Apply(&other); err != nil {
+					return err
+				}
+				break
+			}
+		}
+	}
+	return r.Nftables.Apply(b)
+}
+
+// A DEL racing another DEL or GC of the same pod still removes every rule
+// and reports no error.
+func TestRemoveRacingAnotherWriter(t *testing.T) {
+	k := &racing{Nftables: &nlfake.Nftables{}}
+	mustAdd(t, k, "twA", podA, web, dns4)
+	mustAdd(t, k, "twB", podB, web)
+	if had, err := Remove(k, "twA"); err != nil || !had {
+		t.Fatalf("Remove racing another writer: %v, %v", had, err)
+	}
+	if !k.raced {
+		t.Fatal("the race did not happen")
+	}
+	if got, _ := Owners(k); !slices.Equal(got, []string{"twB"}) {
+		t.Errorf("owners after Remove: %v, want twB's alone", got)
+	}
+}
