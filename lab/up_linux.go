@@ -300,10 +300,28 @@ func (s *State) waitReady(ctx context.Context) error {
 		})
 		h.Close()
 		if err != nil {
-			return err
+			return fmt.Errorf("%w\n%s", err, s.daemonLogTails(15))
 		}
 	}
 	return s.save()
+}
+
+// daemonLogTails is the last n lines of every node's twilld log, for a
+// failure whose daemons are alive but have not done what was waited for.
+func (s *State) daemonLogTails(n int) string {
+	var b strings.Builder
+	for _, p := range s.Processes {
+		if p.Role != "twilld" {
+			continue
+		}
+		data, _ := os.ReadFile(p.Log)
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		fmt.Fprintf(&b, "twilld in %s, last %d lines of %s:\n", p.NS, min(n, len(lines)), p.Log)
+		for _, l := range lines[max(0, len(lines)-n):] {
+			fmt.Fprintf(&b, "  %s\n", l)
+		}
+	}
+	return b.String()
 }
 
 // daemonError adds the end of a node's twilld log to err when the daemon
