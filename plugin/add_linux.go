@@ -37,6 +37,9 @@ type addInput struct {
 
 func readAddInput(args *skel.CmdArgs, c *NetConf) (addInput, error) {
 	var in addInput
+	if c.hostPortsErr != nil {
+		return in, c.hostPortsErr
+	}
 	if err := CheckIfName(args.IfName); err != nil {
 		return in, err
 	}

@@ -20,6 +20,9 @@ import (
 // cmdCheck verifies that the kernel holds the wiring of the addresses
 // prevResult names, and names the first thing missing.
 func cmdCheck(args *skel.CmdArgs, c *NetConf) error {
+	if c.hostPortsErr != nil {
+		return c.hostPortsErr
+	}
 	prev, err := prevResult(c)
 	if err != nil {
 		return err

@@ -29,11 +29,15 @@ type NetConf struct {
 	ValidAttachments []types.GCAttachment `json:"cni.dev/valid-attachments,omitempty"`
 	// RuntimeConfig holds the runtime's values for the capabilities the
 	// plugin declares in the conflist: portMappings (hostPort).
-	RuntimeConfig struct {
-		PortMappings json.RawMessage `json:"portMappings,omitempty"`
-	} `json:"runtimeConfig,omitempty"`
-	// HostPorts are RuntimeConfig.PortMappings, checked.
-	HostPorts []hostport.Port `json:"-"`
+	RuntimeConfig json.RawMessage `json:"runtimeConfig,omitempty"`
+	// PortMappings is RuntimeConfig's portMappings as given; HostPorts
+	// the same, checked.
+	PortMappings json.RawMessage `json:"-"`
+	HostPorts    []hostport.Port `json:"-"`
+	// hostPortsErr is what is wrong with RuntimeConfig.PortMappings: ADD
+	// and CHECK fail with it; DEL, GC and STATUS, which must clean up
+	// after an ADD it failed, do not read the mappings they cannot use.
+	hostPortsErr error
 }
 
 // knownKeys are the keys the CNI spec or runtimes put in a plugin's
@@ -80,14 +84,11 @@ func ParseConf(data []byte) (*NetConf, error) {
 			others = append(others, k)
 		}
 	}
-	if err := strictjson.Decode(data, &typed, "", others...); err != nil {
-		return nil, fmt.Errorf("twill: network configuration: %w", err)
-	}
-	ports, err := runtimeHostPorts(data)
+	err := strictjson.Decode(data, &typed, "", others...)
 	if err != nil {
 		return nil, fmt.Errorf("twill: network configuration: %w", err)
 	}
-	c := &NetConf{HostPorts: ports}
+	c := &NetConf{}
 	if err := json.Unmarshal(data, c); err != nil {
 		return nil, fmt.Errorf("twill: decoding network configuration: %w", err)
 	}
@@ -100,6 +101,9 @@ func ParseConf(data []byte) (*NetConf, error) {
 	if c.MTU < 0 || (c.MTU > 0 && (c.MTU < 576 || c.MTU > 65535)) {
 		return nil, fmt.Errorf("twill: network configuration: mtu %d: must be between 576 and 65535", c.MTU)
 	}
+	if c.PortMappings, c.HostPorts, err = runtimeHostPorts(c.RuntimeConfig); err != nil {
+		c.HostPorts, c.hostPortsErr = nil, fmt.Errorf("twill: network configuration: %w", err)
+	}
 	if c.SubnetFile == "" {
 		c.SubnetFile = DefaultSubnetFile
 	}
@@ -111,18 +115,16 @@ func ParseConf(data []byte) (*NetConf, error) {
 
 // runtimeHostPorts reads runtimeConfig.portMappings; the runtime's other
 // values (for capabilities twill does not declare) are not read.
-func runtimeHostPorts(data []byte) ([]hostport.Port, error) {
-	var top struct {
-		RuntimeConfig json.RawMessage `json:"runtimeConfig"`
+func runtimeHostPorts(rc json.RawMessage) (json.RawMessage, []hostport.Port, error) {
+	if len(rc) == 0 || string(rc) == "null" {
+		return nil, nil, nil
 	}
-	if err := json.Unmarshal(data, &top); err != nil || len(top.RuntimeConfig) == 0 || string(top.RuntimeConfig) == "null" {
-		return nil, nil // the whole configuration decoded before this
+	var values map[string]json.RawMessage
+	if json.Unmarshal(rc, &values) != nil {
+		return nil, nil, fmt.Errorf("runtimeConfig %q: must be a JSON object", strictjson.Shown(rc))
 	}
-	var rc map[string]json.RawMessage
-	if err := json.Unmarshal(top.RuntimeConfig, &rc); err != nil {
-		return nil, fmt.Errorf("runtimeConfig %q: must be a JSON object", strictjson.Shown(top.RuntimeConfig))
-	}
-	return hostport.Parse(rc["portMappings"])
+	ports, err := hostport.Parse(values["portMappings"])
+	return values["portMappings"], ports, err
 }
 
 // CheckIfName validates CNI_IFNAME as the kernel would, with a clearer error.

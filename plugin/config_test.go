@@ -28,12 +28,28 @@ func TestParseConf(t *testing.T) {
 		{`{"cniVersion":"1.1.0","name":"pods","type":"twill","mtu":"abc"}`, `mtu "abc": must be a whole number`},
 		{`{"cniVersion":"1.1.0","name":"pods","type":"twill","subnetFile":7}`, `subnetFile "7": must be a string`},
 		{`{"cniVersion":"1.1.0","name":["x"],"type":"twill"}`, `name "[\"x\"]": must be a string`},
-		// The runtime's portMappings, entry by entry.
-		{`{"cniVersion":"1.1.0","name":"pods","type":"twill","runtimeConfig":"x"}`, `runtimeConfig "x": must be a JSON object`},
-		{`{"cniVersion":"1.1.0","name":"pods","type":"twill","runtimeConfig":{"portMappings":[{"hostPort":80,"containerPort":0}]}}`, `runtimeConfig.portMappings[0].containerPort 0: must be a port`},
 	} {
 		if _, err := ParseConf([]byte(tt.in)); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("ParseConf(%s) error %v, want %q", tt.in, err, tt.want)
+		}
+	}
+}
+
+// Bad port mappings are ADD's and CHECK's error, naming the entry and the
+// field; DEL, GC and STATUS still parse the configuration (they clean up
+// after the ADD that failed).
+func TestParseConfPortMappingsErrors(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"cniVersion":"1.1.0","name":"pods","type":"twill","runtimeConfig":"x"}`:                                                  `runtimeConfig "x": must be a JSON object`,
+		`{"cniVersion":"1.1.0","name":"pods","type":"twill","runtimeConfig":{"portMappings":[{"hostPort":80,"containerPort":0}]}}`: `runtimeConfig.portMappings[0].containerPort 0: must be a port`,
+	} {
+		c, err := ParseConf([]byte(in))
+		if err != nil {
+			t.Errorf("ParseConf(%s): %v; want the configuration, with the mappings' error kept for ADD", in, err)
+			continue
+		}
+		if c.hostPortsErr == nil || !strings.Contains(c.hostPortsErr.Error(), want) || len(c.HostPorts) != 0 {
+			t.Errorf("ParseConf(%s): mappings' error %v, ports %v; want %q and none", in, c.hostPortsErr, c.HostPorts, want)
 		}
 	}
 }

@@ -63,7 +63,7 @@ func delHostPorts(args *skel.CmdArgs, c *NetConf) error {
 	conf, err := json.Marshal(map[string]any{
 		"cniVersion": "1.0.0", // what every portmap since 1.0 reads
 		"name":       c.Name, "type": "portmap",
-		"runtimeConfig": map[string]json.RawMessage{"portMappings": c.RuntimeConfig.PortMappings},
+		"runtimeConfig": map[string]json.RawMessage{"portMappings": c.PortMappings},
 	})
 	if err != nil {
 		return fmt.Errorf("twill: %w", err)

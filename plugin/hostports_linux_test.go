@@ -225,3 +225,18 @@ func TestPrivilegedUDPHostPortFollowsItsNewPod(t *testing.T) {
 	}
 	mustOK(t, "DEL", n.run(cnidriver.Request{Op: "del", ConfList: list, Attachments: []cnidriver.Attachment{second}}))
 }
+
+// A port mapping the plugin refuses fails ADD, naming the entry and the
+// field, before anything is made; the DEL the runtime sends after it
+// succeeds (a DEL that failed would keep the sandbox from going).
+func TestPrivilegedBadPortMappingFailsAddNotDel(t *testing.T) {
+	n := newNode(t, "10.244.7.0/24")
+	list := n.capConflist()
+	bad := withPorts(n.pod("bad"), `{"hostPort":8080,"containerPort":80,"protocol":"icmp"}`)
+	resp := n.run(cnidriver.Request{Op: "add", ConfList: list, Attachments: []cnidriver.Attachment{bad}})
+	if e := resp.Outcomes[0].Error; !strings.Contains(e, `runtimeConfig.portMappings[0].protocol "icmp": must be tcp, udp or sctp`) {
+		t.Fatalf("ADD with a bad mapping: %q, want the entry and field named", e)
+	}
+	n.requireClean()
+	mustOK(t, "DEL", n.run(cnidriver.Request{Op: "del", ConfList: list, Attachments: []cnidriver.Attachment{bad}}))
+}
