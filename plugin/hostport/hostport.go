@@ -39,8 +39,8 @@ func Add(k nft.Kernel, owner string, ips []netip.Addr, ports []Port) error {
 	}
 	err = k.Apply(addBatch(rs, !ok))
 	if err != nil && ok && errors.Is(err, unix.ENOENT) {
-		// The table went between the read and the write (twilld
-		// cleanup, an operator): write it whole.
+		// The table went between the read and the write (an operator
+		// deleted it): write it whole.
 		err = k.Apply(addBatch(rs, true))
 	}
 	if err != nil {

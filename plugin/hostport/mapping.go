@@ -13,8 +13,9 @@
 // A pod's rules carry its owner (the host end of its veth) in their
 // comment; they are added in one transaction and deleted by handle in
 // another, so pods never touch each other's rules and no lock is needed.
-// The base chains are flushed and written again with every pod's rules,
-// in the same transaction, which leaves exactly one copy of them.
+// The base chains are written, flushed and whole, in the transaction of
+// the first pod's rules (or of any pod's, when they are not as twill
+// writes them), which leaves exactly one copy of them.
 package hostport
 
 import (
