@@ -252,3 +252,19 @@ func TestRemoveRacingAnotherWriter(t *testing.T) {
 		t.Errorf("owners after Remove: %v, want twB's alone", got)
 	}
 }
+
+// 0.0.0.0 is every IPv4 address of the node: the IPv4 address alone is
+// mapped, with no destination address to match.
+func TestUnspecifiedHostIPServesItsFamily(t *testing.T) {
+	ports, err := Parse(json.RawMessage(`[{"hostPort":8080,"containerPort":80,"hostIP":"0.0.0.0"}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := podRules("twA", podA, ports)
+	if len(rs) != 2 || comment(rs[0]) != "twA 0.0.0.0:8080/tcp to 10.244.1.2:80" {
+		t.Fatalf("rules %d, first %q: want one DNAT rule for the IPv4 address and its hairpin", len(rs), comment(rs[0]))
+	}
+	if want := dnatExprs(podA[0], Port{HostPort: 8080, ContainerPort: 80, Proto: 6}); len(rs[0].Exprs) != len(want) {
+		t.Errorf("0.0.0.0's rule has %d expressions, the rule for every address %d: it matches a destination address", len(rs[0].Exprs), len(want))
+	}
+}
