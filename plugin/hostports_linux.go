@@ -16,10 +16,6 @@ import (
 	"github.com/twill-net/twill/plugin/hostport"
 )
 
-// nodeNftables is the node's nftables: the plugin runs in the node's
-// network namespace.
-var nodeNftables nft.Kernel = nft.Conn{}
-
 // addHostPorts serves the pod's hostPorts (runtimeConfig.portMappings,
 // when the conflist declares the capability) and pushes their removal.
 // UDP flows to those ports that conntrack still sends elsewhere (to the
@@ -28,10 +24,10 @@ func addHostPorts(c *NetConf, w Wiring, undo *undoStack) error {
 	if len(c.HostPorts) == 0 {
 		return nil
 	}
-	if err := hostport.Add(nodeNftables, w.HostVeth, w.IPs, c.HostPorts); err != nil {
+	if err := hostport.Add(nft.Conn{}, w.HostVeth, w.IPs, c.HostPorts); err != nil {
 		return fmt.Errorf("twill: %w", err)
 	}
-	undo.push(func() { _, _ = hostport.Remove(nodeNftables, w.HostVeth) })
+	undo.push(func() { _, _ = hostport.Remove(nft.Conn{}, w.HostVeth) })
 	var udp []uint16
 	for _, p := range c.HostPorts {
 		if p.Proto == unix.IPPROTO_UDP {
@@ -50,7 +46,7 @@ func addHostPorts(c *NetConf, w Wiring, undo *undoStack) error {
 // or on a node switched from flannel): portmap's own DEL removes its rules,
 // when portmap is installed.
 func delHostPorts(args *skel.CmdArgs, c *NetConf) error {
-	had, err := hostport.Remove(nodeNftables, HostVethName(args.ContainerID, args.IfName))
+	had, err := hostport.Remove(nft.Conn{}, HostVethName(args.ContainerID, args.IfName))
 	if err != nil {
 		return fmt.Errorf("twill: %w", err)
 	}
@@ -79,7 +75,7 @@ func checkHostPorts(c *NetConf, w Wiring, ips []netip.Addr) error {
 	if len(c.HostPorts) == 0 {
 		return nil
 	}
-	if err := hostport.Check(nodeNftables, w.HostVeth, ips, c.HostPorts); err != nil {
+	if err := hostport.Check(nft.Conn{}, w.HostVeth, ips, c.HostPorts); err != nil {
 		return fmt.Errorf("twill: CHECK: %w", err)
 	}
 	return nil
@@ -89,7 +85,7 @@ func checkHostPorts(c *NetConf, w Wiring, ips []netip.Addr) error {
 // gone, of this network or any other.
 func pruneHostPorts(host *nl.Handle) error {
 	var errs []error
-	_, err := hostport.Prune(nodeNftables, func(owner string) bool {
+	_, err := hostport.Prune(nft.Conn{}, func(owner string) bool {
 		exists, err := host.LinkExists(owner)
 		if err != nil {
 			errs = append(errs, err)
