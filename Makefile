@@ -225,6 +225,8 @@ fuzz: ## Fuzz every parser of untrusted input for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzParseGet$$' -fuzztime $${FUZZTIME:-30s} ./backend/wireguard/uapi/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseHeader$$' -fuzztime $${FUZZTIME:-30s} ./policy/verdictlog/
 	$(GO) test -run '^$$' -fuzz '^FuzzRouteEvents$$' -fuzztime $${FUZZTIME:-30s} ./nl/
+	$(GO) test -run '^$$' -fuzz '^FuzzCompile$$' -fuzztime $${FUZZTIME:-30s} ./policy/
+	$(GO) test -run '^$$' -fuzz '^FuzzIncrementalIsFull$$' -fuzztime $${FUZZTIME:-30s} ./policy/
 
 .PHONY: lint
 lint: ## gofmt, go vet, netlink only through nl/, no tracked file over 1 MB, no function over 80 lines (tools/sizecheck), one version of each shared dependency across the tools modules (tools/modalign), top-level folders layered and internal/ leaves only (tools/layers)

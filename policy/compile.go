@@ -82,6 +82,7 @@ type pod struct {
 	ips    []netip.Addr
 	local  bool
 	ports  map[string][]namedPort // container port name → its ports
+	mark   uint64                 // Compiler's, while it sorts
 }
 
 type namedPort struct {
@@ -107,14 +108,20 @@ type Result struct {
 
 // Compile computes the policy table for the local pods of s.Node.
 func Compile(s Snapshot) Result {
-	c := newCompiler(s)
+	c := newCompiler(s, nil)
+	c.compile(s, true)
+	return c.result()
+}
+
+// compile works out the chains of c.targets; check reports the problems of
+// every ClusterNetworkPolicy, whether or not it selects a target.
+func (c *compiler) compile(s Snapshot, check bool) {
 	for _, p := range c.policies {
 		c.addPolicy(p)
 	}
 	c.problems = append(c.problems, s.ClusterPolicyErrors...)
-	c.addClusterPolicies(s.ClusterPolicies)
+	c.addClusterPolicies(s.ClusterPolicies, check)
 	c.problems = uniqueProblems(c.problems)
-	return c.result()
 }
 
 type compiler struct {
@@ -136,6 +143,23 @@ type compiler struct {
 
 	nodes []*corev1.Node
 
+	// targets are the local pods whose chains this compile works out: all
+	// of them, or, for Compiler, those that changed; targetsNS by
+	// namespace. chains are the local pods' chains, by pod key.
+	targets   []*pod
+	targetsNS map[string][]*pod
+	chains    map[string][]Chain
+	deps
+	// store is every set made since the last full compile (Compiler):
+	// sets holds those the table's rules read.
+	store map[string]Set
+	// globals are this compile's sets of every local pod (globalSets);
+	// kept, when set, the last compile's, which this one keeps.
+	globals, kept map[string]Set
+	// unmanaged are the allocated addresses no pod holds, once read.
+	unmanaged     []netip.Addr
+	unmanagedRead bool
+
 	ingress, egress map[string][][]Rule // local pod key → allow rules, by policy
 	// admin and baseline are the ClusterNetworkPolicy rules of each local
 	// pod and direction ("ns/pod in"), in the order they are evaluated.
@@ -143,15 +167,19 @@ type compiler struct {
 	selected        map[string]*Selection
 	sets            map[string]Set
 	peerCache       map[ruleID][]peer
+	selectors       map[*networkingv1.NetworkPolicy]parsedSelector
 	selectorCache   map[string][]peer // by set name (matcher.setName)
 	problems        []Problem
 }
 
-func newCompiler(s Snapshot) *compiler {
+// newCompiler reads s; pods, when set, keeps what it read of each pod for
+// the next compile.
+func newCompiler(s Snapshot, pods *podCache) *compiler {
 	c := &compiler{nsLabels: map[string]labels.Set{}, cidrs: s.LocalCIDRs, logDenied: s.LogDenied, allocations: s.Allocations, now: s.Now,
 		ingress: map[string][][]Rule{}, egress: map[string][][]Rule{}, nodes: s.Nodes,
 		admin: map[string][]tierRule{}, baseline: map[string][]tierRule{},
-		selected: map[string]*Selection{}, sets: map[string]Set{}, peerCache: map[ruleID][]peer{}, selectorCache: map[string][]peer{}, localNS: map[string][]*pod{}}
+		selected: map[string]*Selection{}, sets: map[string]Set{}, peerCache: map[ruleID][]peer{}, selectorCache: map[string][]peer{}, localNS: map[string][]*pod{},
+		chains: map[string][]Chain{}, deps: newDeps(), selectors: map[*networkingv1.NetworkPolicy]parsedSelector{}}
 	c.logAllowedAll, c.sample, c.logNS = s.LogAllowed && !s.LogOff, s.LogSample, map[string]bool{}
 	c.logDenied = s.LogDenied && !s.LogOff
 	for _, n := range s.Namespaces {
@@ -161,30 +189,48 @@ func newCompiler(s Snapshot) *compiler {
 		}
 	}
 	for _, p := range s.Pods {
-		if pp := podOf(p, s.Node); pp != nil {
+		if pp := pods.podOf(p, s.Node); pp != nil {
 			c.pods = append(c.pods, pp)
 		} else if p.Spec.NodeName == s.Node && !p.Spec.HostNetwork && len(p.Status.PodIPs) == 0 && p.Status.PodIP == "" &&
 			p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed && p.DeletionTimestamp == nil {
 			c.waiting = true
 		}
 	}
-	slices.SortFunc(c.pods, func(a, b *pod) int { return strings.Compare(a.key, b.key) })
+	c.pods = pods.sorted(c.pods)
 	c.nsPods = map[string][]*pod{}
-	for _, p := range c.pods {
-		if p.local {
-			c.local = append(c.local, p)
-			c.localNS[p.ns] = append(c.localNS[p.ns], p)
+	// Sorted by key, a namespace's pods are one run of c.pods.
+	for i := 0; i < len(c.pods); {
+		ns, j := c.pods[i].ns, i
+		for j < len(c.pods) && c.pods[j].ns == ns {
+			j++
 		}
-		if len(c.nsPods[p.ns]) == 0 {
-			c.nsOrder = append(c.nsOrder, p.ns)
+		c.nsOrder, c.nsPods[ns] = append(c.nsOrder, ns), c.pods[i:j:j]
+		for _, p := range c.pods[i:j] {
+			if p.local {
+				c.local = append(c.local, p)
+				c.localNS[ns] = append(c.localNS[ns], p)
+			}
 		}
-		c.nsPods[p.ns] = append(c.nsPods[p.ns], p)
+		i = j
 	}
-	c.policies = slices.Clone(s.Policies)
-	slices.SortFunc(c.policies, func(a, b *networkingv1.NetworkPolicy) int {
-		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
-	})
+	c.targets, c.targetsNS = c.local, c.localNS
+	c.policies = pods.sortedPolicies(s.Policies)
 	return c
+}
+
+func sortPods(ps []*pod) {
+	slices.SortFunc(ps, func(a, b *pod) int { return strings.Compare(a.key, b.key) })
+}
+
+func sortPolicies(ps []*networkingv1.NetworkPolicy) []*networkingv1.NetworkPolicy {
+	ps = slices.Clone(ps)
+	slices.SortFunc(ps, func(a, b *networkingv1.NetworkPolicy) int {
+		if a.Namespace != b.Namespace { // as namespace/name: no namespace holds a "/"
+			return strings.Compare(a.Namespace, b.Namespace)
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return ps
 }
 
 // podOf keeps the pods policy applies to: on the pod network (not
@@ -250,7 +296,7 @@ func types(p *networkingv1.NetworkPolicy) (in, eg bool) {
 
 func (c *compiler) addPolicy(np *networkingv1.NetworkPolicy) {
 	name := np.Namespace + "/" + np.Name
-	sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+	sel, err := c.podSelector(np)
 	if err != nil {
 		c.problems = append(c.problems, Problem{name, fmt.Errorf("spec.podSelector: %w", err)})
 		sel = labels.Everything() // isolate what it may mean to select, allow nothing it says
@@ -264,9 +310,14 @@ func (c *compiler) addPolicy(np *networkingv1.NetworkPolicy) {
 			return pt.Port != nil && pt.Port.Type == intstr.String
 		})
 	})
-	for _, p := range c.localNS[np.Namespace] {
+	c.owner = name
+	defer func() { c.owner = "" }()
+	for _, p := range c.targetsNS[np.Namespace] {
 		if !sel.Matches(p.labels) {
 			continue
+		}
+		if in || eg {
+			c.compiled(p.key, name)
 		}
 		s := c.selected[p.key]
 		if s == nil {
@@ -288,6 +339,21 @@ func (c *compiler) addPolicy(np *networkingv1.NetworkPolicy) {
 			c.egress[p.key] = append(c.egress[p.key], egress)
 		}
 	}
+}
+
+// podSelector is np's, parsed once for as long as np is (Compiler).
+func (c *compiler) podSelector(np *networkingv1.NetworkPolicy) (labels.Selector, error) {
+	if p, ok := c.selectors[np]; ok {
+		return p.sel, p.err
+	}
+	sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+	c.selectors[np] = parsedSelector{sel, err}
+	return sel, err
+}
+
+type parsedSelector struct {
+	sel labels.Selector
+	err error
 }
 
 func (c *compiler) ingressRules(np *networkingv1.NetworkPolicy, target *pod) []Rule {

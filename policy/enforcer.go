@@ -63,6 +63,8 @@ type Enforcer struct {
 	// (ClusterStatus.Update).
 	Compiled func(Snapshot, Result)
 
+	compiler Compiler // syncOnce's alone
+
 	mu       sync.Mutex // guards the fields below
 	local    []netip.Prefix
 	selected map[string]Selection
@@ -288,7 +290,7 @@ func (e *Enforcer) syncOnce(reread bool) (Changes, error) {
 			return Changes{}, fmt.Errorf("reading the CNI plugin's allocations: %w", err)
 		}
 	}
-	r := Compile(s)
+	r := e.compiler.Compile(s)
 	ch, err := e.Kernel.Sync(r.Ruleset, reread)
 	if err != nil {
 		return Changes{}, fmt.Errorf("syncing table inet %s: %w", TableName, err)

@@ -66,6 +66,7 @@ func (c *compiler) families() (v4, v6 bool) {
 func (c *compiler) peers(np *networkingv1.NetworkPolicy, id ruleID, list []networkingv1.NetworkPolicyPeer) []peer {
 	// Every pod a policy selects shares its rules' peers: work them out once.
 	if p, ok := c.peerCache[id]; ok {
+		c.usePeers(p)
 		return p
 	}
 	p := c.computePeers(np, id, list)
@@ -106,11 +107,13 @@ func (c *compiler) computePeers(np *networkingv1.NetworkPolicy, id ruleID, list 
 func (c *compiler) selectorSets(m matcher) []peer {
 	name := m.setName()
 	if p, ok := c.selectorCache[name]; ok {
+		c.usePeers(p)
 		return p
 	}
+	ms := []matcher{m}
 	var ips []netip.Addr
-	c.eachMatching([]matcher{m}, func(p *pod) { ips = append(ips, p.ips...) })
-	p := c.addrSets(name, ips)
+	c.eachMatching(ms, func(p *pod) { ips = append(ips, p.ips...) })
+	p := c.addrSets(name, ips, ms)
 	c.selectorCache[name] = p
 	return p
 }
@@ -133,8 +136,9 @@ func dirField(dir string) string {
 }
 
 // addrSets adds a set per family in use named base-4 and base-6 holding
-// ips, and returns a peer for each.
-func (c *compiler) addrSets(base string, ips []netip.Addr) []peer {
+// ips, and returns a peer for each. from, when set, are the matchers of
+// the pods ips are of: a change of pods that any matches changes the sets.
+func (c *compiler) addrSets(base string, ips []netip.Addr, from []matcher) []peer {
 	v4, v6 := c.families()
 	var out []peer
 	for _, fam := range []struct {
@@ -154,6 +158,7 @@ func (c *compiler) addrSets(base string, ips []netip.Addr) []peer {
 		slices.SortFunc(s.Elems, netip.Addr.Compare)
 		s.Elems = slices.Compact(s.Elems)
 		c.sets[s.Name] = s
+		c.madeSet(s.Name, from)
 		out = append(out, peer{v6: fam.v6, addr: Addr{Set: s.Name}})
 	}
 	return out
@@ -295,6 +300,7 @@ func (c *compiler) namedEgress(np *networkingv1.NetworkPolicy, id ruleID, to []n
 			}
 		}
 	}
+	c.namedFrom(fmt.Sprint(id.name(), " ", proto), []string{p.Port.StrVal}, matchers, len(to) == 0)
 	if len(to) == 0 {
 		for _, pp := range c.pods {
 			add(pp)
@@ -305,7 +311,7 @@ func (c *compiler) namedEgress(np *networkingv1.NetworkPolicy, id ruleID, to []n
 	var out []Rule
 	for _, num := range slices.Sorted(maps.Keys(byPort)) {
 		base := fmt.Sprintf("%s-n%d-%d", id.name(), proto, num)
-		for _, pe := range c.addrSets(base, byPort[num]) {
+		for _, pe := range c.addrSets(base, byPort[num], nil) {
 			out = append(out, c.allow(id, pe, port{proto: proto, lo: num, hi: num}, true))
 		}
 	}

@@ -37,7 +37,15 @@ func LogPrefix(what string) string {
 // c.sample, at most AllowedLogRate a second per direction and family.
 func (c *compiler) logAllowed(base *Chain, v4, v6 bool) {
 	sets := map[bool]*Set{false: {Name: "log-allowed4"}, true: {Name: "log-allowed6", V6: true}}
+	for _, s := range sets {
+		if k, ok := c.kept[s.Name]; ok {
+			*s = k
+		}
+	}
 	for _, p := range c.local {
+		if c.kept != nil {
+			break // the sets are the last compile's
+		}
 		if !c.logAllowedAll && !c.logNS[p.ns] {
 			continue
 		}
@@ -50,14 +58,21 @@ func (c *compiler) logAllowed(base *Chain, v4, v6 bool) {
 		if !fam.on || len(s.Elems) == 0 {
 			continue
 		}
-		slices.SortFunc(s.Elems, netip.Addr.Compare)
-		s.Elems = slices.Compact(s.Elems)
+		if c.kept == nil { // a kept set is sorted, and read by the last compile's readers
+			slices.SortFunc(s.Elems, netip.Addr.Compare)
+			s.Elems = slices.Compact(s.Elems)
+		}
 		c.sets[s.Name] = *s
 		base.Rules = append(base.Rules,
 			Rule{V6: fam.v6, Src: Addr{Set: s.Name}, Sample: c.sample, Limit: AllowedLogRate, Log: LogPrefix("allow egress"), Verdict: Continue},
 			Rule{V6: fam.v6, Dst: Addr{Set: s.Name}, Sample: c.sample, Limit: AllowedLogRate, Log: LogPrefix("allow ingress"), Verdict: Continue})
 	}
 }
+
+// globalSets are the sets made of every local pod: Compiler keeps them
+// when no local pod changed its addresses or chains.
+var globalSets = []string{"known4", "known6", "log-allowed4", "log-allowed6",
+	JumpMap("eg", false), JumpMap("eg", true), JumpMap("in", false), JumpMap("in", true)}
 
 // ChainName is a local pod's chain for one direction ("in" or "eg"); a
 // name too long for the kernel (256 bytes) is shortened with a hash.
@@ -73,8 +88,15 @@ func ChainName(dir, podKey string) string {
 // unmanaged are the allocated addresses past UnmanagedGrace that no pod
 // holds, when no pod placed on the node lacks its address (the address
 // might be its).
-func (c *compiler) unmanaged() []netip.Addr {
-	if c.waiting {
+func (c *compiler) unmanagedAddrs() []netip.Addr {
+	if !c.unmanagedRead {
+		c.unmanaged, c.unmanagedRead = c.findUnmanaged(), true
+	}
+	return c.unmanaged
+}
+
+func (c *compiler) findUnmanaged() []netip.Addr {
+	if c.waiting || len(c.allocations) == 0 {
 		return nil
 	}
 	held := map[netip.Addr]bool{}
@@ -92,7 +114,12 @@ func (c *compiler) unmanaged() []netip.Addr {
 	return out
 }
 
+// result is the table: the targets' chains worked out, the other local
+// pods' kept from the compile before (Compiler).
 func (c *compiler) result() Result {
+	for _, p := range c.targets {
+		c.chains[p.key] = append(c.podChains("eg", p), c.podChains("in", p)...)
+	}
 	v4, v6 := c.families()
 	known := c.knownSets(v4, v6)
 	base := Chain{Name: ChainForward, Rules: []Rule{{Established: true, Verdict: Accept}}}
@@ -105,9 +132,14 @@ func (c *compiler) result() Result {
 	rs := Ruleset{}
 	var chains []Chain
 	jumpMaps := addJumpMaps(&base, v4, v6)
+	for _, p := range c.local {
+		chains = append(chains, c.chains[p.key]...)
+	}
 	for _, dir := range []string{"eg", "in"} {
 		for _, p := range c.local {
-			chains = append(chains, c.podChains(dir, p)...)
+			if c.kept != nil {
+				break // the maps are the last compile's
+			}
 			if c.hasChain(dir, p) {
 				name := ChainName(dir, p.key)
 				for _, ip := range p.ips {
@@ -133,8 +165,18 @@ func (c *compiler) result() Result {
 	}
 	c.logAllowed(&base, v4, v6)
 	for _, m := range jumpMaps {
+		if k, ok := c.kept[m.Name]; ok {
+			c.sets[m.Name] = k
+			continue
+		}
 		sortJumps(m)
 		c.sets[m.Name] = *m
+	}
+	c.globals = map[string]Set{}
+	for _, name := range globalSets {
+		if s, ok := c.sets[name]; ok {
+			c.globals[name] = s
+		}
 	}
 	slices.SortFunc(chains, func(a, b Chain) int { return strings.Compare(a.Name, b.Name) })
 	rs.Chains = append([]Chain{base, input}, chains...)
@@ -263,12 +305,21 @@ func addJumpMaps(base *Chain, v4, v6 bool) map[string]*Set {
 // by family.
 func (c *compiler) knownSets(v4, v6 bool) map[bool]*Set {
 	known := map[bool]*Set{false: {Name: "known4"}, true: {Name: "known6", V6: true}}
+	if c.kept != nil {
+		for _, s := range known {
+			if k, ok := c.kept[s.Name]; ok {
+				*s = k
+				c.sets[s.Name] = k
+			}
+		}
+		return known
+	}
 	for _, p := range c.local {
 		for _, ip := range p.ips {
 			known[ip.Is6()].Elems = append(known[ip.Is6()].Elems, ip)
 		}
 	}
-	for _, ip := range c.unmanaged() {
+	for _, ip := range c.unmanagedAddrs() {
 		known[ip.Is6()].Elems = append(known[ip.Is6()].Elems, ip)
 	}
 	for _, s := range []*Set{known[false], known[true]} {

@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -24,6 +25,14 @@ type Table struct {
 
 	once   sync.Once
 	engine *nftsync.Engine
+	mu     sync.Mutex // guards elems
+	// elems are each set's elements as last rendered, and what from.
+	elems map[string]renderedSet
+}
+
+type renderedSet struct {
+	src   setSource
+	elems []nft.Elem
 }
 
 // Changes counts what one Sync wrote; zero when the kernel was equal.
@@ -35,7 +44,7 @@ func (t *Table) eng() *nftsync.Engine {
 		if k == nil {
 			k = nft.Conn{NetNS: t.NetNS}
 		}
-		t.engine = &nftsync.Engine{Kernel: k, Family: nftables.TableFamilyINet, Name: TableName, Same: sameRules}
+		t.engine = &nftsync.Engine{Kernel: k, Family: nftables.TableFamilyINet, Name: TableName, Same: sameRules, SameSet: sameSet}
 	})
 	return t.engine
 }
@@ -45,7 +54,13 @@ func (t *Table) eng() *nftsync.Engine {
 func sameRules(a, b any) bool {
 	x, ok := a.([]Rule)
 	y, ok2 := b.([]Rule)
-	return ok && ok2 && slices.EqualFunc(x, y, sameRule)
+	if !ok || !ok2 {
+		return false
+	}
+	if len(x) > 0 && len(x) == len(y) && &x[0] == &y[0] {
+		return true // the same rules: Compiler kept the chain, and no one writes to a compiled chain
+	}
+	return slices.EqualFunc(x, y, sameRule)
 }
 
 // Sync makes the kernel's policy table equal to rs, writing only what
@@ -53,7 +68,7 @@ func sameRules(a, b any) bool {
 // It diffs against the table as it last wrote it, unless reread (a drift
 // check), or its last write failed: then it reads the kernel's.
 func (t *Table) Sync(rs Ruleset, reread bool) (Changes, error) {
-	ch, err := t.eng().Sync(desired(rs), reread)
+	ch, err := t.eng().Sync(t.desired(rs), reread)
 	if errors.Is(err, unix.EMSGSIZE) {
 		rules, elems := rs.size()
 		return Changes{}, fmt.Errorf("table inet %s, %d chains, %d rules and %d set elements, is larger than one nftables transaction can carry: "+
@@ -77,17 +92,56 @@ func (rs Ruleset) size() (rules, elems int) {
 }
 
 // desired is rs as the engine writes it: each chain rendered only when the
-// engine must compare or write it.
-func desired(rs Ruleset) nftsync.Table {
+// engine must compare or write it, each set's elements only when they are
+// not those rendered last time.
+func (t *Table) desired(rs Ruleset) nftsync.Table {
 	want := nftsync.Table{Chains: make([]nftsync.Chain, len(rs.Chains)), Sets: make([]nftsync.Set, len(rs.Sets))}
 	for i, c := range rs.Chains {
 		want.Chains[i] = nftsync.Chain{Name: c.Name, Hook: baseChain(c.Name), Src: c.Rules,
 			Rules: func() ([]nftsync.Rule, error) { return renderRules(c), nil }}
 	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	next := make(map[string]renderedSet, len(rs.Sets))
 	for i, s := range rs.Sets {
-		want.Sets[i] = nftsync.Set{Name: s.Name, KeyType: keyType(s.V6), Map: s.VMap, Elems: elements(s)}
+		src := sourceOf(s)
+		r, ok := t.elems[s.Name]
+		if !ok || !sameSet(r.src, src) {
+			r = renderedSet{src: src, elems: elements(s)}
+		}
+		next[s.Name] = r
+		want.Sets[i] = nftsync.Set{Name: s.Name, KeyType: keyType(s.V6), Map: s.VMap, Elems: r.elems, Src: src}
 	}
+	t.elems = next
 	return want
+}
+
+// setSource is a set's identity: its elements' and jumps' arrays (a
+// compiled set is never written to), its family and kind.
+type setSource struct {
+	elems       *netip.Addr
+	jumps       *string
+	n           int
+	v6, verdict bool
+}
+
+func sourceOf(s Set) setSource {
+	src := setSource{n: len(s.Elems), v6: s.V6, verdict: s.VMap}
+	if len(s.Elems) > 0 {
+		src.elems = &s.Elems[0]
+	}
+	if len(s.Jumps) > 0 {
+		src.jumps = &s.Jumps[0]
+	}
+	return src
+}
+
+// sameSet says whether two sets' sources (setSource) are the same
+// arrays: an empty set is never the same, and is compared.
+func sameSet(a, b any) bool {
+	x, ok := a.(setSource)
+	y, ok2 := b.(setSource)
+	return ok && ok2 && x.elems != nil && x == y
 }
 
 // sameRule compares two rules field by field.

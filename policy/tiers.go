@@ -145,21 +145,26 @@ func (m matcher) matches(c *compiler, p *pod) bool {
 
 // addClusterPolicies compiles every ClusterNetworkPolicy for the local
 // pods its subject selects, into c.admin and c.baseline.
-func (c *compiler) addClusterPolicies(ps []*cnpapi.ClusterNetworkPolicy) {
+func (c *compiler) addClusterPolicies(ps []*cnpapi.ClusterNetworkPolicy, check bool) {
+	defer func() { c.owner = "" }()
 	for _, cp := range c.clusterPolicies(ps) {
 		if !cp.ok {
 			continue
 		}
-		c.checkClusterPolicy(cp)
+		if check {
+			c.checkClusterPolicy(cp)
+		}
+		c.owner = cp.name
 		tier := c.admin
 		if cp.p.Spec.Tier == cnpapi.Baseline {
 			tier = c.baseline
 		}
 		var shared map[string][]tierRule // by direction, when no named port makes them differ
-		for _, p := range c.local {
+		for _, p := range c.targets {
 			if !cp.sel.matches(c, p) {
 				continue
 			}
+			c.compiled(p.key, cp.name)
 			for _, dir := range []string{"in", "eg"} {
 				rules := shared[dir]
 				if rules == nil {
@@ -197,7 +202,7 @@ func (c *compiler) addClusterPolicies(ps []*cnpapi.ClusterNetworkPolicy) {
 // whose sets are thrown away.
 func (c *compiler) checkClusterPolicy(cp clusterPolicy) {
 	v := *c
-	v.sets, v.problems = map[string]Set{}, nil
+	v.sets, v.problems, v.deps = map[string]Set{}, nil, newDeps()
 	for _, dir := range []string{"in", "eg"} {
 		v.clusterRules(cp, dir, &pod{})
 	}
@@ -356,9 +361,15 @@ func (c *compiler) matcherPeers(base string, ms []matcher) []peer {
 	if len(ms) == 0 {
 		return nil
 	}
+	if p, ok := c.clusterCache[base]; ok { // the same rule, for another pod
+		c.usePeers(p)
+		return p
+	}
 	var ips []netip.Addr
 	c.eachMatching(ms, func(p *pod) { ips = append(ips, p.ips...) })
-	return c.addrSets(base, ips)
+	p := c.addrSets(base, ips, ms)
+	c.clusterCache[base] = p
+	return p
 }
 
 // egressPeers reads a rule's to: pods, networks, nodes. domainNames
@@ -406,7 +417,7 @@ func (c *compiler) egressPeers(id cnpRule, to []cnpapi.EgressPeer, action cnpapi
 		}
 	}
 	if len(nodes) > 0 {
-		out = append(out, c.addrSets(id.name()+"-n", nodes)...)
+		out = append(out, c.addrSets(id.name()+"-n", nodes, nil)...)
 	}
 	return append(c.matcherPeers(id.name(), ms), out...), failed
 }
@@ -536,6 +547,7 @@ func (c *compiler) namedClusterEgress(id cnpRule, to []cnpapi.EgressPeer, names 
 		}
 	}
 	byPort := map[namedPort][]netip.Addr{}
+	c.namedFrom(id.name(), names, ms, false)
 	c.eachMatching(ms, func(pp *pod) {
 		for _, n := range names {
 			for _, np := range pp.ports[n] {
@@ -552,7 +564,7 @@ func (c *compiler) namedClusterEgress(id cnpRule, to []cnpapi.EgressPeer, names 
 	var out []Rule
 	for _, np := range keys {
 		base := fmt.Sprintf("%s-n%d-%d", id.name(), np.proto, np.port)
-		for _, pe := range c.addrSets(base, byPort[np]) {
+		for _, pe := range c.addrSets(base, byPort[np], nil) {
 			out = append(out, c.tierRule(id, pe, port{proto: np.proto, lo: np.port, hi: np.port}))
 		}
 	}

@@ -52,6 +52,9 @@ type Set struct {
 	KeyType nftables.SetDatatype
 	Map     bool // a verdict map: each element jumps to its Jump
 	Elems   []nft.Elem
+	// Src is what Elems were made from. With Engine.SameSet, a set whose
+	// Src is the same as when the engine last wrote it is not compared.
+	Src any
 }
 
 // Table is a table's content as wanted.
@@ -75,8 +78,9 @@ type Engine struct {
 	Kernel nft.Kernel
 	Family nftables.TableFamily
 	Name   string
-	// Same, when set, says whether two chains' Src render the same rules.
-	Same func(a, b any) bool
+	// Same, when set, says whether two chains' Src render the same rules;
+	// SameSet whether two sets' Src make the same elements.
+	Same, SameSet func(a, b any) bool
 
 	mu   sync.Mutex
 	last *State // guarded by mu: the table as last written; nil to read it

@@ -154,6 +154,37 @@ func TestSyncSkipsChainsWhoseSourceIsUnchanged(t *testing.T) {
 	}
 }
 
+// With SameSet, a set whose source is unchanged since the last write is
+// not compared; reading the kernel's table compares it all the same.
+func TestSyncSkipsSetsWhoseSourceIsUnchanged(t *testing.T) {
+	k := &nlfake.Nftables{}
+	e := engine(k)
+	e.SameSet = func(a, b any) bool { return a == b }
+	table := func(src string, elems ...byte) Table {
+		t := Table{Sets: []Set{{Name: "pods", KeyType: nftables.TypeIPAddr, Src: src}}}
+		for _, el := range elems {
+			t.Sets[0].Elems = append(t.Sets[0].Elems, nft.Elem{Key: addr(el)})
+		}
+		return t
+	}
+	syncOK(t, e, table("a", 1), false)
+	// The same source: not compared, so the elements given are not read.
+	if ch, err := e.Sync(table("a", 1, 2), false); err != nil || !ch.Clean() {
+		t.Errorf("an unchanged source wrote %+v (%v), want nothing", ch, err)
+	}
+	if ch := syncOK(t, e, table("b", 1, 2), false); ch != (Changes{Elems: 1}) {
+		t.Errorf("a changed source wrote %+v, want its new element", ch)
+	}
+	var b nft.Batch
+	b.DelElems(&nftables.Set{Table: &nftables.Table{Family: nftables.TableFamilyINet, Name: "t"}, Name: "pods"}, []nft.Elem{{Key: addr(2)}})
+	if err := k.Apply(&b); err != nil {
+		t.Fatal(err)
+	}
+	if ch := syncOK(t, e, table("b", 1, 2), true); ch != (Changes{Elems: 1}) {
+		t.Errorf("reading the kernel's table, an element deleted behind the engine: %+v, want it added back", ch)
+	}
+}
+
 // A change the kernel refuses (its table changed behind a Sync that
 // trusts its last write) is followed, in the same Sync, by the whole table.
 func TestSyncRewritesWhatTheKernelRefused(t *testing.T) {

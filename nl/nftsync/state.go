@@ -38,6 +38,7 @@ type RuleState struct {
 type SetState struct {
 	Set   *nftables.Set
 	Elems map[string]string
+	src   any // in a written table's model: what its elements were made from
 }
 
 func newState() *State {

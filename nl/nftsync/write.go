@@ -81,7 +81,7 @@ func (w *writer) addSets(maps bool) {
 		for _, el := range s.Elems {
 			elems[string(el.Key)] = el.Jump
 		}
-		w.model.Sets[s.Name] = &SetState{Set: k, Elems: elems}
+		w.model.Sets[s.Name] = &SetState{Set: k, Elems: elems, src: s.Src}
 	}
 }
 
@@ -160,8 +160,12 @@ func (w *writer) diffSets(have *State, maps bool) {
 		if s.Map != maps {
 			continue
 		}
-		k := w.kset(s)
 		h := have.Sets[s.Name]
+		if h != nil && w.e.SameSet != nil && h.src != nil && w.e.SameSet(h.src, s.Src) {
+			w.model.Sets[s.Name] = &SetState{Set: h.Set, Elems: h.Elems, src: s.Src}
+			continue
+		}
+		k := w.kset(s)
 		if h == nil {
 			w.batch.AddSet(k, s.Elems)
 			w.ch.Sets++
@@ -180,7 +184,7 @@ func (w *writer) diffSets(have *State, maps bool) {
 				del = append(del, nft.Elem{Key: []byte(key)})
 			}
 		}
-		w.model.Sets[s.Name] = &SetState{Set: k, Elems: in}
+		w.model.Sets[s.Name] = &SetState{Set: k, Elems: in, src: s.Src}
 		if h.Set == nil { // made above, with its elements
 			continue
 		}

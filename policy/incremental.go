@@ -1,0 +1,409 @@
+package policy
+
+import (
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+)
+
+// Compiler compiles one snapshot after another. When only pods changed
+// since its last compile, it works out again the chains of the local pods
+// that changed and the sets whose members changed, and keeps the rest:
+// its result is Compile's (FuzzIncrementalIsFull), at a cost that grows
+// with the change, not with the cluster. Anything else changed (a
+// namespace, a policy, a Node, the node's CIDRs, the log settings), a
+// problem in the last compile, or a pod entering or leaving a named port's
+// peers, and it compiles the whole state, as Compile does.
+//
+// It reads objects as the informers keep them: a changed object is a new
+// one, with a new ResourceVersion. An object without one is taken as
+// changed every time.
+type Compiler struct {
+	last  *compiler // the last compile, its maps as the next one starts
+	in    inputs    // what the last compile read besides pods
+	pods  *podCache
+	nodes map[*corev1.Node]nodeSeen
+	// Incremental says whether the last Compile was one.
+	Incremental bool
+}
+
+// deps is what a compile records for the next one to tell what a change
+// of pods changes.
+type deps struct {
+	owner string // the policy being compiled
+	// uses are the sets each policy made or read; compiledFor the
+	// policies compiled for each local pod (the sets of those compiled for
+	// no pod are not in the table); live counts those pods, by policy.
+	uses        map[string]map[string]bool
+	compiledFor map[string][]string
+	live        map[string]int
+	// sources are the matchers of the pods each set holds; named those of
+	// the named ports' peers, whose sets, and so rules, come and go with
+	// the pods.
+	sources      map[string][]matcher
+	named        map[string]namedSource
+	clusterCache map[string][]peer // a ClusterNetworkPolicy rule's peers, by its sets' base name
+}
+
+// namedSource is who a named port's sets hold: the pods that name one of
+// names, of those from matches (or all).
+type namedSource struct {
+	names []string
+	from  []matcher
+	all   bool
+}
+
+func newDeps() deps {
+	return deps{uses: map[string]map[string]bool{}, compiledFor: map[string][]string{}, live: map[string]int{},
+		sources: map[string][]matcher{}, named: map[string]namedSource{}, clusterCache: map[string][]peer{}}
+}
+
+// use records that the policy being compiled made or read set name.
+func (d *deps) use(name string) {
+	if d.owner == "" || d.uses == nil {
+		return
+	}
+	u := d.uses[d.owner]
+	if u == nil {
+		u = map[string]bool{}
+		d.uses[d.owner] = u
+	}
+	u[name] = true
+}
+
+func (d *deps) usePeers(ps []peer) {
+	for _, p := range ps {
+		if p.addr.Set != "" {
+			d.use(p.addr.Set)
+		}
+	}
+}
+
+func (d *deps) madeSet(name string, from []matcher) {
+	d.use(name)
+	if from != nil {
+		d.sources[name] = from
+	}
+}
+
+// namedFrom records the source of a named port's sets, by the rule and
+// port that make them.
+func (d *deps) namedFrom(rule string, names []string, from []matcher, all bool) {
+	d.named[rule+" "+strings.Join(names, ",")] = namedSource{names: names, from: from, all: all}
+}
+
+// compiled records that policy was compiled for local pod key.
+func (d *deps) compiled(key, policy string) {
+	d.compiledFor[key] = append(d.compiledFor[key], policy)
+	d.live[policy]++
+}
+
+// forget drops what was compiled for local pod key.
+func (d *deps) forget(key string) {
+	for _, pol := range d.compiledFor[key] {
+		if d.live[pol]--; d.live[pol] <= 0 {
+			delete(d.live, pol)
+		}
+	}
+	delete(d.compiledFor, key)
+}
+
+// Compile computes the policy table for the local pods of s.Node, as
+// Compile does.
+func (k *Compiler) Compile(s Snapshot) Result {
+	if k.pods == nil {
+		k.pods = &podCache{seen: map[*corev1.Pod]*seenPod{}}
+	}
+	in := k.inputsOf(s)
+	c := k.pods.read(s)
+	k.Incremental = false
+	if k.last != nil && in.ok && k.in.equal(in) && len(k.last.problems) == 0 && k.step(c, s) {
+		k.Incremental = true
+	} else {
+		c = k.pods.read(s) // a step that failed has written to c
+		c.compile(s, true)
+		c.store = c.sets
+	}
+	r := c.result()
+	k.last, k.in = c, in
+	return r
+}
+
+// step compiles c incrementally from k.last, and says whether it could.
+func (k *Compiler) step(c *compiler, s Snapshot) bool {
+	last := k.last
+	changes := changedPods(last.pods, c.pods)
+	for _, ch := range changes {
+		for _, src := range last.named {
+			if src.has(last, ch.old) || src.has(c, ch.new) {
+				return false // a named port's sets, and rules, may come or go
+			}
+		}
+	}
+	c.deps = last.deps
+	c.peerCache, c.selectorCache, c.selectors = last.peerCache, last.selectorCache, last.selectors
+	c.sets = last.store // every set made since the last full compile, live or not
+	for name, from := range c.sources {
+		if s, ok := c.sets[name]; ok && slices.ContainsFunc(changes, func(ch podChange) bool {
+			return anyMatches(from, last, ch.old) || anyMatches(from, c, ch.new)
+		}) {
+			c.sets[name] = c.refill(s, from)
+		}
+	}
+	c.chains, c.selected = last.chains, last.selected
+	c.targets, c.targetsNS = nil, map[string][]*pod{}
+	// The sets of every local pod stay when no local pod came, went,
+	// changed its addresses or whether it has a chain in each direction.
+	keep := slices.Equal(c.unmanagedAddrs(), last.unmanagedAddrs())
+	had := map[string][2]bool{}
+	for _, ch := range changes {
+		o, n := ch.old != nil && ch.old.local, ch.new != nil && ch.new.local
+		if o != n || o && !slices.Equal(ch.old.ips, ch.new.ips) {
+			keep = false
+		}
+		if o {
+			had[ch.old.key] = [2]bool{last.hasChain("eg", ch.old), last.hasChain("in", ch.old)}
+			delete(c.chains, ch.old.key)
+			delete(c.selected, ch.old.key)
+			c.forget(ch.old.key)
+		}
+		if ch.new != nil && ch.new.local {
+			c.targets = append(c.targets, ch.new)
+			c.targetsNS[ch.new.ns] = append(c.targetsNS[ch.new.ns], ch.new)
+		}
+	}
+	c.compile(s, false) // the policies' problems, none, are the last compile's
+	if len(c.problems) > 0 {
+		return false
+	}
+	for _, p := range c.targets {
+		if had[p.key] != [2]bool{c.hasChain("eg", p), c.hasChain("in", p)} {
+			keep = false
+		}
+	}
+	if keep {
+		c.kept = last.globals
+	}
+	c.store, c.sets = c.sets, map[string]Set{}
+	for pol := range c.live {
+		for name := range c.uses[pol] {
+			c.sets[name] = c.store[name]
+		}
+	}
+	return true
+}
+
+// refill is set s again, holding the addresses of the pods from matches.
+func (c *compiler) refill(s Set, from []matcher) Set {
+	s.Elems = nil
+	c.eachMatching(from, func(p *pod) {
+		for _, ip := range p.ips {
+			if ip.Is6() == s.V6 {
+				s.Elems = append(s.Elems, ip)
+			}
+		}
+	})
+	slices.SortFunc(s.Elems, netip.Addr.Compare)
+	s.Elems = slices.Compact(s.Elems)
+	return s
+}
+
+func anyMatches(ms []matcher, c *compiler, p *pod) bool {
+	return p != nil && slices.ContainsFunc(ms, func(m matcher) bool { return m.matches(c, p) })
+}
+
+func (n namedSource) has(c *compiler, p *pod) bool {
+	return p != nil && slices.ContainsFunc(n.names, func(name string) bool { return len(p.ports[name]) > 0 }) && (n.all || anyMatches(n.from, c, p))
+}
+
+// podChange is a pod that came (old nil), went (new nil) or changed.
+type podChange struct{ old, new *pod }
+
+// changedPods walks two pod lists sorted by key.
+func changedPods(a, b []*pod) []podChange {
+	var out []podChange
+	i, j := 0, 0
+	for i < len(a) || j < len(b) {
+		switch {
+		case j == len(b) || i < len(a) && a[i].key < b[j].key:
+			out = append(out, podChange{old: a[i]})
+			i++
+		case i == len(a) || b[j].key < a[i].key:
+			out = append(out, podChange{new: b[j]})
+			j++
+		default:
+			if a[i] != b[j] && !samePod(a[i], b[j]) {
+				out = append(out, podChange{a[i], b[j]})
+			}
+			i++
+			j++
+		}
+	}
+	return out
+}
+
+func samePod(a, b *pod) bool {
+	return a.key == b.key && a.ns == b.ns && a.local == b.local && maps.Equal(a.labels, b.labels) && slices.Equal(a.ips, b.ips) &&
+		maps.EqualFunc(a.ports, b.ports, slices.Equal)
+}
+
+// podCache keeps what podOf read of each pod object, by its
+// ResourceVersion, and the order of the last read's pods and policies.
+type podCache struct {
+	seen      map[*corev1.Pod]*seenPod
+	reads     uint64 // seenPod.read: the read that last saw it
+	pods      []*pod // sorted by key
+	gen       uint64
+	policies  []*networkingv1.NetworkPolicy // sorted
+	policySet map[*networkingv1.NetworkPolicy]bool
+}
+
+// sorted sorts ps by key: the pods of the last read in their order, the
+// others sorted and merged in.
+func (pc *podCache) sorted(ps []*pod) []*pod {
+	if pc == nil {
+		sortPods(ps)
+		return ps
+	}
+	pc.gen += 2
+	now, kept := pc.gen, pc.gen+1
+	for _, p := range ps {
+		p.mark = now
+	}
+	old := make([]*pod, 0, len(ps))
+	for _, p := range pc.pods {
+		if p.mark == now {
+			old = append(old, p)
+			p.mark = kept
+		}
+	}
+	var fresh []*pod
+	for _, p := range ps {
+		if p.mark == now {
+			fresh = append(fresh, p)
+		}
+	}
+	sortPods(fresh)
+	out := make([]*pod, 0, len(ps))
+	for len(old) > 0 || len(fresh) > 0 {
+		if len(fresh) == 0 || len(old) > 0 && old[0].key < fresh[0].key {
+			out, old = append(out, old[0]), old[1:]
+		} else {
+			out, fresh = append(out, fresh[0]), fresh[1:]
+		}
+	}
+	pc.pods = out
+	return out
+}
+
+// sortedPolicies sorts ps by namespace/name, or returns the last read's
+// when they are the same objects.
+func (pc *podCache) sortedPolicies(ps []*networkingv1.NetworkPolicy) []*networkingv1.NetworkPolicy {
+	if pc == nil {
+		return sortPolicies(ps)
+	}
+	if len(ps) == len(pc.policies) && !slices.ContainsFunc(ps, func(p *networkingv1.NetworkPolicy) bool { return !pc.policySet[p] }) {
+		return pc.policies
+	}
+	pc.policies = sortPolicies(ps)
+	pc.policySet = make(map[*networkingv1.NetworkPolicy]bool, len(ps))
+	for _, p := range ps {
+		pc.policySet[p] = true
+	}
+	return pc.policies
+}
+
+type seenPod struct {
+	rv, node string
+	pod      *pod
+	read     uint64
+}
+
+// read is newCompiler's, reading again only the pods that changed since
+// the last read.
+func (pc *podCache) read(s Snapshot) *compiler {
+	pc.reads++
+	c := newCompiler(s, pc)
+	if len(pc.seen) > 2*len(s.Pods)+64 { // forget the objects no read sees
+		maps.DeleteFunc(pc.seen, func(_ *corev1.Pod, e *seenPod) bool { return e.read != pc.reads })
+	}
+	return c
+}
+
+// podOf is podOf's, read again only when p changed.
+func (pc *podCache) podOf(p *corev1.Pod, node string) *pod {
+	if pc == nil {
+		return podOf(p, node)
+	}
+	e, ok := pc.seen[p]
+	if !ok || e.rv == "" || e.rv != p.ResourceVersion || e.node != node {
+		e = &seenPod{rv: p.ResourceVersion, node: node, pod: podOf(p, node)}
+		pc.seen[p] = e
+	}
+	e.read = pc.reads
+	return e.pod
+}
+
+// inputs is what a compile reads besides pods: when it is the same, only
+// pods changed.
+type inputs struct {
+	node                          string
+	cidrs                         []netip.Prefix
+	logDenied, logAllowed, logOff bool
+	sample                        uint32
+	versions                      map[string]string // kind/namespace/name → ResourceVersion
+	nodes                         map[string]string // Node name → its labels and addresses
+	ok                            bool              // every object has a ResourceVersion; no policy unread
+}
+
+func (a inputs) equal(b inputs) bool {
+	return a.node == b.node && slices.Equal(a.cidrs, b.cidrs) && a.logDenied == b.logDenied && a.logAllowed == b.logAllowed &&
+		a.logOff == b.logOff && a.sample == b.sample && maps.Equal(a.versions, b.versions) && maps.Equal(a.nodes, b.nodes)
+}
+
+func (k *Compiler) inputsOf(s Snapshot) inputs {
+	in := inputs{node: s.Node, cidrs: s.LocalCIDRs, logDenied: s.LogDenied, logAllowed: s.LogAllowed, logOff: s.LogOff, sample: s.LogSample,
+		versions: make(map[string]string, len(s.Namespaces)+len(s.Policies)+len(s.ClusterPolicies)), ok: len(s.ClusterPolicyErrors) == 0}
+	add := func(key, rv string) {
+		in.versions[key] = rv
+		in.ok = in.ok && rv != ""
+	}
+	for _, n := range s.Namespaces {
+		add("ns/"+n.Name, n.ResourceVersion)
+	}
+	for _, p := range s.Policies {
+		add("np/"+p.Namespace+"/"+p.Name, p.ResourceVersion)
+	}
+	for _, p := range s.ClusterPolicies {
+		add("cnp/"+p.Name, p.ResourceVersion)
+	}
+	if len(s.ClusterPolicies) > 0 { // a nodes peer reads them
+		in.nodes = k.nodesOf(s.Nodes)
+	}
+	return in
+}
+
+// nodeSeen is what a Node's peer reads of it, by its ResourceVersion.
+type nodeSeen struct{ rv, what string }
+
+// nodesOf is what the nodes peers read of each Node: its labels and
+// addresses (not its heartbeats).
+func (k *Compiler) nodesOf(ns []*corev1.Node) map[string]string {
+	next := make(map[*corev1.Node]nodeSeen, len(ns))
+	out := make(map[string]string, len(ns))
+	for _, n := range ns {
+		e, ok := k.nodes[n]
+		if !ok || e.rv == "" || e.rv != n.ResourceVersion {
+			e = nodeSeen{rv: n.ResourceVersion, what: fmt.Sprint(n.Labels, n.Status.Addresses)}
+		}
+		next[n] = e
+		out[n.Name] = e.what
+	}
+	k.nodes = next
+	return out
+}
