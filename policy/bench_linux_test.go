@@ -1,23 +1,28 @@
 package policy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"runtime"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/nl/nft"
 	"github.com/twill-net/twill/policy/cnpapi"
+	"github.com/twill-net/twill/testsupport/netnstest"
 	"github.com/twill-net/twill/testsupport/policyscale"
 )
 
@@ -90,13 +95,13 @@ func scalePodIPOf(pods, i int) string {
 // from the informers' state to the kernel's table (Compile, then Sync's
 // read, diff and write), p50 and p99 over 50 changes; and Compile alone.
 func BenchmarkPolicyChange(b *testing.B) {
-	benchChange(b, timed(newNode(b).tb), &Compiler{}, scale())
+	benchChange(b, timed(newNode(b)), &Compiler{}, scale())
 }
 
 // BenchmarkClusterPolicyChange is BenchmarkPolicyChange with 50
 // ClusterNetworkPolicies beside the 500 NetworkPolicies (scaleCluster).
 func BenchmarkClusterPolicyChange(b *testing.B) {
-	benchChange(b, timed(newNode(b).tb), &Compiler{}, scaleCluster())
+	benchChange(b, timed(newNode(b)), &Compiler{}, scaleCluster())
 }
 
 // BenchmarkPolicyChangeAtScale is BenchmarkPolicyChange at 10,000 pods
@@ -117,7 +122,8 @@ func BenchmarkPolicyChangeAtScale(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			s := scaleOf(pods, policies)
 			s.ClusterPolicies = versioned(policyscale.ClusterPolicies(tc.cnps))
-			tb := timed(newNode(b).tb)
+			n := timed(newNode(b))
+			tb := n.tb
 			runtime.GC()
 			var before runtime.MemStats
 			runtime.ReadMemStats(&before)
@@ -140,7 +146,7 @@ func BenchmarkPolicyChangeAtScale(b *testing.B) {
 			runtime.GC()
 			var after runtime.MemStats
 			runtime.ReadMemStats(&after)
-			benchChange(b, tb, k, s) // resets the metrics reported before it
+			benchChange(b, n, k, s) // resets the metrics reported before it
 			b.ReportMetric(float64(first.Milliseconds()), "first-write-ms")
 			b.ReportMetric(float64(after.HeapInuse-min(after.HeapInuse, before.HeapInuse))/(1<<20), "table-model-heap-MiB")
 		})
@@ -177,25 +183,78 @@ func (k *timedKernel) Apply(b *nft.Batch) error {
 	return err
 }
 
-// timed makes tb write through a timedKernel.
-func timed(tb *Table) *Table {
-	tb.Kernel = &timedKernel{Kernel: nft.Conn{NetNS: tb.NetNS}}
-	return tb
+// timed makes n's table write through a timedKernel.
+func timed(n *node) *node {
+	n.tb.Kernel = &timedKernel{Kernel: nft.Conn{NetNS: n.tb.NetNS}}
+	return n
+}
+
+// notifications follows n's nftables notifications until the benchmark
+// ends, and returns a function that waits for the first one at or after
+// a time, and says when it came (zero after a second without).
+func notifications(b *testing.B, n *node) func(after time.Time) time.Time {
+	target, err := ns.GetNS("/var/run/netns/" + n.name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { target.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	var mu sync.Mutex
+	var last time.Time
+	got := make(chan struct{}, 1)
+	subscribed := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = netnstest.WatchIn(target, nl.WatchNftables)(ctx, func() { close(subscribed) }, func() {
+			mu.Lock()
+			last = time.Now()
+			mu.Unlock()
+			select {
+			case got <- struct{}{}:
+			default:
+			}
+		})
+	}()
+	b.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-subscribed:
+	case <-time.After(10 * time.Second):
+		b.Fatal("no nftables subscription in 10 s")
+	}
+	return func(after time.Time) time.Time {
+		deadline := time.After(time.Second)
+		for {
+			mu.Lock()
+			at := last
+			mu.Unlock()
+			if !at.Before(after) {
+				return at
+			}
+			select {
+			case <-got:
+			case <-deadline:
+				return time.Time{}
+			}
+		}
+	}
 }
 
 // benchChange times twilld's share of a change: Compiler's compile, as
 // the enforcer runs it, then the table's sync. Each change is a new pod
 // object with a new ResourceVersion, as the informers give it.
-func benchChange(b *testing.B, tb *Table, k *Compiler, s Snapshot) {
+func benchChange(b *testing.B, n *node, k *Compiler, s Snapshot) {
+	tb := n.tb
 	rs := k.Compile(s).Ruleset
 	if _, err := tb.Sync(rs, false); err != nil {
 		b.Fatal(err)
 	}
 	rules, elems := rs.size()
 
-	var took, own, commit []time.Duration
+	var took, own, commit, seen []time.Duration
 	var compile time.Duration
 	tk := tb.Kernel.(*timedKernel)
+	notified := notifications(b, n)
 	incremental, rv := 0, 1
 	for b.Loop() {
 		for i := range 50 {
@@ -224,12 +283,17 @@ func benchChange(b *testing.B, tb *Table, k *Compiler, s Snapshot) {
 			if err != nil || ch.Clean() {
 				b.Fatalf("Sync after a label change: %+v, %v", ch, err)
 			}
+			at := notified(start)
+			if at.IsZero() {
+				b.Fatal("no nftables notification of the change's write within a second")
+			}
+			seen = append(seen, at.Sub(start))
 		}
 	}
 	for _, m := range []struct {
 		name string
 		d    []time.Duration
-	}{{"change", took}, {"kernel", commit}, {"twill", own}} {
+	}{{"change", took}, {"kernel", commit}, {"twill", own}, {"visible", seen}} {
 		slices.Sort(m.d)
 		b.ReportMetric(float64(m.d[len(m.d)/2].Microseconds())/1000, m.name+"-p50-ms")
 		b.ReportMetric(float64(m.d[len(m.d)*99/100].Microseconds())/1000, m.name+"-p99-ms")

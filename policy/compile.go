@@ -188,6 +188,7 @@ func newCompiler(s Snapshot, pods *podCache) *compiler {
 			c.logNS[n.Name] = true
 		}
 	}
+	c.pods = make([]*pod, 0, len(s.Pods))
 	for _, p := range s.Pods {
 		if pp := pods.podOf(p, s.Node); pp != nil {
 			c.pods = append(c.pods, pp)

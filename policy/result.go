@@ -130,7 +130,7 @@ func (c *compiler) result() Result {
 			Rule{V6: cidr.Addr().Is6(), Dst: Addr{Prefix: cidr.Masked(), NotSet: set}, Counter: true, Verdict: Drop, Comment: "unknown destination"})
 	}
 	rs := Ruleset{}
-	var chains []Chain
+	chains := make([]Chain, 0, 2*len(c.local)+2)
 	jumpMaps := addJumpMaps(&base, v4, v6)
 	for _, p := range c.local {
 		chains = append(chains, c.chains[p.key]...)
@@ -183,7 +183,7 @@ func (c *compiler) result() Result {
 	for _, name := range slices.Sorted(maps.Keys(c.sets)) {
 		rs.Sets = append(rs.Sets, c.sets[name])
 	}
-	sel := map[string]Selection{}
+	sel := make(map[string]Selection, len(c.selected))
 	for k, s := range c.selected {
 		sel[k] = *s
 	}

@@ -2,7 +2,6 @@ package nftsync
 
 import (
 	"github.com/google/nftables"
-	"maps"
 	"slices"
 
 	"github.com/twill-net/twill/nl/nft"
@@ -203,18 +202,24 @@ func (w *writer) diffSets(have *State, maps bool) {
 // maps (which may jump to them), the chains, and the extra sets.
 func (w *writer) deleteExtra(have *State) {
 	t := w.e.table()
-	var chains []string
-	for _, name := range slices.Sorted(maps.Keys(have.Chains)) {
+	var chains, sets []string
+	for name := range have.Chains {
 		if w.model.Chains[name] == nil {
 			chains = append(chains, name)
-			w.batch.FlushChain(&nftables.Chain{Table: t, Name: name})
 		}
 	}
-	var sets []string
-	for _, name := range slices.Sorted(maps.Keys(have.Sets)) {
-		if w.model.Sets[name] != nil {
-			continue
+	slices.Sort(chains)
+	for _, name := range chains {
+		w.batch.FlushChain(&nftables.Chain{Table: t, Name: name})
+	}
+	var extra []string
+	for name := range have.Sets {
+		if w.model.Sets[name] == nil {
+			extra = append(extra, name)
 		}
+	}
+	slices.Sort(extra)
+	for _, name := range extra {
 		if have.Sets[name].Set.IsMap {
 			w.batch.DelSet(&nftables.Set{Table: t, Name: name})
 			w.ch.Del++
