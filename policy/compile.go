@@ -156,6 +156,9 @@ type compiler struct {
 	// globals are this compile's sets of every local pod (globalSets);
 	// kept, when set, the last compile's, which this one keeps.
 	globals, kept map[string]Set
+	// selectedOut is Result.Selected: a map no compile writes to once
+	// returned, kept while no selection changes.
+	selectedOut map[string]Selection
 	// unmanaged are the allocated addresses no pod holds, once read.
 	unmanaged     []netip.Addr
 	unmanagedRead bool

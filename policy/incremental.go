@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -161,6 +162,7 @@ func (k *Compiler) step(c *compiler, s Snapshot) bool {
 	// changed its addresses or whether it has a chain in each direction.
 	keep := slices.Equal(c.unmanagedAddrs(), last.unmanagedAddrs())
 	had := map[string][2]bool{}
+	lastSelected := map[string]*Selection{}
 	for _, ch := range changes {
 		o, n := ch.old != nil && ch.old.local, ch.new != nil && ch.new.local
 		if o != n || o && !slices.Equal(ch.old.ips, ch.new.ips) {
@@ -168,6 +170,7 @@ func (k *Compiler) step(c *compiler, s Snapshot) bool {
 		}
 		if o {
 			had[ch.old.key] = [2]bool{last.hasChain("eg", ch.old), last.hasChain("in", ch.old)}
+			lastSelected[ch.old.key] = c.selected[ch.old.key]
 			delete(c.chains, ch.old.key)
 			delete(c.selected, ch.old.key)
 			c.forget(ch.old.key)
@@ -180,6 +183,19 @@ func (k *Compiler) step(c *compiler, s Snapshot) bool {
 	c.compile(s, false) // the policies' problems, none, are the last compile's
 	if len(c.problems) > 0 {
 		return false
+	}
+	c.selectedOut = last.selectedOut // unless a changed pod's selection changed
+	for _, ch := range changes {
+		var was, is *Selection
+		if ch.old != nil {
+			was = lastSelected[ch.old.key]
+		}
+		if ch.new != nil {
+			is = c.selected[ch.new.key]
+		}
+		if (was == nil) != (is == nil) || was != nil && !reflect.DeepEqual(*was, *is) {
+			c.selectedOut = nil
+		}
 	}
 	for _, p := range c.targets {
 		if had[p.key] != [2]bool{c.hasChain("eg", p), c.hasChain("in", p)} {

@@ -183,11 +183,13 @@ func (c *compiler) result() Result {
 	for _, name := range slices.Sorted(maps.Keys(c.sets)) {
 		rs.Sets = append(rs.Sets, c.sets[name])
 	}
-	sel := make(map[string]Selection, len(c.selected))
-	for k, s := range c.selected {
-		sel[k] = *s
+	if c.selectedOut == nil {
+		c.selectedOut = make(map[string]Selection, len(c.selected))
+		for k, s := range c.selected {
+			c.selectedOut[k] = *s
+		}
 	}
-	return Result{Ruleset: rs, Selected: sel, Problems: c.problems}
+	return Result{Ruleset: rs, Selected: c.selectedOut, Problems: c.problems}
 }
 
 // hasChain says whether a policy of any tier selects p in direction dir.

@@ -127,7 +127,7 @@ func (w *writer) diff(have *State) error {
 func (w *writer) diffChain(have *State, c Chain) error {
 	h := have.Chains[c.Name]
 	if h != nil && w.e.Same != nil && h.src != nil && w.e.Same(h.src, c.Src) {
-		w.model.Chains[c.Name] = &ChainState{Chain: h.Chain, Rules: h.Rules, src: c.Src}
+		w.model.Chains[c.Name] = h // the same rules: its source is as good as c's
 		return nil
 	}
 	rules, st, err := render(c)
