@@ -116,8 +116,17 @@ func Compile(s Snapshot) Result {
 // compile works out the chains of c.targets; check reports the problems of
 // every ClusterNetworkPolicy, whether or not it selects a target.
 func (c *compiler) compile(s Snapshot, check bool) {
-	for _, p := range c.policies {
-		c.addPolicy(p)
+	if check {
+		for _, p := range c.policies {
+			c.addPolicy(p)
+		}
+	} else { // a step: the policies of the targets' namespaces select them
+		for ns := range c.targetsNS {
+			i, _ := slices.BinarySearchFunc(c.policies, ns, func(p *networkingv1.NetworkPolicy, ns string) int { return strings.Compare(p.Namespace, ns) })
+			for ; i < len(c.policies) && c.policies[i].Namespace == ns; i++ {
+				c.addPolicy(c.policies[i])
+			}
+		}
 	}
 	c.problems = append(c.problems, s.ClusterPolicyErrors...)
 	c.addClusterPolicies(s.ClusterPolicies, check)
@@ -156,6 +165,10 @@ type compiler struct {
 	// globals are this compile's sets of every local pod (globalSets);
 	// kept, when set, the last compile's, which this one keeps.
 	globals, kept map[string]Set
+	// clusterIn are the ClusterNetworkPolicies read, clusterParsed as
+	// the compiler orders them (kept by a step while the same).
+	clusterIn     []*cnpapi.ClusterNetworkPolicy
+	clusterParsed []clusterPolicy
 	// selectedOut is Result.Selected: a map no compile writes to once
 	// returned, kept while no selection changes.
 	selectedOut map[string]Selection

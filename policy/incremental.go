@@ -49,6 +49,11 @@ type deps struct {
 	sources      map[string][]matcher
 	named        map[string]namedSource
 	clusterCache map[string][]peer // a ClusterNetworkPolicy rule's peers, by its sets' base name
+	// refs counts the live policies that use each set; was, during a
+	// step, says of each policy it made live or not whether it was live
+	// before.
+	refs map[string]int
+	was  map[string]bool
 }
 
 // namedSource is who a named port's sets hold: the pods that name one of
@@ -61,7 +66,7 @@ type namedSource struct {
 
 func newDeps() deps {
 	return deps{uses: map[string]map[string]bool{}, compiledFor: map[string][]string{}, live: map[string]int{},
-		sources: map[string][]matcher{}, named: map[string]namedSource{}, clusterCache: map[string][]peer{}}
+		sources: map[string][]matcher{}, named: map[string]namedSource{}, clusterCache: map[string][]peer{}, refs: map[string]int{}}
 }
 
 // use records that the policy being compiled made or read set name.
@@ -100,13 +105,49 @@ func (d *deps) namedFrom(rule string, names []string, from []matcher, all bool) 
 
 // compiled records that policy was compiled for local pod key.
 func (d *deps) compiled(key, policy string) {
+	d.touch(policy)
 	d.compiledFor[key] = append(d.compiledFor[key], policy)
 	d.live[policy]++
+}
+
+func (d *deps) touch(policy string) {
+	if _, ok := d.was[policy]; !ok && d.was != nil {
+		d.was[policy] = d.live[policy] > 0
+	}
+}
+
+// countRefs counts the sets' users afresh (a full compile).
+func (d *deps) countRefs() {
+	for pol := range d.live {
+		for name := range d.uses[pol] {
+			d.refs[name]++
+		}
+	}
+}
+
+// relive updates live, the sets the live policies use, for the policies
+// a step made live or not: from store, every set made.
+func (d *deps) relive(live, store map[string]Set) {
+	for pol, was := range d.was {
+		if now := d.live[pol] > 0; now != was {
+			for name := range d.uses[pol] {
+				if now {
+					d.refs[name]++
+					live[name] = store[name]
+				} else if d.refs[name]--; d.refs[name] <= 0 {
+					delete(d.refs, name)
+					delete(live, name)
+				}
+			}
+		}
+	}
+	d.was = nil
 }
 
 // forget drops what was compiled for local pod key.
 func (d *deps) forget(key string) {
 	for _, pol := range d.compiledFor[key] {
+		d.touch(pol)
 		if d.live[pol]--; d.live[pol] <= 0 {
 			delete(d.live, pol)
 		}
@@ -128,7 +169,8 @@ func (k *Compiler) Compile(s Snapshot) Result {
 	} else {
 		c = k.pods.read(s) // a step that failed has written to c
 		c.compile(s, true)
-		c.store = c.sets
+		c.store = maps.Clone(c.sets)
+		c.countRefs()
 	}
 	r := c.result()
 	k.last, k.in = c, in
@@ -146,14 +188,22 @@ func (k *Compiler) step(c *compiler, s Snapshot) bool {
 			}
 		}
 	}
-	c.deps = last.deps
+	c.deps, c.deps.was = last.deps, map[string]bool{}
 	c.peerCache, c.selectorCache, c.selectors = last.peerCache, last.selectorCache, last.selectors
-	c.sets = last.store // every set made since the last full compile, live or not
+	if sameObjects(s.ClusterPolicies, last.clusterIn) {
+		c.clusterParsed = last.clusterParsed
+	}
+	// The compile writes the sets it makes to the store: every set made
+	// since the last full compile, live or not.
+	store := last.store
+	c.sets = store
+	var refilled []string
 	for name, from := range c.sources {
-		if s, ok := c.sets[name]; ok && slices.ContainsFunc(changes, func(ch podChange) bool {
+		if s, ok := store[name]; ok && slices.ContainsFunc(changes, func(ch podChange) bool {
 			return anyMatches(from, last, ch.old) || anyMatches(from, c, ch.new)
 		}) {
-			c.sets[name] = c.refill(s, from)
+			store[name] = c.refill(s, from)
+			refilled = append(refilled, name)
 		}
 	}
 	c.chains, c.selected = last.chains, last.selected
@@ -205,13 +255,26 @@ func (k *Compiler) step(c *compiler, s Snapshot) bool {
 	if keep {
 		c.kept = last.globals
 	}
-	c.store, c.sets = c.sets, map[string]Set{}
-	for pol := range c.live {
-		for name := range c.uses[pol] {
-			c.sets[name] = c.store[name]
+	c.store, c.sets = store, last.sets
+	for _, name := range refilled {
+		if _, ok := c.sets[name]; ok {
+			c.sets[name] = store[name]
 		}
 	}
+	c.relive(c.sets, store)
 	return true
+}
+
+// sameObjects says whether a and b hold the same objects, in any order.
+func sameObjects[T comparable](a, b []T) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	in := make(map[T]bool, len(b))
+	for _, x := range b {
+		in[x] = true
+	}
+	return !slices.ContainsFunc(a, func(x T) bool { return !in[x] })
 }
 
 // refill is set s again, holding the addresses of the pods from matches.

@@ -120,6 +120,9 @@ func (c *compiler) result() Result {
 	for _, p := range c.targets {
 		c.chains[p.key] = append(c.podChains("eg", p), c.podChains("in", p)...)
 	}
+	for _, name := range globalSets {
+		delete(c.sets, name) // the last compile's, when kept
+	}
 	v4, v6 := c.families()
 	known := c.knownSets(v4, v6)
 	base := Chain{Name: ChainForward, Rules: []Rule{{Established: true, Verdict: Accept}}}

@@ -147,7 +147,11 @@ func (m matcher) matches(c *compiler, p *pod) bool {
 // pods its subject selects, into c.admin and c.baseline.
 func (c *compiler) addClusterPolicies(ps []*cnpapi.ClusterNetworkPolicy, check bool) {
 	defer func() { c.owner = "" }()
-	for _, cp := range c.clusterPolicies(ps) {
+	if c.clusterParsed == nil {
+		c.clusterParsed = c.clusterPolicies(ps)
+	}
+	c.clusterIn = ps
+	for _, cp := range c.clusterParsed {
 		if !cp.ok {
 			continue
 		}
