@@ -197,6 +197,26 @@ func (k *Compiler) step(c *compiler, s Snapshot) bool {
 	// since the last full compile, live or not.
 	store := last.store
 	c.sets = store
+	refilled := c.refillChanged(last, changes, store)
+	before := c.retarget(last, changes)
+	c.compile(s, false) // the policies' problems, none, are the last compile's
+	if len(c.problems) > 0 {
+		return false
+	}
+	c.keepUnchanged(last, changes, before)
+	c.store, c.sets = store, last.sets
+	for _, name := range refilled {
+		if _, ok := c.sets[name]; ok {
+			c.sets[name] = store[name]
+		}
+	}
+	c.relive(c.sets, store)
+	return true
+}
+
+// refillChanged refills in store the sets whose matchers match a changed
+// pod, before or after its change, and names them.
+func (c *compiler) refillChanged(last *compiler, changes []podChange, store map[string]Set) []string {
 	var refilled []string
 	for name, from := range c.sources {
 		if s, ok := store[name]; ok && slices.ContainsFunc(changes, func(ch podChange) bool {
@@ -206,21 +226,19 @@ func (k *Compiler) step(c *compiler, s Snapshot) bool {
 			refilled = append(refilled, name)
 		}
 	}
+	return refilled
+}
+
+// retarget forgets what was compiled for the local pods that changed,
+// makes those that remain c's targets, and returns what selected each
+// before (nil: nothing).
+func (c *compiler) retarget(last *compiler, changes []podChange) map[string]*Selection {
 	c.chains, c.selected = last.chains, last.selected
 	c.targets, c.targetsNS = nil, map[string][]*pod{}
-	// The sets of every local pod stay when no local pod came, went,
-	// changed its addresses or whether it has a chain in each direction.
-	keep := slices.Equal(c.unmanagedAddrs(), last.unmanagedAddrs())
-	had := map[string][2]bool{}
-	lastSelected := map[string]*Selection{}
+	before := map[string]*Selection{}
 	for _, ch := range changes {
-		o, n := ch.old != nil && ch.old.local, ch.new != nil && ch.new.local
-		if o != n || o && !slices.Equal(ch.old.ips, ch.new.ips) {
-			keep = false
-		}
-		if o {
-			had[ch.old.key] = [2]bool{last.hasChain("eg", ch.old), last.hasChain("in", ch.old)}
-			lastSelected[ch.old.key] = c.selected[ch.old.key]
+		if ch.old != nil && ch.old.local {
+			before[ch.old.key] = c.selected[ch.old.key]
 			delete(c.chains, ch.old.key)
 			delete(c.selected, ch.old.key)
 			c.forget(ch.old.key)
@@ -230,39 +248,45 @@ func (k *Compiler) step(c *compiler, s Snapshot) bool {
 			c.targetsNS[ch.new.ns] = append(c.targetsNS[ch.new.ns], ch.new)
 		}
 	}
-	c.compile(s, false) // the policies' problems, none, are the last compile's
-	if len(c.problems) > 0 {
-		return false
-	}
-	c.selectedOut = last.selectedOut // unless a changed pod's selection changed
+	return before
+}
+
+// keepUnchanged keeps the last compile's Selected map while no changed
+// pod's selection changed; and its sets of every local pod while no
+// local pod came, went, or changed its addresses or the directions it
+// has a chain in.
+func (c *compiler) keepUnchanged(last *compiler, changes []podChange, before map[string]*Selection) {
+	sameSel, keep := true, slices.Equal(c.unmanagedAddrs(), last.unmanagedAddrs())
 	for _, ch := range changes {
 		var was, is *Selection
 		if ch.old != nil {
-			was = lastSelected[ch.old.key]
+			was = before[ch.old.key]
 		}
 		if ch.new != nil {
 			is = c.selected[ch.new.key]
 		}
 		if (was == nil) != (is == nil) || was != nil && !reflect.DeepEqual(*was, *is) {
-			c.selectedOut = nil
+			sameSel = false
 		}
-	}
-	for _, p := range c.targets {
-		if had[p.key] != [2]bool{c.hasChain("eg", p), c.hasChain("in", p)} {
+		o, n := ch.old != nil && ch.old.local, ch.new != nil && ch.new.local
+		if o != n || o && (!slices.Equal(ch.old.ips, ch.new.ips) || directions(was) != directions(is)) {
 			keep = false
 		}
+	}
+	if sameSel {
+		c.selectedOut = last.selectedOut
 	}
 	if keep {
 		c.kept = last.globals
 	}
-	c.store, c.sets = store, last.sets
-	for _, name := range refilled {
-		if _, ok := c.sets[name]; ok {
-			c.sets[name] = store[name]
-		}
+}
+
+// directions says whether s has the pod chains in egress and in ingress.
+func directions(s *Selection) [2]bool {
+	if s == nil {
+		return [2]bool{}
 	}
-	c.relive(c.sets, store)
-	return true
+	return [2]bool{len(s.Egress)+len(s.ClusterEgress) > 0, len(s.Ingress)+len(s.ClusterIngress) > 0}
 }
 
 // sameObjects says whether a and b hold the same objects, in any order.
