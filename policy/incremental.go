@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Compiler compiles one snapshot after another. When only pods changed
@@ -480,15 +481,26 @@ func (k *Compiler) inputsOf(s Snapshot) inputs {
 		add("ns/"+n.Name, n.ResourceVersion)
 	}
 	for _, p := range s.Policies {
-		add("np/"+p.Namespace+"/"+p.Name, p.ResourceVersion)
+		add("np/"+p.Namespace+"/"+p.Name, specVersion(p.ObjectMeta))
 	}
 	for _, p := range s.ClusterPolicies {
-		add("cnp/"+p.Name, p.ResourceVersion)
+		add("cnp/"+p.Name, specVersion(p.ObjectMeta))
 	}
 	if len(s.ClusterPolicies) > 0 { // a nodes peer reads them
 		in.nodes = k.nodesOf(s.Nodes)
 	}
 	return in
+}
+
+// specVersion is what changes with a policy's spec: the object (its UID)
+// and its generation, which its status and labels leave alone (twilld
+// writes a ClusterNetworkPolicy's status); without them, its
+// ResourceVersion.
+func specVersion(m metav1.ObjectMeta) string {
+	if m.UID == "" || m.Generation == 0 {
+		return m.ResourceVersion
+	}
+	return fmt.Sprint(m.UID, "/", m.Generation)
 }
 
 // nodeSeen is what a Node's peer reads of it, by its ResourceVersion.

@@ -292,3 +292,37 @@ func TestIncrementalOnPodChanges(t *testing.T) {
 		t.Fatal("a policy's deletion was compiled incrementally")
 	}
 }
+
+// TestIncrementalThroughStatusUpdates: twilld writes a
+// ClusterNetworkPolicy's status, a new ResourceVersion of the same spec:
+// the next change of pods is still compiled incrementally. A new
+// generation is not.
+func TestIncrementalThroughStatusUpdates(t *testing.T) {
+	w := newWorld()
+	w.cnps[0] = true
+	for i := range 4 {
+		w.setPod(i, []byte{0, 0, byte(i), 0, 0, byte(i)})
+	}
+	s := w.snapshot()
+	cnp := s.ClusterPolicies[0]
+	cnp.UID, cnp.Generation, cnp.ResourceVersion = "u1", 1, "10"
+	var k Compiler
+	k.Compile(s)
+	for i, tc := range []struct {
+		rv          string
+		generation  int64
+		incremental bool
+	}{{"11", 1, true}, {"12", 2, false}} {
+		w.setPod(0, []byte{0, 0, byte(i + 1), 0, 0, byte(i + 1)})
+		s = w.snapshot()
+		next := *cnp // a new object, as the informer gives it
+		next.ResourceVersion, next.Generation = tc.rv, tc.generation
+		s.ClusterPolicies[0] = &next
+		if got, want := k.Compile(s), Compile(s); !reflect.DeepEqual(got, want) {
+			t.Fatalf("resourceVersion %s, generation %d: the compile differs from Compile's", tc.rv, tc.generation)
+		}
+		if k.Incremental != tc.incremental {
+			t.Errorf("resourceVersion %s, generation %d: incremental %v, want %v", tc.rv, tc.generation, k.Incremental, tc.incremental)
+		}
+	}
+}

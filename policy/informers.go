@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -29,6 +30,16 @@ import (
 // watch on each and nothing more.
 type Informers struct {
 	pods, namespaces, policies, nodes, clusterPolicies cache.SharedIndexInformer
+
+	mu      sync.Mutex // guards decoded
+	decoded map[*unstructured.Unstructured]decoded
+}
+
+// decoded is a ClusterNetworkPolicy object as Decode read it: the
+// informer's objects are not changed in place, so it is read once.
+type decoded struct {
+	p   *cnpapi.ClusterNetworkPolicy
+	err error
 }
 
 var _ Source = (*Informers)(nil)
@@ -245,24 +256,33 @@ func (i *Informers) Snapshot() Snapshot {
 	for _, o := range i.nodes.GetStore().List() {
 		s.Nodes = append(s.Nodes, o.(*corev1.Node))
 	}
-	s.ClusterPolicies, s.ClusterPolicyErrors = decodeClusterPolicies(i.clusterPolicies.GetStore().List())
+	s.ClusterPolicies, s.ClusterPolicyErrors = i.decodeClusterPolicies(i.clusterPolicies.GetStore().List())
 	return s
 }
 
 // decodeClusterPolicies reads the informer's objects; one it cannot read
 // is a problem of its own (and enforced not at all).
-func decodeClusterPolicies(objs []any) (out []*cnpapi.ClusterNetworkPolicy, problems []Problem) {
+func (i *Informers) decodeClusterPolicies(objs []any) (out []*cnpapi.ClusterNetworkPolicy, problems []Problem) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	next := make(map[*unstructured.Unstructured]decoded, len(objs))
 	for _, o := range objs {
 		u, ok := o.(*unstructured.Unstructured)
 		if !ok {
 			continue
 		}
-		p, err := cnpapi.Decode(u.Object)
+		d, ok := i.decoded[u]
+		if !ok {
+			d.p, d.err = cnpapi.Decode(u.Object)
+		}
+		next[u] = d
+		p, err := d.p, d.err
 		if err != nil {
 			problems = append(problems, Problem{ClusterPolicyPrefix + u.GetName(), fmt.Errorf("%w: the policy is not enforced", err)})
 			continue
 		}
 		out = append(out, p)
 	}
+	i.decoded = next
 	return out, problems
 }

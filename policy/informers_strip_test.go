@@ -44,11 +44,17 @@ func TestDecodeClusterPoliciesNamesTheUnreadable(t *testing.T) {
 			"subject": map[string]any{"namespaces": map[string]any{}}}}}
 	bad := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy",
 		"metadata": map[string]any{"name": "bad"}, "spec": map[string]any{"tier": "Admin", "priority": "high"}}}
-	out, problems := decodeClusterPolicies([]any{good, bad, "not an object"})
+	var i Informers
+	out, problems := i.decodeClusterPolicies([]any{good, bad, "not an object"})
 	if len(out) != 1 || out[0].Name != "good" {
 		t.Errorf("decoded %v, want good alone", out)
 	}
 	if len(problems) != 1 || problems[0].Policy != ClusterPolicyPrefix+"bad" || !strings.Contains(problems[0].Err.Error(), "not enforced") {
 		t.Errorf("problems %+v, want bad's, saying it is not enforced", problems)
+	}
+	// The same objects again: read once, the same policy.
+	again, problems := i.decodeClusterPolicies([]any{good, bad})
+	if len(again) != 1 || again[0] != out[0] || len(problems) != 1 {
+		t.Errorf("the same objects decoded again: %v (%v), want the same policy, and bad's problem", again, problems)
 	}
 }

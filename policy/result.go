@@ -138,20 +138,8 @@ func (c *compiler) result() Result {
 	for _, p := range c.local {
 		chains = append(chains, c.chains[p.key]...)
 	}
-	for _, dir := range []string{"eg", "in"} {
-		for _, p := range c.local {
-			if c.kept != nil {
-				break // the maps are the last compile's
-			}
-			if c.hasChain(dir, p) {
-				name := ChainName(dir, p.key)
-				for _, ip := range p.ips {
-					if m := jumpMaps[JumpMap(dir, ip.Is6())]; m != nil {
-						m.Elems, m.Jumps = append(m.Elems, ip), append(m.Jumps, name)
-					}
-				}
-			}
-		}
+	if c.kept == nil { // else the maps are the last compile's
+		c.fillJumps(jumpMaps)
 	}
 	// The input hook sees a local pod's packets to its own node: the
 	// egress maps alone, after what conntrack already let through.
@@ -192,7 +180,28 @@ func (c *compiler) result() Result {
 			c.selectedOut[k] = *s
 		}
 	}
+	// The targets' rules by policy are in their chains now: the next
+	// compile, which keeps c, needs them no more.
+	c.ingress, c.egress, c.admin, c.baseline = nil, nil, nil, nil
 	return Result{Ruleset: rs, Selected: c.selectedOut, Problems: c.problems}
+}
+
+// fillJumps sends each local pod's addresses to its chains, in each
+// direction it has one.
+func (c *compiler) fillJumps(jumpMaps map[string]*Set) {
+	for _, dir := range []string{"eg", "in"} {
+		for _, p := range c.local {
+			if !c.hasChain(dir, p) {
+				continue
+			}
+			name := ChainName(dir, p.key)
+			for _, ip := range p.ips {
+				if m := jumpMaps[JumpMap(dir, ip.Is6())]; m != nil {
+					m.Elems, m.Jumps = append(m.Elems, ip), append(m.Jumps, name)
+				}
+			}
+		}
+	}
 }
 
 // hasChain says whether a policy of any tier selects p in direction dir.
