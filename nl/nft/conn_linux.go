@@ -205,16 +205,31 @@ func queueChain(conn *nftables.Conn, op Op) {
 }
 
 // queueSet hands a set's operation to the library, which encodes the
-// elements as it queues them.
+// elements as it queues them: in messages of at most elemsPerMessage
+// bytes of elements each.
 func queueSet(conn *nftables.Conn, op Op) error {
 	var err error
 	switch op.Kind {
 	case AddSet:
-		err = conn.AddSet(op.Set, elements(op.Set, op.Elems))
+		chunks := chunked(op.Elems)
+		err = conn.AddSet(op.Set, elements(op.Set, chunks[0]))
+		for _, c := range chunks[1:] {
+			if err == nil {
+				err = conn.SetAddElements(op.Set, elements(op.Set, c))
+			}
+		}
 	case AddElems:
-		err = conn.SetAddElements(op.Set, elements(op.Set, op.Elems))
+		for _, c := range chunked(op.Elems) {
+			if err == nil {
+				err = conn.SetAddElements(op.Set, elements(op.Set, c))
+			}
+		}
 	case DelElems:
-		err = conn.SetDeleteElements(op.Set, elements(&nftables.Set{}, op.Elems))
+		for _, c := range chunked(op.Elems) {
+			if err == nil {
+				err = conn.SetDeleteElements(op.Set, elements(&nftables.Set{}, c))
+			}
+		}
 	default:
 		conn.DelSet(op.Set)
 	}
@@ -222,6 +237,30 @@ func queueSet(conn *nftables.Conn, op Op) error {
 		return fmt.Errorf("queueing set %s: %w", op.Set.Name, err)
 	}
 	return nil
+}
+
+// elemsPerMessage bounds the elements' bytes in one message. Their list
+// is one netlink attribute, whose length is 16 bits: the kernel reads a
+// longer one cut at 64 KiB, and takes the first elements alone, without
+// an error.
+const elemsPerMessage = 16 << 10
+
+// chunked splits elems into runs of at most elemsPerMessage bytes as
+// encoded (an element's key and jump, and its attributes' headers, 64
+// bytes at most); there is always one run, empty or not.
+func chunked(elems []Elem) [][]Elem {
+	out := [][]Elem{nil}
+	size := 0
+	for i, e := range elems {
+		n := len(e.Key) + len(e.Jump) + 64
+		if size+n > elemsPerMessage && size > 0 {
+			out = append(out, nil)
+			size = 0
+		}
+		out[len(out)-1] = append(out[len(out)-1], elems[i])
+		size += n
+	}
+	return out
 }
 
 // elements is elems as the library writes them into s: a verdict map's

@@ -284,3 +284,69 @@ func TestPrivilegedModelRulesMatchesKernel(t *testing.T) {
 		}
 	}
 }
+
+// TestPrivilegedLargeSets: a set or verdict map whose elements take more
+// than one netlink attribute can hold (64 KiB) is written whole, made
+// with its elements or given them later, and its elements deleted whole.
+// The kernel took the first 64 KiB alone, without an error, when they
+// went in one message.
+func TestPrivilegedLargeSets(t *testing.T) {
+	name := netnstest.New(t, "nftl")
+	f, err := os.Open("/var/run/netns/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	k := nft.Conn{NetNS: int(f.Fd())}
+	const n = 5000
+	var addrElems, jumpElems []nft.Elem
+	for i := range n {
+		key := []byte{10, 1, byte(i >> 8), byte(i)}
+		addrElems = append(addrElems, nft.Elem{Key: key})
+		jumpElems = append(jumpElems, nft.Elem{Key: key, Jump: "a-chain-with-a-name-as-long-as-a-pods-key"})
+	}
+	long := &nftables.Chain{Table: tbl, Name: "a-chain-with-a-name-as-long-as-a-pods-key"}
+	count := func(what string) map[string]int {
+		t.Helper()
+		got, err := k.Table(tbl.Family, tbl.Name)
+		if err != nil {
+			t.Fatalf("%s: reading: %v", what, err)
+		}
+		out := map[string]int{}
+		for _, s := range got.Sets {
+			out[s.Set.Name] = len(s.Elems)
+		}
+		return out
+	}
+	apply := func(what string, ops func(b *nft.Batch)) {
+		t.Helper()
+		var b nft.Batch
+		ops(&b)
+		if err := k.Apply(&b); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	apply("made with their elements", func(b *nft.Batch) {
+		b.AddTable(tbl)
+		b.AddChain(long)
+		b.AddSet(addrs, addrElems)
+		b.AddSet(jumps, jumpElems)
+	})
+	if got := count("made with their elements"); got["addrs"] != n || got["jumps"] != n {
+		t.Errorf("made with %d elements each: the kernel holds %v", n, got)
+	}
+	apply("deleted", func(b *nft.Batch) {
+		b.DelElems(addrs, addrElems)
+		b.DelElems(jumps, jumpElems)
+	})
+	if got := count("deleted"); got["addrs"] != 0 || got["jumps"] != 0 {
+		t.Errorf("all %d deleted: the kernel holds %v", n, got)
+	}
+	apply("added", func(b *nft.Batch) {
+		b.AddElems(addrs, addrElems)
+		b.AddElems(jumps, jumpElems)
+	})
+	if got := count("added"); got["addrs"] != n || got["jumps"] != n {
+		t.Errorf("%d added to each: the kernel holds %v", n, got)
+	}
+}
