@@ -202,6 +202,9 @@ func (e *Enforcer) loop(ctx context.Context, kick, drift <-chan struct{}, watchi
 	// drifted: the table changed behind our back and has not been read
 	// back since. It outlives syncs that do not read the kernel.
 	drifted := false
+	// own is nftables' generation after the last sync, when that sync's
+	// write was the only commit since the one before (0: not known).
+	var own uint32
 	for {
 		select {
 		case <-ctx.Done():
@@ -213,6 +216,9 @@ func (e *Enforcer) loop(ctx context.Context, kick, drift <-chan struct{}, watchi
 			}
 			continue
 		case <-drift:
+			if own != 0 && e.generation() == own {
+				continue // nothing committed since our write: its notifications, lost
+			}
 			drifted = true
 			if wait := time.Second - time.Since(last); wait > 0 {
 				t.Reset(wait)
@@ -226,7 +232,12 @@ func (e *Enforcer) loop(ctx context.Context, kick, drift <-chan struct{}, watchi
 		// A change of the informers' state diffs against what was
 		// written; a timer or a change to the table reads the kernel.
 		reread := since.IsZero() || drifted
+		before := e.generation()
 		ch, err := e.syncOnce(reread)
+		own = 0
+		if after := e.generation(); err == nil && before != 0 && (ch.Clean() && after == before || !ch.Clean() && after == before+1) {
+			own = after
+		}
 		if err == nil && reread {
 			drifted = false
 		}
@@ -256,6 +267,22 @@ func (e *Enforcer) report(ch Changes, since time.Time, first bool) {
 	if first && e.Synced != nil {
 		e.Synced()
 	}
+}
+
+// generation is nftables' generation, when the Kernel reads it (0: not
+// known). A write of a large table overflows the watch's socket, which
+// counts as a change of the table; when the generation is still the one
+// the enforcer's own write left, nothing else wrote.
+func (e *Enforcer) generation() uint32 {
+	k, ok := e.Kernel.(interface{ Generation() (uint32, error) })
+	if !ok {
+		return 0
+	}
+	g, err := k.Generation()
+	if err != nil {
+		return 0
+	}
+	return g
 }
 
 // watch runs Watch, poking after each change of the table, and says on

@@ -40,11 +40,13 @@ func (f *fakeSource) set(s Snapshot) {
 	changed()
 }
 
-// fakeKernel holds the last ruleset written, as the kernel would.
+// fakeKernel holds the last ruleset written, as the kernel would, and
+// nftables' generation, which each write moves.
 type fakeKernel struct {
 	mu      sync.Mutex
 	rs      *Ruleset
 	rereads int
+	gen     uint32
 	syncs   chan Ruleset
 }
 
@@ -54,14 +56,23 @@ func (k *fakeKernel) Sync(rs Ruleset, reread bool) (Changes, error) {
 		k.rereads++
 	}
 	k.rs = &rs
+	k.gen++
 	k.mu.Unlock()
 	k.syncs <- rs
 	return Changes{Chains: 1}, nil
 }
 
+func (k *fakeKernel) Generation() (uint32, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.gen + 1, nil // never 0
+}
+
+// flushed is another writer's flush of the table.
 func (k *fakeKernel) flushed() {
 	k.mu.Lock()
 	k.rs = nil
+	k.gen++
 	k.mu.Unlock()
 }
 
@@ -128,6 +139,46 @@ func TestEnforcerWritesAfterTheListsAndOnEachChange(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestEnforcerIgnoresItsOwnLostNotifications: a watch that says the
+// table changed (its socket overflowed with the notifications of the
+// enforcer's own large write) while nftables' generation is still the one
+// that write left reads nothing back; once another writer has committed,
+// it does.
+func TestEnforcerIgnoresItsOwnLostNotifications(t *testing.T) {
+	src := &fakeSource{s: snapshot(), synced: make(chan struct{})}
+	close(src.synced)
+	k := &fakeKernel{syncs: make(chan Ruleset, 16)}
+	drifts := make(chan func(), 1)
+	e := &Enforcer{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Source: src, Kernel: k, Node: "n1",
+		Watch: func(ctx context.Context, subscribed, changed func()) error {
+			drifts <- changed
+			<-ctx.Done()
+			return nil
+		}}
+	synced := make(chan struct{})
+	e.Synced = sync.OnceFunc(func() { close(synced) })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = e.Run(ctx, []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}) }()
+	wait(t, k.syncs)
+	drift := <-drifts
+	<-synced // the loop past its first sync
+	drift()
+	select {
+	case <-k.syncs:
+		t.Fatal("lost notifications of its own write, nothing else committed: the table was read back")
+	case <-time.After(1500 * time.Millisecond):
+	}
+	k.flushed()
+	drift()
+	wait(t, k.syncs)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.rereads < 2 {
+		t.Errorf("after another writer's commit, %d rereads, want the table read back", k.rereads)
 	}
 }
 

@@ -157,6 +157,10 @@ func sameAddr(a, b Addr) bool {
 		a.VMap == b.VMap
 }
 
+// Generation is nftables' generation: it moves with every commit, of any
+// table and any writer.
+func (t *Table) Generation() (uint32, error) { return t.eng().Kernel.Generation() }
+
 // Delete removes the policy table if it exists, and says whether it did.
 func (t *Table) Delete() (bool, error) { return t.eng().Delete() }
 
