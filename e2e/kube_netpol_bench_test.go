@@ -39,8 +39,52 @@ import (
 // p99; the patch call alone is the floor), then idle CPU and peak RSS.
 func BenchmarkKubeNetworkPolicy(b *testing.B) {
 	for range b.N {
-		benchKubePolicy(b, 0)
+		benchKubePolicy(b, kubePolicyScale{pods: 1000, policies: 500}, 0)
 	}
+}
+
+// BenchmarkKubeNetworkPolicyAtScale is BenchmarkKubeNetworkPolicy at
+// 10,000 pods (3,334 on the measured node, which holds 10.244.0.0/20) in
+// 100 namespaces and 2,000 NetworkPolicies; under make bench-smoke, 2,000
+// pods and 400 policies.
+func BenchmarkKubeNetworkPolicyAtScale(b *testing.B) {
+	sc := kubePolicyScale{pods: 10000, policies: 2000}
+	if benchSmoke() {
+		sc = kubePolicyScale{pods: 2000, policies: 400}
+	}
+	for range b.N {
+		benchKubePolicy(b, sc, 0)
+	}
+}
+
+// kubePolicyScale is the cluster benchKubePolicy builds: pods over three
+// nodes, one namespace per 100 pods, one app per 20, ten policies per
+// app (policy.BenchmarkPolicyChangeAtScale's).
+type kubePolicyScale struct{ pods, policies int }
+
+func (sc kubePolicyScale) namespaces() int { return max(sc.pods/100, 1) }
+func (sc kubePolicyScale) apps() int       { return max(sc.pods/20, 1) }
+
+// bits is the prefix length of each node's block: room for a third of
+// the pods, and the network and gateway addresses.
+func (sc kubePolicyScale) bits() int {
+	bits := 32
+	for size := 1; size < sc.pods/3+3; size *= 2 {
+		bits--
+	}
+	return bits
+}
+
+// block is node n's block of 10.244.0.0/16.
+func (sc kubePolicyScale) block(n int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(n << (32 - sc.bits()) >> 8), 0}), sc.bits())
+}
+
+// podIP is pod i's address: the (2+i/3)th of its node's block.
+func (sc kubePolicyScale) podIP(i int) string {
+	a := sc.block(i % 3).Addr().As4()
+	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3]) + uint32(2+i/3)
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}).String()
 }
 
 // BenchmarkKubeClusterNetworkPolicy is BenchmarkKubeNetworkPolicy with
@@ -49,24 +93,25 @@ func BenchmarkKubeNetworkPolicy(b *testing.B) {
 // NetworkPolicies; twilld also writes their status.
 func BenchmarkKubeClusterNetworkPolicy(b *testing.B) {
 	for range b.N {
-		benchKubePolicy(b, 50)
+		benchKubePolicy(b, kubePolicyScale{pods: 1000, policies: 500}, 50)
 	}
 }
 
-func benchKubePolicy(b *testing.B, cnps int) {
+func benchKubePolicy(b *testing.B, sc kubePolicyScale, cnps int) {
 	k := newKubeClusterOn(b, 1, netip.MustParsePrefix("10.99.0.0/24"), "10.244.0.0/16", "host-gw")
 	self := k.topo.Nodes[0]
-	k.createNode(self.Name, "10.244.0.0/23", self.Addr.Addr(), nil)
+	k.createNode(self.Name, sc.block(0).String(), self.Addr.Addr(), nil)
 	api, err := newPolicyAPI(k.api.Admin)
 	if err != nil {
 		b.Fatal(err)
 	}
 	created := time.Now()
-	policyScale(b, api, self.Name)
+	policyScale(b, api, self.Name, sc)
 	if cnps > 0 {
 		createClusterPolicies(b, k.api, cnps)
 	}
-	b.Logf("10 namespaces, 1,000 pods, 500 NetworkPolicies and %d ClusterNetworkPolicies created in %s", cnps, time.Since(created).Round(time.Millisecond))
+	b.Logf("%d namespaces, %d pods, %d NetworkPolicies and %d ClusterNetworkPolicies created in %s", sc.namespaces(), sc.pods, sc.policies, cnps,
+		time.Since(created).Round(time.Millisecond))
 
 	writes := watchPolicyTable(b, self.NS)
 	b.ResetTimer()
@@ -99,7 +144,7 @@ func benchKubePolicy(b *testing.B, cnps int) {
 		quiet(writes, 100*time.Millisecond, 10*time.Second)
 		t0 := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		_, err := api.CoreV1().Pods(fmt.Sprintf("ns%d", (3*m)%10)).Patch(ctx, fmt.Sprintf("p%d", 3*m), types.MergePatchType, patch, metav1.PatchOptions{})
+		_, err := api.CoreV1().Pods(fmt.Sprintf("ns%d", (3*m)%sc.namespaces())).Patch(ctx, fmt.Sprintf("p%d", 3*m), types.MergePatchType, patch, metav1.PatchOptions{})
 		cancel()
 		if err != nil {
 			b.Fatalf("patching pod p%d: %v", 3*m, err)
@@ -122,19 +167,24 @@ func benchKubePolicy(b *testing.B, cnps int) {
 	b.ReportMetric(ms(median(patches)), "api-patch-p50-ms")
 	b.ReportMetric(idle, "idle-cpu-%")
 	b.ReportMetric(rss, "peak-rss-MiB")
-	b.Logf("kube, 1,000 pods, 500 policies and %d ClusterNetworkPolicies: start→policy table %s; label patch→kernel p50/p99 %s/%s (the patch call alone p50 %s); idle CPU %s; peak RSS %.1f MiB",
-		cnps, startup.Round(time.Millisecond), r(median(changes)), r(quantile(changes, 0.99)), r(median(patches)), idleString(idle), rss)
+	if os.Getenv("TWILL_BENCH_LOG") != "" {
+		out := d.Output()
+		b.Logf("twilld's log, last 6000 bytes:\n%s", out[max(0, len(out)-6000):])
+	}
+	b.Logf("kube, %d pods, %d policies and %d ClusterNetworkPolicies: start→policy table %s; label patch→kernel p50/p99 %s/%s (the patch call alone p50 %s); idle CPU %s; peak RSS %.1f MiB",
+		sc.pods, sc.policies, cnps, startup.Round(time.Millisecond), r(median(changes)), r(quantile(changes, 0.99)), r(median(patches)), idleString(idle), rss)
 }
 
-// policyScale creates, in the apiserver, what the policy package's scale()
-// holds: 10 namespaces, 1,000 pods over node and two more nodes' names
-// (pod i on node i%3, the (2+i/3)th address of 10.244.2(i%3).0/23, labelled app i%50 and role
-// i%7, with a named port http 80), and 500 policies, each selecting one
-// app and letting in two roles on port 80.
-func policyScale(b *testing.B, api policyAPI, node string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+// policyScale creates, in the apiserver, what the policy package's
+// scaleOf holds for sc: at 1,000 pods, 10 namespaces, 1,000 pods over
+// node and two more nodes' names (pod i on node i%3, sc.podIP(i), in
+// 10.244.2(i%3).0/23, labelled app i%50 and role i%7, with a named port
+// http 80), and 500 policies, each selecting one app and letting in two
+// roles on port 80.
+func policyScale(b *testing.B, api policyAPI, node string, sc kubePolicyScale) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	for i := range 10 {
+	for i := range sc.namespaces() {
 		name := fmt.Sprintf("ns%d", i)
 		if _, err := api.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name,
 			Labels: map[string]string{"tier": fmt.Sprint(i % 3)}}}, metav1.CreateOptions{}); err != nil {
@@ -146,16 +196,15 @@ func policyScale(b *testing.B, api policyAPI, node string) {
 			b.Fatalf("ServiceAccount %s/default: %v", name, err)
 		}
 	}
-	parallel(b, 1000, func(i int) error {
+	parallel(b, sc.pods, func(i int) error {
 		nodeName := node
 		if i%3 != 0 {
 			nodeName = fmt.Sprintf("elsewhere-%d", i%3)
 		}
-		host := 2 + i/3
-		ip := fmt.Sprintf("10.244.%d.%d", 2*(i%3)+host/256, host%256)
+		ip := sc.podIP(i)
 		no := false
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("ns%d", i%10), Name: fmt.Sprintf("p%d", i),
-			Labels: map[string]string{"app": fmt.Sprintf("app%d", i%50), "role": fmt.Sprintf("r%d", i%7)}},
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("ns%d", i%sc.namespaces()), Name: fmt.Sprintf("p%d", i),
+			Labels: map[string]string{"app": fmt.Sprintf("app%d", i%sc.apps()), "role": fmt.Sprintf("r%d", i%7)}},
 			Spec: corev1.PodSpec{NodeName: nodeName, AutomountServiceAccountToken: &no, Containers: []corev1.Container{{Name: "c", Image: "stand-in.invalid/none",
 				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80}}}}}}
 		p, err := api.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{})
@@ -167,9 +216,9 @@ func policyScale(b *testing.B, api policyAPI, node string) {
 		return err
 	})
 	p80 := intstr.FromInt32(80)
-	parallel(b, 500, func(i int) error {
-		np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("ns%d", i%10), Name: fmt.Sprintf("pol%d", i)},
-			Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app%d", i%50)}},
+	parallel(b, sc.policies, func(i int) error {
+		np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("ns%d", i%sc.namespaces()), Name: fmt.Sprintf("pol%d", i)},
+			Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app%d", i%sc.apps())}},
 				Ingress: []networkingv1.NetworkPolicyIngressRule{{
 					From: []networkingv1.NetworkPolicyPeer{
 						{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": fmt.Sprintf("r%d", i%7)}}},
