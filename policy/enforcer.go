@@ -202,9 +202,11 @@ func (e *Enforcer) loop(ctx context.Context, kick, drift <-chan struct{}, watchi
 	// drifted: the table changed behind our back and has not been read
 	// back since. It outlives syncs that do not read the kernel.
 	drifted := false
-	// own is nftables' generation after the last sync, when that sync's
-	// write was the only commit since the one before (0: not known).
-	var own uint32
+	// own is nftables' generation after the last sync when no one else
+	// has committed since the table was last known: read back by that
+	// sync, or left by the one before with nothing committed in between
+	// (0: not known). last is the generation after the last sync.
+	var own, lastGen uint32
 	for {
 		select {
 		case <-ctx.Done():
@@ -234,10 +236,12 @@ func (e *Enforcer) loop(ctx context.Context, kick, drift <-chan struct{}, watchi
 		reread := since.IsZero() || drifted
 		before := e.generation()
 		ch, err := e.syncOnce(reread)
+		after := e.generation()
 		own = 0
-		if after := e.generation(); err == nil && before != 0 && (ch.Clean() && after == before || !ch.Clean() && after == before+1) {
+		if err == nil && before != 0 && (reread || before == lastGen) && (ch.Clean() && after == before || !ch.Clean() && after == before+1) {
 			own = after
 		}
+		lastGen = after
 		if err == nil && reread {
 			drifted = false
 		}

@@ -152,7 +152,7 @@ func TestEnforcerIgnoresItsOwnLostNotifications(t *testing.T) {
 	close(src.synced)
 	k := &fakeKernel{syncs: make(chan Ruleset, 16)}
 	drifts := make(chan func(), 1)
-	e := &Enforcer{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Source: src, Kernel: k, Node: "n1",
+	e := &Enforcer{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Source: src, Kernel: k, Node: "n1", Resync: time.Hour,
 		Watch: func(ctx context.Context, subscribed, changed func()) error {
 			drifts <- changed
 			<-ctx.Done()
@@ -179,6 +179,52 @@ func TestEnforcerIgnoresItsOwnLostNotifications(t *testing.T) {
 	defer k.mu.Unlock()
 	if k.rereads < 2 {
 		t.Errorf("after another writer's commit, %d rereads, want the table read back", k.rereads)
+	}
+}
+
+// TestEnforcerDriftBeforeAChangeIsReadBack: another writer flushes the
+// table, then a change is written before the watch's signal of the flush
+// is taken: that signal still has the table read back, though nothing was
+// committed after the change's write.
+func TestEnforcerDriftBeforeAChangeIsReadBack(t *testing.T) {
+	src := &fakeSource{s: snapshot(), synced: make(chan struct{})}
+	close(src.synced)
+	k := &fakeKernel{syncs: make(chan Ruleset, 16)}
+	drifts := make(chan func(), 1)
+	e := &Enforcer{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Source: src, Kernel: k, Node: "n1", Resync: time.Hour,
+		Watch: func(ctx context.Context, subscribed, changed func()) error {
+			drifts <- changed
+			<-ctx.Done()
+			return nil
+		}}
+	synced := make(chan struct{})
+	e.Synced = sync.OnceFunc(func() { close(synced) })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = e.Run(ctx, []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}) }()
+	wait(t, k.syncs)
+	drift := <-drifts
+	<-synced
+	k.flushed() // its signal comes after the change below is written
+	src.set(snapshot(testPolicy("x", "deny", nil, nil)))
+	wait(t, k.syncs)
+	k.mu.Lock()
+	before := k.rereads
+	k.mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(k.syncs) == 0 && time.Now().Before(deadline) {
+		drift() // until the loop, past the change's sync, takes it
+		select {
+		case rs := <-k.syncs:
+			k.syncs <- rs
+		case <-time.After(1500 * time.Millisecond):
+		}
+	}
+	wait(t, k.syncs)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.rereads != before+1 {
+		t.Errorf("another writer's flush before a change: %d rereads after it, want the table read back", k.rereads-before)
 	}
 }
 
