@@ -17,14 +17,15 @@ import (
 // since its last compile, it works out again the chains of the local pods
 // that changed and the sets whose members changed, and keeps the rest:
 // its result is Compile's (FuzzIncrementalIsFull), at a cost that grows
-// with the change, not with the cluster. Anything else changed (a
-// namespace, a policy, a Node, the node's CIDRs, the log settings), a
-// problem in the last compile, or a pod entering or leaving a named port's
-// peers, and it compiles the whole state, as Compile does.
+// with the change, but for a look at each pod object and each local pod.
+// Anything else changed (a namespace, a policy's spec, a Node's labels or
+// addresses, the node's CIDRs, the log settings), a problem in the last
+// compile, or a pod entering or leaving a named port's peers, and it
+// compiles the whole state, as Compile does.
 //
 // It reads objects as the informers keep them: a changed object is a new
-// one, with a new ResourceVersion. An object without one is taken as
-// changed every time.
+// one, with a new ResourceVersion (a policy's spec, a new generation). An
+// object without one is taken as changed every time.
 type Compiler struct {
 	last  *compiler // the last compile, its maps as the next one starts
 	in    inputs    // what the last compile read besides pods
