@@ -142,12 +142,10 @@ func TestEnforcerWritesAfterTheListsAndOnEachChange(t *testing.T) {
 	}
 }
 
-// TestEnforcerIgnoresItsOwnLostNotifications: a watch that says the
-// table changed (its socket overflowed with the notifications of the
-// enforcer's own large write) while nftables' generation is still the one
-// that write left reads nothing back; once another writer has committed,
-// it does.
-func TestEnforcerIgnoresItsOwnLostNotifications(t *testing.T) {
+// watchedEnforcer runs an enforcer on a fake kernel, its informers
+// listed and its watch subscribed, until the test ends; it returns once
+// the first sync is done, with the watch's signal of a change.
+func watchedEnforcer(t *testing.T) (*fakeSource, *fakeKernel, func()) {
 	src := &fakeSource{s: snapshot(), synced: make(chan struct{})}
 	close(src.synced)
 	k := &fakeKernel{syncs: make(chan Ruleset, 16)}
@@ -161,11 +159,22 @@ func TestEnforcerIgnoresItsOwnLostNotifications(t *testing.T) {
 	synced := make(chan struct{})
 	e.Synced = sync.OnceFunc(func() { close(synced) })
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { _ = e.Run(ctx, []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}) }()
+	done := make(chan struct{})
+	go func() { defer close(done); _ = e.Run(ctx, []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}) }()
+	t.Cleanup(func() { cancel(); <-done })
 	wait(t, k.syncs)
 	drift := <-drifts
 	<-synced // the loop past its first sync
+	return src, k, drift
+}
+
+// TestEnforcerIgnoresItsOwnLostNotifications: a watch that says the
+// table changed (its socket overflowed with the notifications of the
+// enforcer's own large write) while nftables' generation is still the one
+// that write left reads nothing back; once another writer has committed,
+// it does.
+func TestEnforcerIgnoresItsOwnLostNotifications(t *testing.T) {
+	_, k, drift := watchedEnforcer(t)
 	drift()
 	select {
 	case <-k.syncs:
@@ -187,24 +196,7 @@ func TestEnforcerIgnoresItsOwnLostNotifications(t *testing.T) {
 // is taken: that signal still has the table read back, though nothing was
 // committed after the change's write.
 func TestEnforcerDriftBeforeAChangeIsReadBack(t *testing.T) {
-	src := &fakeSource{s: snapshot(), synced: make(chan struct{})}
-	close(src.synced)
-	k := &fakeKernel{syncs: make(chan Ruleset, 16)}
-	drifts := make(chan func(), 1)
-	e := &Enforcer{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Source: src, Kernel: k, Node: "n1", Resync: time.Hour,
-		Watch: func(ctx context.Context, subscribed, changed func()) error {
-			drifts <- changed
-			<-ctx.Done()
-			return nil
-		}}
-	synced := make(chan struct{})
-	e.Synced = sync.OnceFunc(func() { close(synced) })
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { _ = e.Run(ctx, []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}) }()
-	wait(t, k.syncs)
-	drift := <-drifts
-	<-synced
+	src, k, drift := watchedEnforcer(t)
 	k.flushed() // its signal comes after the change below is written
 	src.set(snapshot(testPolicy("x", "deny", nil, nil)))
 	wait(t, k.syncs)
