@@ -61,4 +61,10 @@ for ((i = 0; i < ${#names[@]}; i += 2)); do
 	done
 done
 echo "test-kernels: ${#names[@]} kernels in $(($(date +%s) - start)) s"
+# The failed checks again, last: what a reader of the run's tail sees.
+if [ "$fail" != 0 ]; then
+	for n in "${names[@]}"; do
+		tr -d '\r' <"$logs/$n.log" 2>/dev/null | awk -v n="$n" '/^KCHECK/{show = /^KCHECK FAIL /} show {print "test-kernels: failed: " n ": " $0}' || true
+	done
+fi
 exit $fail
