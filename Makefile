@@ -225,6 +225,7 @@ fuzz: ## Fuzz every parser of untrusted input for FUZZTIME each (default 30s)
 	$(GO) test -run '^$$' -fuzz '^FuzzParseGet$$' -fuzztime $${FUZZTIME:-30s} ./backend/wireguard/uapi/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseHeader$$' -fuzztime $${FUZZTIME:-30s} ./policy/verdictlog/
 	$(GO) test -run '^$$' -fuzz '^FuzzRouteEvents$$' -fuzztime $${FUZZTIME:-30s} ./nl/
+	$(GO) test -run '^$$' -fuzz '^FuzzReply$$' -fuzztime $${FUZZTIME:-30s} ./nl/nft/
 	$(GO) test -run '^$$' -fuzz '^FuzzCompile$$' -fuzztime $${FUZZTIME:-30s} ./policy/
 	$(GO) test -run '^$$' -fuzz '^FuzzIncrementalIsFull$$' -fuzztime $${FUZZTIME:-30s} ./policy/
 

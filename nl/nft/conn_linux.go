@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"syscall"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -149,94 +151,98 @@ func (c Conn) Rules(t *nftables.Table, chain string) ([]*nftables.Rule, error) {
 	return rules, nil
 }
 
-// Apply commits the batch in one transaction.
+// Apply commits the batch in one transaction: encoded (encoder), sent in
+// one system call, and done when the kernel acknowledges its last
+// operation, or failed at the first error the kernel reports.
 func (c Conn) Apply(b *Batch) error {
 	if b.Len() == 0 {
 		return nil
 	}
-	conn, err := c.dial()
-	if err != nil {
+	enc, err := encode(b, firstSeq)
+	if err != nil || len(enc.ops) == 0 {
 		return err
 	}
-	for _, op := range b.Ops {
-		if err := queue(conn, op); err != nil {
-			return err
-		}
-	}
-	return conn.Flush()
-}
-
-// queue hands op to the library's connection.
-func queue(conn *nftables.Conn, op Op) error {
-	switch op.Kind {
-	case AddTable, DelTable:
-		queueTable(conn, op)
-	case AddChain, FlushChain, DelChain:
-		queueChain(conn, op)
-	case AddRule:
-		conn.AddRule(op.Rule)
-	case DelRule:
-		return conn.DelRule(op.Rule)
-	case AddSet, DelSet, AddElems, DelElems:
-		return queueSet(conn, op)
-	default:
-		return fmt.Errorf("nftables batch: unknown operation %d", op.Kind)
-	}
-	return nil
-}
-
-func queueTable(conn *nftables.Conn, op Op) {
-	if op.Kind == AddTable {
-		conn.AddTable(op.Table)
-		return
-	}
-	conn.DelTable(op.Table)
-}
-
-func queueChain(conn *nftables.Conn, op Op) {
-	switch op.Kind {
-	case AddChain:
-		conn.AddChain(op.Chain)
-	case FlushChain:
-		conn.FlushChain(op.Chain)
-	default:
-		conn.DelChain(op.Chain)
-	}
-}
-
-// queueSet hands a set's operation to the library, which encodes the
-// elements as it queues them: in messages of at most elemsPerMessage
-// bytes of elements each.
-func queueSet(conn *nftables.Conn, op Op) error {
-	var err error
-	switch op.Kind {
-	case AddSet:
-		chunks := chunked(op.Elems)
-		err = conn.AddSet(op.Set, elements(op.Set, chunks[0]))
-		for _, c := range chunks[1:] {
-			if err == nil {
-				err = conn.SetAddElements(op.Set, elements(op.Set, c))
-			}
-		}
-	case AddElems:
-		for _, c := range chunked(op.Elems) {
-			if err == nil {
-				err = conn.SetAddElements(op.Set, elements(op.Set, c))
-			}
-		}
-	case DelElems:
-		for _, c := range chunked(op.Elems) {
-			if err == nil {
-				err = conn.SetDeleteElements(op.Set, elements(&nftables.Set{}, c))
-			}
-		}
-	default:
-		conn.DelSet(op.Set)
-	}
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: c.NetNS})
 	if err != nil {
-		return fmt.Errorf("queueing set %s: %w", op.Set.Name, err)
+		return fmt.Errorf("opening nftables: %w", err)
 	}
-	return nil
+	defer conn.Close()
+	if err := bigBuffers(conn); err != nil {
+		return err
+	}
+	// Errors name the operation by their header alone, and say why.
+	_ = conn.SetOption(netlink.CapAcknowledge, true)
+	_ = conn.SetOption(netlink.ExtendedAcknowledge, true)
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("opening nftables: %w", err)
+	}
+	var serr error
+	err = rc.Write(func(fd uintptr) bool {
+		_, serr = unix.SendmsgBuffers(int(fd), enc.out, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0)
+		return serr != unix.EAGAIN
+	})
+	if err = errors.Join(err, serr); err != nil {
+		return fmt.Errorf("sending an nftables transaction of %d messages, %d bytes: %w", len(enc.ops), enc.size, err)
+	}
+	return c.acknowledged(conn, rc, enc, b)
+}
+
+// firstSeq numbers a batch's messages: the begin is firstSeq+1.
+const firstSeq = 1 << 20
+
+// ackTimeout bounds the wait for the kernel's acknowledgement, which it
+// queues before the send returns.
+const ackTimeout = 30 * time.Second
+
+// acknowledged reads the kernel's replies to enc until the last
+// operation's acknowledgement, or an error.
+func (c Conn) acknowledged(conn *netlink.Conn, rc syscall.RawConn, enc *encoder, b *Batch) error {
+	if err := conn.SetReadDeadline(time.Now().Add(ackTimeout)); err != nil {
+		return fmt.Errorf("reading nftables' acknowledgement: %w", err)
+	}
+	buf := make([]byte, 64<<10)
+	for range len(enc.ops) + 3 {
+		var n int
+		var rerr error
+		err := rc.Read(func(fd uintptr) bool {
+			n, _, rerr = unix.Recvfrom(int(fd), buf, 0)
+			return rerr != unix.EAGAIN
+		})
+		if err = errors.Join(err, rerr); err != nil {
+			return fmt.Errorf("reading nftables' acknowledgement: %w", err)
+		}
+		r, err := enc.reply(buf[:n])
+		if err != nil {
+			return fmt.Errorf("reading nftables' acknowledgement: %w", err)
+		}
+		if r.code != 0 {
+			return fmt.Errorf("nftables refused the transaction at %s: %w%s", describe(b, enc.opOf(firstSeq, r.seq)), unix.Errno(-r.code), r.why)
+		}
+		if r.done {
+			return nil
+		}
+	}
+	return errors.New("reading nftables' acknowledgement: more replies than messages sent")
+}
+
+// describe names a batch's operation i (-1: the batch itself) in an error.
+func describe(b *Batch, i int32) string {
+	if i < 0 || int(i) >= len(b.Ops) {
+		return "its start"
+	}
+	op := b.Ops[i]
+	table := fmt.Sprintf("table %s %s", FamilyName(op.Table.Family), op.Table.Name)
+	what := map[OpKind]string{AddTable: "adding", DelTable: "deleting", AddChain: "adding chain", FlushChain: "flushing chain",
+		DelChain: "deleting chain", AddRule: "adding a rule to chain", DelRule: "deleting a rule of chain", AddSet: "adding set",
+		DelSet: "deleting set", AddElems: "adding elements to set", DelElems: "deleting elements of set"}[op.Kind]
+	switch {
+	case op.Set != nil:
+		what += " " + op.Set.Name + " of"
+	case op.Chain != nil:
+		what += " " + op.Chain.Name + " of"
+	}
+	return fmt.Sprintf("operation %d (%s %s)", i, what, table)
 }
 
 // elemsPerMessage bounds the elements' bytes in one message. Their list
@@ -259,19 +265,6 @@ func chunked(elems []Elem) [][]Elem {
 		}
 		out[len(out)-1] = append(out[len(out)-1], elems[i])
 		size += n
-	}
-	return out
-}
-
-// elements is elems as the library writes them into s: a verdict map's
-// with their jump.
-func elements(s *nftables.Set, elems []Elem) []nftables.SetElement {
-	out := make([]nftables.SetElement, len(elems))
-	for i, e := range elems {
-		out[i] = nftables.SetElement{Key: e.Key}
-		if s.IsMap {
-			out[i].VerdictData = &expr.Verdict{Kind: expr.VerdictJump, Chain: e.Jump}
-		}
 	}
 	return out
 }

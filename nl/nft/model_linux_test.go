@@ -350,3 +350,68 @@ func TestPrivilegedLargeSets(t *testing.T) {
 		t.Errorf("%d added to each: the kernel holds %v", n, got)
 	}
 }
+
+// A refused transaction's error names the operation the kernel refused,
+// in the order the batch queued it, and wraps the kernel's errno.
+func TestPrivilegedRefusalNamesTheOperation(t *testing.T) {
+	name := netnstest.New(t, "nfte")
+	f, err := os.Open("/var/run/netns/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	k := nft.Conn{NetNS: int(f.Fd())}
+	var b nft.Batch
+	full(&b)
+	b.AddRule(rule(c1, "bad", "nosuchset", false, ""))
+	b.AddRule(rule(c2, "after it", "", false, ""))
+	err = k.Apply(&b)
+	if !errors.Is(err, unix.ENOENT) || !strings.Contains(err.Error(), "operation 9 (adding a rule to chain c1 of table inet m)") {
+		t.Fatalf("a lookup of a missing set, 10th of 11 operations: %v", err)
+	}
+	if got, err := k.Table(tbl.Family, tbl.Name); err != nil || got != nil {
+		t.Errorf("after the refusal the kernel holds %+v (%v), want no table", got, err)
+	}
+}
+
+// A transaction of tens of thousands of rules, as a node's policy table
+// is at 10,000 pods, commits whole: every rule is read back, in order.
+func TestPrivilegedLargeTransaction(t *testing.T) {
+	name := netnstest.New(t, "nftb")
+	f, err := os.Open("/var/run/netns/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	k := nft.Conn{NetNS: int(f.Fd())}
+	const chains, rules = 200, 100
+	var b nft.Batch
+	b.AddTable(tbl)
+	b.AddSet(addrs, []nft.Elem{elem(1, "")})
+	for i := range chains {
+		c := &nftables.Chain{Table: tbl, Name: fmt.Sprintf("c%d", i)}
+		b.AddChain(c)
+		for j := range rules {
+			b.AddRule(rule(c, fmt.Sprintf("rule %d", j), "addrs", false, ""))
+		}
+	}
+	if err := k.Apply(&b); err != nil {
+		t.Fatal(err)
+	}
+	got, err := k.Table(tbl.Family, tbl.Name)
+	if err != nil || got == nil {
+		t.Fatalf("reading it back: %+v, %v", got, err)
+	}
+	n := 0
+	for _, c := range got.Chains {
+		for j, r := range c.Rules {
+			if want := fmt.Sprintf("rule %d", j); !slices.Equal(r.UserData, nftsync.Comment(want)) {
+				t.Fatalf("chain %s, rule %d: %q, want %q", c.Chain.Name, j, r.UserData, want)
+			}
+			n++
+		}
+	}
+	if len(got.Chains) != chains || n != chains*rules {
+		t.Errorf("the kernel holds %d chains, %d rules; want %d, %d", len(got.Chains), n, chains, chains*rules)
+	}
+}
