@@ -64,6 +64,16 @@ func (e *encoder) op(op Op, i int32) error {
 		e.chain(op, i)
 	case AddRule, DelRule:
 		return e.rule(op, i)
+	case AddRules:
+		rules, err := op.Rules()
+		if err != nil {
+			return fmt.Errorf("rendering the rules of chain %s: %w", op.Chain.Name, err)
+		}
+		for _, r := range rules {
+			if err := e.rule(Op{Kind: AddRule, Table: op.Table, Chain: op.Chain, Rule: r}, i); err != nil {
+				return err
+			}
+		}
 	case AddSet, DelSet, AddElems, DelElems:
 		return e.set(op, i)
 	default:
@@ -123,23 +133,23 @@ func (e *encoder) rule(op Op, i int32) error {
 	r := op.Rule
 	if op.Kind == DelRule {
 		if r.Handle == 0 {
-			return fmt.Errorf("deleting a rule of chain %s: the rule has no handle", r.Chain.Name)
+			return fmt.Errorf("deleting a rule of chain %s: the rule has no handle", op.Chain.Name)
 		}
-		e.begin(unix.NFT_MSG_DELRULE, flagsDel, r.Table.Family, i)
-		e.strz(unix.NFTA_RULE_TABLE, r.Table.Name)
-		e.strz(unix.NFTA_RULE_CHAIN, r.Chain.Name)
+		e.begin(unix.NFT_MSG_DELRULE, flagsDel, op.Table.Family, i)
+		e.strz(unix.NFTA_RULE_TABLE, op.Table.Name)
+		e.strz(unix.NFTA_RULE_CHAIN, op.Chain.Name)
 		e.u64(unix.NFTA_RULE_HANDLE, r.Handle)
 		e.end()
 		return nil
 	}
-	e.begin(unix.NFT_MSG_NEWRULE, flagsAppend, r.Table.Family, i)
-	e.strz(unix.NFTA_RULE_TABLE, r.Table.Name)
-	e.strz(unix.NFTA_RULE_CHAIN, r.Chain.Name)
+	e.begin(unix.NFT_MSG_NEWRULE, flagsAppend, op.Table.Family, i)
+	e.strz(unix.NFTA_RULE_TABLE, op.Table.Name)
+	e.strz(unix.NFTA_RULE_CHAIN, op.Chain.Name)
 	list := e.nest(unix.NFTA_RULE_EXPRESSIONS)
 	for _, x := range r.Exprs {
-		b, err := expr.Marshal(byte(r.Table.Family), x)
+		b, err := expr.Marshal(byte(op.Table.Family), x)
 		if err != nil {
-			return fmt.Errorf("adding a rule to chain %s: encoding %T: %w", r.Chain.Name, x, err)
+			return fmt.Errorf("adding a rule to chain %s: encoding %T: %w", op.Chain.Name, x, err)
 		}
 		el := e.nest(unix.NFTA_LIST_ELEM)
 		e.msg = append(e.msg, b...)

@@ -87,6 +87,17 @@ func TestPrivilegedModelMatchesKernel(t *testing.T) {
 	}{
 		{"a whole table", nil, full, nil, nil},
 		{"a second identical batch", full, full, nil, nil},
+		{"rules rendered as the batch is applied", nil, func(b *nft.Batch) {
+			full(b)
+			b.AddRules(c2, func() ([]*nftables.Rule, error) {
+				return []*nftables.Rule{{Exprs: rule(c2, "", "", false, "").Exprs, UserData: nftsync.Comment("rendered 1")},
+					{Exprs: rule(c2, "", "addrs", false, "").Exprs, UserData: nftsync.Comment("rendered 2")}}, nil
+			})
+		}, nil, nil},
+		{"rules rendered into a missing chain", nil, func(b *nft.Batch) {
+			b.AddTable(tbl)
+			b.AddRules(c1, func() ([]*nftables.Rule, error) { return []*nftables.Rule{rule(c1, "x", "", false, "")}, nil })
+		}, nil, unix.ENOENT},
 		{"flush and delete chains that jump to each other", full, func(b *nft.Batch) {
 			b.DelElems(jumps, []nft.Elem{elem(1, "")})
 			b.FlushChain(c1)

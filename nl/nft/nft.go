@@ -79,21 +79,23 @@ const (
 	AddChain // created if missing
 	FlushChain
 	DelChain
-	AddRule // appended to its chain
-	DelRule // by its handle
-	AddSet  // created if missing, with Elems
+	AddRule  // appended to its chain
+	AddRules // rendered as the batch is applied, appended to their chain
+	DelRule  // by its handle
+	AddSet   // created if missing, with Elems
 	DelSet
 	AddElems
 	DelElems
 )
 
 // Op is one queued operation: Table for a table's, Chain for a chain's,
-// Rule, Set and Elems for theirs.
+// Rule, Rules, Set and Elems for theirs.
 type Op struct {
 	Kind  OpKind
 	Table *nftables.Table
 	Chain *nftables.Chain
 	Rule  *nftables.Rule
+	Rules func() ([]*nftables.Rule, error)
 	Set   *nftables.Set
 	Elems []Elem
 }
@@ -118,6 +120,14 @@ func (b *Batch) DelChain(c *nftables.Chain) { b.add(Op{Kind: DelChain, Table: c.
 // AddRule queues r, appended to its chain (r.Chain).
 func (b *Batch) AddRule(r *nftables.Rule) {
 	b.add(Op{Kind: AddRule, Table: r.Table, Chain: r.Chain, Rule: r})
+}
+
+// AddRules queues the rules render returns, appended to chain c in
+// order. Applying the batch calls render, once, and writes what it
+// returns before it renders the next chain's: a batch of a whole table
+// never holds every rule's expressions at once.
+func (b *Batch) AddRules(c *nftables.Chain, render func() ([]*nftables.Rule, error)) {
+	b.add(Op{Kind: AddRules, Table: c.Table, Chain: c, Rules: render})
 }
 
 // DelRule queues the deletion of r, found by its handle in its chain

@@ -43,7 +43,7 @@ func (e *Engine) Drift(want Table) (Drift, error) {
 		if c.Hook != nil && hookDef(h.Chain) != hookDef(c.Hook) {
 			d.Wrong = append(d.Wrong, fmt.Sprintf("%s%s: %s, want %s", pre, c.Name, hookDef(h.Chain), hookDef(c.Hook)))
 		}
-		_, st, err := render(c)
+		st, err := render(c)
 		if err != nil {
 			return Drift{}, err
 		}

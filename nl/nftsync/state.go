@@ -86,24 +86,25 @@ func (e *Engine) read() (*State, error) {
 	return s, nil
 }
 
-// render renders a wanted chain's rules with their fingerprints.
-func render(c Chain) ([]Rule, []RuleState, error) {
+// render renders a wanted chain's rules into their states: comments and
+// fingerprints, what the model keeps of them.
+func render(c Chain) ([]RuleState, error) {
 	if c.Rules == nil {
-		return nil, []RuleState{}, nil
+		return []RuleState{}, nil
 	}
 	rules, err := c.Rules()
 	if err != nil {
-		return nil, nil, fmt.Errorf("rendering chain %s: %w", c.Name, err)
+		return nil, fmt.Errorf("rendering chain %s: %w", c.Name, err)
 	}
 	st := make([]RuleState, len(rules))
 	for i, r := range rules {
 		fp, err := Fingerprint(r.Exprs)
 		if err != nil {
-			return nil, nil, fmt.Errorf("rendering chain %s rule %d (%s): %w", c.Name, i, r.Comment, err)
+			return nil, fmt.Errorf("rendering chain %s rule %d (%s): %w", c.Name, i, r.Comment, err)
 		}
 		st[i] = RuleState{Comment: r.Comment, FP: fp}
 	}
-	return rules, st, nil
+	return st, nil
 }
 
 // SameRules says whether got holds want's rules, in order.

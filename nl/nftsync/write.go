@@ -1,8 +1,10 @@
 package nftsync
 
 import (
-	"github.com/google/nftables"
+	"fmt"
 	"slices"
+
+	"github.com/google/nftables"
 
 	"github.com/twill-net/twill/nl/nft"
 )
@@ -57,11 +59,11 @@ func (w *writer) all() error {
 	}
 	w.addSets(true)
 	for i, c := range w.want.Chains {
-		rules, st, err := render(c)
+		st, err := render(c)
 		if err != nil {
 			return err
 		}
-		w.addRules(kcs[i], rules)
+		w.addRules(kcs[i], c)
 		w.model.Chains[c.Name] = &ChainState{Chain: kcs[i], Rules: st, src: c.Src}
 		w.ch.Chains++
 	}
@@ -84,10 +86,24 @@ func (w *writer) addSets(maps bool) {
 	}
 }
 
-func (w *writer) addRules(kc *nftables.Chain, rules []Rule) {
-	for _, r := range rules {
-		w.batch.AddRule(&nftables.Rule{Table: kc.Table, Chain: kc, Exprs: r.Exprs, UserData: Comment(r.Comment)})
+// addRules queues chain c's rules, rendered again as the batch is
+// applied: the batch holds no rule's expressions until then, and each
+// chain's only while it is written.
+func (w *writer) addRules(kc *nftables.Chain, c Chain) {
+	if c.Rules == nil {
+		return
 	}
+	w.batch.AddRules(kc, func() ([]*nftables.Rule, error) {
+		rules, err := c.Rules()
+		if err != nil {
+			return nil, fmt.Errorf("rendering chain %s: %w", c.Name, err)
+		}
+		out := make([]*nftables.Rule, len(rules))
+		for i, r := range rules {
+			out[i] = &nftables.Rule{Table: kc.Table, Chain: kc, Exprs: r.Exprs, UserData: Comment(r.Comment)}
+		}
+		return out, nil
+	})
 }
 
 // diff queues what differs from have: sets and their elements first (a
@@ -130,7 +146,7 @@ func (w *writer) diffChain(have *State, c Chain) error {
 		w.model.Chains[c.Name] = h // the same rules: its source is as good as c's
 		return nil
 	}
-	rules, st, err := render(c)
+	st, err := render(c)
 	if err != nil {
 		return err
 	}
@@ -145,7 +161,7 @@ func (w *writer) diffChain(have *State, c Chain) error {
 	case c.Hook != nil:
 		w.batch.AddChain(kc)
 	}
-	w.addRules(kc, rules)
+	w.addRules(kc, c)
 	w.model.Chains[c.Name] = &ChainState{Chain: kc, Rules: st, src: c.Src}
 	w.ch.Chains++
 	return nil

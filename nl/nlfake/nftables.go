@@ -246,6 +246,16 @@ func (tx *fakeTx) apply(op nft.Op) error {
 		return t.chainOp(op)
 	case nft.AddRule:
 		return tx.addRule(t, op.Rule)
+	case nft.AddRules:
+		rules, err := op.Rules()
+		for _, r := range rules {
+			if err == nil {
+				rr := *r
+				rr.Table, rr.Chain = op.Table, op.Chain
+				err = tx.addRule(t, &rr)
+			}
+		}
+		return err
 	case nft.DelRule:
 		return t.delRule(op.Rule)
 	default:
