@@ -177,7 +177,7 @@ test-tiers:
 	$(MAKE) --no-print-directory bench-smoke
 
 .PHONY: test-kernels
-test-kernels: build ## Boot each kernel of tools/kernels/kernels.list (Debian's 5.10, 6.1, 6.12) under qemu's TCG emulator and run the lab (vxlan, host-gw, kernel WireGuard; IPv4 and dual-stack; nftables and iptables), TestEtcdWireGuard on the kernel device, vxlan's checksum workaround, the policy table and the plugin's host ports inside it (part of make test)
+test-kernels: build ## Boot each kernel of tools/kernels/kernels.list (Debian's 5.10, 6.1, 6.12) under qemu's TCG emulator and run the lab (vxlan, host-gw, kernel WireGuard; IPv4 and dual-stack; nftables and iptables), TestEtcdWireGuard on the kernel device, vxlan's checksum workaround, the nftables seam's transactions, the policy table and the plugin's host ports inside it (part of make test)
 	bash tools/kernels/matrix.sh
 
 .PHONY: test-packages

@@ -188,6 +188,10 @@ func TestPrivilegedModelMatchesKernel(t *testing.T) {
 				states[i] = describe(t, k)
 			}
 			for i, k := range kernels {
+				older := olderKernels[tc.name]
+				if _, real := k.(nft.Conn); real && slices.ContainsFunc(older, func(e error) bool { return sameErrno(errs[i], e) }) {
+					continue
+				}
 				if !sameErrno(errs[i], tc.want) {
 					t.Errorf("%T: %v, want %v", k, errs[i], tc.want)
 				}
@@ -197,6 +201,16 @@ func TestPrivilegedModelMatchesKernel(t *testing.T) {
 			}
 		})
 	}
+}
+
+// olderKernels is what the kernels before 6.12 answer where they differ
+// from the newer ones, which the model follows (make test-kernels boots
+// 5.10 and 6.1). twill relies on neither answer: nftsync rewrites the
+// whole table when a set's type or a base chain's hook differs from the
+// kernel's.
+var olderKernels = map[string][]error{
+	"a set made again, of another type": {nil},         // 5.10 accepts it, and keeps the set as it was
+	"a base chain hooked elsewhere":     {unix.EEXIST}, // 5.10 and 6.1
 }
 
 // handleOf is the handle of the i-th rule of chain, in table tbl of k.

@@ -63,7 +63,8 @@ done
 # same binaries (TWILL_TEST_BIN_DIR): the kernel device's drift, restart,
 # rotation, stale-peer and capture checks; vxlan's checksum workaround with
 # TCP across masquerade; the policy table and the plugin's host-port table
-# (and traffic through it) on this kernel's nf_tables.
+# (and traffic through it) on this kernel's nf_tables; and the nftables
+# seam itself: its model against this kernel, its transactions' errors.
 export TWILL_TEST_BIN_DIR=/twill/bin
 # Waits are three times as long: the emulated CPU is several times slower
 # than the machine. A held probe's gap may reach 3s instead of 1s (a loaded
@@ -72,6 +73,7 @@ export TWILL_E2E_WAIT_SCALE=3
 cd /tmp
 check "e2e TestEtcdWireGuard (kernel device)" e2e.test -test.run '^TestEtcdWireGuard$' -test.v -test.count ${KCOUNT:-1} -test.timeout 10m
 check "e2e TestEtcdVXLANChecksumOffload" e2e.test -test.run '^TestEtcdVXLANChecksumOffload$' -test.v -test.count 1 -test.timeout 10m
+check "nftables seam (nl/nft TestPrivileged*)" nft.test -test.run '^TestPrivileged' -test.v -test.count 1 -test.timeout 10m
 check "policy table (TestPrivilegedPolicy*)" policy.test -test.run '^TestPrivilegedPolicy' -test.v -test.count 1 -test.timeout 10m
 check "host-port table (hostport TestPrivileged*)" hostport.test -test.run '^TestPrivileged' -test.v -test.count 1 -test.timeout 10m
 check "host ports through the plugin (TestPrivileged*HostPort*)" plugin.test -test.run '^TestPrivileged(HostPorts|UDPHostPort)' -test.v -test.count 1 -test.timeout 10m

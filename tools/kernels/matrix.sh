@@ -2,9 +2,9 @@
 # matrix.sh [NAME...]: make test-kernels. Boots each kernel of
 # kernels.list (or those named) under qemu's TCG emulator, two at a time,
 # each with checks.sh and twill's static binaries (bin/, as make build
-# writes them, the e2e, policy, plugin and host-port test binaries, and the
-# reference plugins the plugin's tests chain), and fails unless
-# every kernel booted and passed every check. Logs: build/kernels/logs/.
+# writes them, the e2e, policy, plugin, host-port and nftables-seam test
+# binaries, and the reference plugins the plugin's tests chain), and fails
+# unless every kernel booted and passed every check. Logs: build/kernels/logs/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 GO=${GO:-go}
@@ -15,7 +15,7 @@ mkdir -p "$logs"
 bin=$(mktemp -d /tmp/twill-kernels-bin.XXXXXX)
 trap 'rm -rf "$bin"' EXIT
 cp bin/twill bin/twill-lab bin/twill-wg bin/twillctl bin/twilld bin/twilld-lab "$bin/"
-for pkg in e2e policy plugin plugin/hostport; do
+for pkg in e2e policy plugin plugin/hostport nl/nft; do
 	CGO_ENABLED=0 $GO test -c -trimpath -ldflags '-s -w' -o "$bin/${pkg##*/}.test" "./$pkg"
 done
 # The plugin's tests chain the reference plugins (internal/tools pins them).
