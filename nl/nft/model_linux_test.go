@@ -161,13 +161,7 @@ func TestPrivilegedModelMatchesKernel(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			name := netnstest.New(t, "nftm")
-			f, err := os.Open("/var/run/netns/" + name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			kernels := []nft.Kernel{nft.Conn{NetNS: int(f.Fd())}, &nlfake.Nftables{}}
+			kernels := []nft.Kernel{kernelIn(t, "nftm"), &nlfake.Nftables{}}
 			var errs [2]error
 			var states [2]string
 			for i, k := range kernels {
@@ -201,6 +195,19 @@ func TestPrivilegedModelMatchesKernel(t *testing.T) {
 			}
 		})
 	}
+}
+
+// kernelIn is the kernel's nftables in a new namespace, removed at the
+// test's end.
+func kernelIn(t *testing.T, prefix string) nft.Conn {
+	t.Helper()
+	name := netnstest.New(t, prefix)
+	f, err := os.Open("/var/run/netns/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return nft.Conn{NetNS: int(f.Fd())}
 }
 
 // olderKernels is what the kernels before 6.12 answer where they differ
@@ -285,13 +292,7 @@ func describe(t *testing.T, k nft.Kernel) string {
 // table that is not there, as the model does.
 func TestPrivilegedModelRulesMatchesKernel(t *testing.T) {
 	netnstest.RequireRoot(t)
-	name := netnstest.New(t, "nftr")
-	f, err := os.Open("/var/run/netns/" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	for _, k := range []nft.Kernel{nft.Conn{NetNS: int(f.Fd())}, &nlfake.Nftables{}} {
+	for _, k := range []nft.Kernel{kernelIn(t, "nftr"), &nlfake.Nftables{}} {
 		if rules, err := k.Rules(tbl, "c1"); err != nil || len(rules) > 0 {
 			t.Errorf("%T, no table: %v, %v; want no rules", k, rules, err)
 		}
@@ -316,13 +317,7 @@ func TestPrivilegedModelRulesMatchesKernel(t *testing.T) {
 // The kernel took the first 64 KiB alone, without an error, when they
 // went in one message.
 func TestPrivilegedLargeSets(t *testing.T) {
-	name := netnstest.New(t, "nftl")
-	f, err := os.Open("/var/run/netns/" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	k := nft.Conn{NetNS: int(f.Fd())}
+	k := kernelIn(t, "nftl")
 	const n = 5000
 	var addrElems, jumpElems []nft.Elem
 	for i := range n {
@@ -379,18 +374,12 @@ func TestPrivilegedLargeSets(t *testing.T) {
 // A refused transaction's error names the operation the kernel refused,
 // in the order the batch queued it, and wraps the kernel's errno.
 func TestPrivilegedRefusalNamesTheOperation(t *testing.T) {
-	name := netnstest.New(t, "nfte")
-	f, err := os.Open("/var/run/netns/" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	k := nft.Conn{NetNS: int(f.Fd())}
+	k := kernelIn(t, "nfte")
 	var b nft.Batch
 	full(&b)
 	b.AddRule(rule(c1, "bad", "nosuchset", false, ""))
 	b.AddRule(rule(c2, "after it", "", false, ""))
-	err = k.Apply(&b)
+	err := k.Apply(&b)
 	if !errors.Is(err, unix.ENOENT) || !strings.Contains(err.Error(), "operation 9 (adding a rule to chain c1 of table inet m)") {
 		t.Fatalf("a lookup of a missing set, 10th of 11 operations: %v", err)
 	}
@@ -402,13 +391,7 @@ func TestPrivilegedRefusalNamesTheOperation(t *testing.T) {
 // A transaction of tens of thousands of rules, as a node's policy table
 // is at 10,000 pods, commits whole: every rule is read back, in order.
 func TestPrivilegedLargeTransaction(t *testing.T) {
-	name := netnstest.New(t, "nftb")
-	f, err := os.Open("/var/run/netns/" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	k := nft.Conn{NetNS: int(f.Fd())}
+	k := kernelIn(t, "nftb")
 	const chains, rules = 200, 100
 	var b nft.Batch
 	b.AddTable(tbl)
