@@ -20,15 +20,8 @@ fi
 log=$1 bg=$2 fg=$3
 mkdir -p "$(dirname "$log")"
 # setsid: the background command leads a process group of its own, which
-# stop signals as a whole (go build's compilers included). A new session is
-# also a new scheduler autogroup where the kernel has them
-# (/proc/sys/kernel/sched_autogroup_enabled), and autogroups share the CPU
-# equally whatever their processes' nice: so the background lowers its own
-# autogroup's priority too, or it takes half the machine from the
-# foreground (the kernel matrix's emulated machines ran 1.6x slower beside
-# it).
-bg_low="echo 19 >/proc/self/autogroup 2>/dev/null; exec nice -n 19 bash -c \"\$0\""
-setsid bash -c "$bg_low" "$bg" >"$log" 2>&1 </dev/null &
+# stop signals as a whole (go build's compilers included).
+setsid nice -n 19 bash -c "$bg" >"$log" 2>&1 </dev/null &
 pid=$!
 stop() {
 	kill -TERM -- "-$pid" 2>/dev/null
