@@ -185,7 +185,7 @@ func (c Conn) Apply(b *Batch) error {
 	if err = errors.Join(err, serr); err != nil {
 		return fmt.Errorf("sending an nftables transaction of %d messages, %d bytes: %w", len(enc.ops), enc.size, err)
 	}
-	return c.acknowledged(conn, rc, enc, b)
+	return acknowledged(conn, rc, enc, b)
 }
 
 // firstSeq numbers a batch's messages: the begin is firstSeq+1.
@@ -197,7 +197,7 @@ const ackTimeout = 30 * time.Second
 
 // acknowledged reads the kernel's replies to enc until the last
 // operation's acknowledgement, or an error.
-func (c Conn) acknowledged(conn *netlink.Conn, rc syscall.RawConn, enc *encoder, b *Batch) error {
+func acknowledged(conn *netlink.Conn, rc syscall.RawConn, enc *encoder, b *Batch) error {
 	if err := conn.SetReadDeadline(time.Now().Add(ackTimeout)); err != nil {
 		return fmt.Errorf("reading nftables' acknowledgement: %w", err)
 	}
