@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"sync"
 	"testing"
@@ -127,10 +128,13 @@ func BenchmarkPolicyChangeAtScale(b *testing.B) {
 			runtime.GC()
 			var before runtime.MemStats
 			runtime.ReadMemStats(&before)
+			peak := heapPeak()
 			start := time.Now()
 			k := &Compiler{} // as the enforcer holds it, with what it keeps for the next change
 			rs := k.Compile(s).Ruleset
-			if _, err := tb.Sync(rs, false); errors.Is(err, unix.EMSGSIZE) {
+			_, err := tb.Sync(rs, false)
+			first, heapAtPeak := time.Since(start), peak()
+			if errors.Is(err, unix.EMSGSIZE) {
 				// A limit of the design, measured (Documentation/benchmarks.md):
 				// said and reported, not a failure of the run.
 				rules, elems := rs.size()
@@ -142,7 +146,6 @@ func BenchmarkPolicyChangeAtScale(b *testing.B) {
 			} else if err != nil {
 				b.Fatal(err)
 			}
-			first := time.Since(start)
 			runtime.GC()
 			var after runtime.MemStats
 			runtime.ReadMemStats(&after)
@@ -153,7 +156,38 @@ func BenchmarkPolicyChangeAtScale(b *testing.B) {
 			}
 			b.ReportMetric(float64(first.Milliseconds()), "first-write-ms")
 			b.ReportMetric(float64(after.HeapInuse-min(after.HeapInuse, before.HeapInuse))/(1<<20), "table-model-heap-MiB")
+			b.ReportMetric(float64(heapAtPeak)/(1<<20), "first-write-heap-peak-MiB")
 		})
+	}
+}
+
+// heapPeak samples the heap's objects (the snapshot's included) every
+// millisecond until the function it returns is called, which returns the
+// largest sample.
+func heapPeak() func() uint64 {
+	done := make(chan struct{})
+	var peak uint64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			metrics.Read(s)
+			peak = max(peak, s[0].Value.Uint64())
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() uint64 {
+		close(done)
+		wg.Wait()
+		return peak
 	}
 }
 
