@@ -33,7 +33,9 @@ type Chain struct {
 	// and Policy (the engine sets its table and name).
 	Hook *nftables.Chain
 	// Rules renders the chain's rules. The engine calls it only when it
-	// must compare or write them.
+	// must compare or write them, and may call it twice in one Sync (to
+	// fingerprint them, then to write them): it must return the same
+	// rules each time.
 	Rules func() ([]Rule, error)
 	// Src is what Rules renders from. With Engine.Same, a chain whose Src
 	// is the same as when the engine last wrote it is neither rendered
