@@ -194,9 +194,15 @@ func (e *encoder) set(op Op, i int32) error {
 // newSet writes a set's creation: a plain set or a verdict map, all that
 // twill makes; anything else is refused rather than written wrong.
 func (e *encoder) newSet(s *nftables.Set, i int32) error {
-	if s.Anonymous || s.Constant || s.Interval || s.HasTimeout || s.Dynamic || s.Concatenation || s.Counter || s.Size > 0 || s.Comment != "" ||
-		s.IsMap && s.DataType.Name != nftables.TypeVerdict.Name {
-		return fmt.Errorf("adding set %s: only plain sets and verdict maps are written", s.Name)
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{{"Anonymous", s.Anonymous}, {"Constant", s.Constant}, {"Interval", s.Interval}, {"HasTimeout", s.HasTimeout},
+		{"Dynamic", s.Dynamic}, {"Concatenation", s.Concatenation}, {"Counter", s.Counter}, {"Size", s.Size > 0},
+		{"Comment", s.Comment != ""}, {"DataType " + s.DataType.Name, s.IsMap && s.DataType.Name != nftables.TypeVerdict.Name}} {
+		if f.set {
+			return fmt.Errorf("adding set %s: %s is set: only plain sets and verdict maps are written", s.Name, f.name)
+		}
 	}
 	flags := uint32(0)
 	if s.IsMap {

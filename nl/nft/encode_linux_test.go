@@ -24,7 +24,7 @@ func TestEncodeRefuses(t *testing.T) {
 	}{
 		{"an interval set", func(b *Batch) {
 			b.AddSet(&nftables.Set{Table: testTable, Name: "ranges", KeyType: nftables.TypeIPAddr, Interval: true}, nil)
-		}, "operation 1: adding set ranges: only plain sets and verdict maps are written"},
+		}, "operation 1: adding set ranges: Interval is set: only plain sets and verdict maps are written"},
 		{"a rule's comment of 70,000 bytes", func(b *Batch) {
 			b.AddRule(&nftables.Rule{Table: testTable, Chain: c, UserData: make([]byte, 70000)})
 		}, "operation 1: an attribute of 70004 bytes"},
