@@ -202,12 +202,9 @@ func (e *Enforcer) loop(ctx context.Context, kick, drift <-chan struct{}, watchi
 	// drifted: the table changed behind our back and has not been read
 	// back since. It outlives syncs that do not read the kernel.
 	drifted := false
-	// own is nftables' generation after the last sync when no one else
-	// has committed since the table was last known: read back by that
-	// sync, or left by the one before with nothing committed in between
-	// (0: not known). last is the generation after the last sync.
-	var own, lastGen uint32
+	var gen generations
 	for {
+		kicked := false
 		select {
 		case <-ctx.Done():
 			return nil
@@ -218,7 +215,7 @@ func (e *Enforcer) loop(ctx context.Context, kick, drift <-chan struct{}, watchi
 			}
 			continue
 		case <-drift:
-			if own != 0 && e.generation() == own {
+			if gen.own != 0 && e.generation() == gen.own {
 				continue // nothing committed since our write: its notifications, lost
 			}
 			drifted = true
@@ -227,21 +224,28 @@ func (e *Enforcer) loop(ctx context.Context, kick, drift <-chan struct{}, watchi
 				continue
 			}
 		case <-kick:
+			kicked = true
 		case <-t.C:
 		}
-		last = time.Now()
 		since := pend.take()
+		if kicked && since.IsZero() {
+			// The change it tells of was written by the sync before: the
+			// first sync, started by the timer, takes the informers'
+			// first list, whose kick then comes second.
+			continue
+		}
+		last = time.Now()
 		// A change of the informers' state diffs against what was
-		// written; a timer or a change to the table reads the kernel.
-		reread := since.IsZero() || drifted
+		// written; a timer or a change to the table reads the kernel, and
+		// so does the first sync, which has nothing to diff against: its
+		// generation is then known to be its own, and the notifications
+		// of its write (a large one overflows the watch's socket) read
+		// nothing back (at 10,000 pods, a read back is 360 MB of garbage
+		// and a second of CPU).
+		reread := since.IsZero() || drifted || isFirst
 		before := e.generation()
 		ch, err := e.syncOnce(reread)
-		after := e.generation()
-		own = 0
-		if err == nil && before != 0 && (reread || before == lastGen) && (ch.Clean() && after == before || !ch.Clean() && after == before+1) {
-			own = after
-		}
-		lastGen = after
+		gen.synced(reread, ch, err, before, e.generation())
 		if err == nil && reread {
 			drifted = false
 		}
@@ -254,6 +258,26 @@ func (e *Enforcer) loop(ctx context.Context, kick, drift <-chan struct{}, watchi
 		isFirst = false
 		t.Reset(period)
 	}
+}
+
+// generations follows nftables' generation across the enforcer's syncs.
+type generations struct {
+	// own is the generation after the last sync when no one else has
+	// committed since the table was last known: read back by that sync,
+	// or left by the one before with nothing committed in between (0: not
+	// known).
+	own  uint32
+	last uint32 // the generation after the last sync
+}
+
+// synced records a sync that read the kernel's table (reread) or not,
+// between generations before and after.
+func (g *generations) synced(reread bool, ch Changes, err error, before, after uint32) {
+	g.own = 0
+	if err == nil && before != 0 && (reread || before == g.last) && (ch.Clean() && after == before || !ch.Clean() && after == before+1) {
+		g.own = after
+	}
+	g.last = after
 }
 
 // report tells of a sync: a repair of drift (a write no change asked

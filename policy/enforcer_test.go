@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -17,12 +18,16 @@ type fakeSource struct {
 	s       Snapshot
 	changed func()
 	synced  chan struct{}
+	listing bool // Start reports a change, as the informers' first list does
 }
 
 func (f *fakeSource) Start(_ context.Context, changed func()) <-chan struct{} {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.changed = changed
+	if f.listing {
+		changed() // the informers' first list: an add for each object
+	}
 	return f.synced
 }
 
@@ -145,8 +150,8 @@ func TestEnforcerWritesAfterTheListsAndOnEachChange(t *testing.T) {
 // watchedEnforcer runs an enforcer on a fake kernel, its informers
 // listed and its watch subscribed, until the test ends; it returns once
 // the first sync is done, with the watch's signal of a change.
-func watchedEnforcer(t *testing.T) (*fakeSource, *fakeKernel, func()) {
-	src := &fakeSource{s: snapshot(), synced: make(chan struct{})}
+func watchedEnforcer(t *testing.T, listing bool) (*fakeSource, *fakeKernel, func()) {
+	src := &fakeSource{s: snapshot(), synced: make(chan struct{}), listing: listing}
 	close(src.synced)
 	k := &fakeKernel{syncs: make(chan Ruleset, 16)}
 	drifts := make(chan func(), 1)
@@ -174,7 +179,16 @@ func watchedEnforcer(t *testing.T) (*fakeSource, *fakeKernel, func()) {
 // that write left reads nothing back; once another writer has committed,
 // it does.
 func TestEnforcerIgnoresItsOwnLostNotifications(t *testing.T) {
-	_, k, drift := watchedEnforcer(t)
+	for _, listing := range []bool{false, true} {
+		t.Run(fmt.Sprintf("listing=%v", listing), func(t *testing.T) { ignoresOwnLostNotifications(t, listing) })
+	}
+}
+
+// ignoresOwnLostNotifications is TestEnforcerIgnoresItsOwnLostNotifications
+// with a first sync that a timer starts, or (listing) the informers' first
+// list, as in twilld.
+func ignoresOwnLostNotifications(t *testing.T, listing bool) {
+	_, k, drift := watchedEnforcer(t, listing)
 	drift()
 	select {
 	case <-k.syncs:
@@ -196,7 +210,7 @@ func TestEnforcerIgnoresItsOwnLostNotifications(t *testing.T) {
 // is taken: that signal still has the table read back, though nothing was
 // committed after the change's write.
 func TestEnforcerDriftBeforeAChangeIsReadBack(t *testing.T) {
-	src, k, drift := watchedEnforcer(t)
+	src, k, drift := watchedEnforcer(t, false)
 	k.flushed() // its signal comes after the change below is written
 	src.set(snapshot(testPolicy("x", "deny", nil, nil)))
 	wait(t, k.syncs)
