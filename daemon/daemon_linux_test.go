@@ -143,11 +143,34 @@ func runChild() int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	// The policy table's first write waits for StartedUp (so that it runs
+	// at the steady GC percent): the node is never ready if StartedUp
+	// waits for the policy.
+	started := make(chan struct{})
 	d := daemon.New(daemon.Options{
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)), Registry: registry, Subnets: daemon.Subnets{SubnetManager: sm}, Netlink: h,
 		Iface: network.IfaceOptions{Ifaces: []string{"eth0"}}, SubnetFile: os.Getenv("TWILL_SUBNET_FILE"),
-		Ready: func() { _ = os.WriteFile(os.Getenv("TWILL_READY_FILE"), nil, 0o644) },
+		StartedUp: func() { close(started) },
+		Policy: func(ctx context.Context, _ []netip.Prefix, synced func()) error {
+			select {
+			case <-started:
+				synced()
+			case <-ctx.Done():
+			}
+			<-ctx.Done()
+			return nil
+		},
 	})
+	go func() {
+		for !d.Ready() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		_ = os.WriteFile(os.Getenv("TWILL_READY_FILE"), nil, 0o644)
+	}()
 	if err := d.Run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

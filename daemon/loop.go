@@ -177,10 +177,6 @@ func (d *Daemon) becomeReady(ctx context.Context) error {
 			return err
 		}
 	}
-	if d.o.Ready != nil {
-		d.o.Ready()
-		d.log.Debug("ready hook done", "since_start", time.Since(d.started))
-	}
 	d.ready.Store(true)
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 
@@ -60,6 +61,10 @@ func (d *Daemon) afterReady(ctx context.Context, g *errgroup.Group, cfg *subnet.
 	steps := []func() error{func() error {
 		select {
 		case err := <-setUp:
+			if err == nil && d.o.StartedUp != nil {
+				d.o.StartedUp()
+				d.log.Debug("start-up hook done", "since_start", time.Since(d.started))
+			}
 			return err
 		case <-ctx.Done():
 			return ctx.Err()

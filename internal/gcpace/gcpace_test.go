@@ -38,9 +38,9 @@ func TestPhases(t *testing.T) {
 		t.Fatalf("after Start: %d%%, want %d%%", got, First)
 	}
 	waitPercent(t, r, Startup)
-	p.Ready()
+	p.StartedUp()
 	if got := r.get(); got != Steady {
-		t.Fatalf("after Ready: %d%%, want %d%%", got, Steady)
+		t.Fatalf("after StartedUp: %d%%, want %d%%", got, Steady)
 	}
 }
 
@@ -49,10 +49,10 @@ func TestPhases(t *testing.T) {
 func TestReadyBeforeFirstGC(t *testing.T) {
 	r := &recorder{percent: 100}
 	p := Start(r.set)
-	p.Ready()
+	p.StartedUp()
 	finalizersRun(t)
 	if got := r.get(); got != Steady {
-		t.Fatalf("after Ready and collections: %d%%, want %d%%", got, Steady)
+		t.Fatalf("after StartedUp and collections: %d%%, want %d%%", got, Steady)
 	}
 }
 
@@ -84,7 +84,7 @@ func TestUnmanaged(t *testing.T) {
 	before := debug.SetGCPercent(77)
 	defer debug.SetGCPercent(before)
 	p := Start(nil)
-	p.Ready()
+	p.StartedUp()
 	runtime.GC()
 	if got := debug.SetGCPercent(77); got != 77 {
 		t.Fatalf("GC percent %d, want 77 (untouched)", got)
@@ -104,13 +104,13 @@ func TestRuntimePercent(t *testing.T) {
 	if got := debug.SetGCPercent(Startup); got != Startup {
 		t.Fatalf("runtime percent %d, want %d", got, Startup)
 	}
-	p.Ready()
+	p.StartedUp()
 	if got := debug.SetGCPercent(Steady); got != Steady {
 		t.Fatalf("runtime percent %d, want %d", got, Steady)
 	}
 }
 
-// Ready collects start-up's garbage itself, so that no collection is left
+// StartedUp collects start-up's garbage itself, so that no collection is left
 // to run beside the first lease events.
 func TestReadyCollects(t *testing.T) {
 	before := debug.SetGCPercent(100)
@@ -119,7 +119,7 @@ func TestReadyCollects(t *testing.T) {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	gcs := m.NumGC
-	p.Ready()
+	p.StartedUp()
 	runtime.ReadMemStats(&m)
 	if m.NumGC == gcs {
 		t.Fatal("no collection when the node became ready")

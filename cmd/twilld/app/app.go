@@ -55,7 +55,7 @@ func Main(reg *backend.Registry) int {
 	gc := gcPacer()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := newRootCommand(reg, gc.Ready).ExecuteContext(ctx); err != nil {
+	if err := newRootCommand(reg, gc.StartedUp).ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "twilld:", err)
 		return 1
 	}
@@ -63,7 +63,7 @@ func Main(reg *backend.Registry) int {
 }
 
 type options struct {
-	ready func() // called once the node is first ready (not a flag)
+	startedUp func() // called once the node's peers are first programmed (not a flag)
 
 	etcd        etcdflags.Options
 	leaseTTL    time.Duration
@@ -104,8 +104,8 @@ type options struct {
 	logLevel          string
 }
 
-func newRootCommand(reg *backend.Registry, ready func()) *cobra.Command {
-	o := options{ready: ready}
+func newRootCommand(reg *backend.Registry, startedUp func()) *cobra.Command {
+	o := options{startedUp: startedUp}
 	cmd := &cobra.Command{
 		Use:   "twilld",
 		Short: "twill's per-node network daemon",
@@ -332,7 +332,7 @@ func run(ctx context.Context, reg *backend.Registry, o options) error {
 		Resync:          o.resync,
 		WatchedResync:   o.resyncWatched,
 		HealthAddr:      health,
-		Ready:           o.ready,
+		StartedUp:       o.startedUp,
 		// What flannel left on a node switched from it.
 		FlannelSubnetFile: o.flannelSubnetFile,
 		Policy:            pol.Run(),
