@@ -24,6 +24,9 @@ type Snapshot struct {
 	// known local pod holds is dropped.
 	LocalCIDRs []netip.Prefix
 	Pods       []*corev1.Pod
+	// podRecords are the pod informer's, beside Pods: read as they came,
+	// for Node.
+	podRecords []*podRecord
 	Namespaces []*corev1.Namespace
 	Policies   []*networkingv1.NetworkPolicy
 	// ClusterPolicies are the ClusterNetworkPolicies (Admin and Baseline
@@ -204,12 +207,18 @@ func newCompiler(s Snapshot, pods *podCache) *compiler {
 			c.logNS[n.Name] = true
 		}
 	}
-	c.pods = make([]*pod, 0, len(s.Pods))
+	c.pods = make([]*pod, 0, len(s.Pods)+len(s.podRecords))
 	for _, p := range s.Pods {
 		if pp := pods.podOf(p, s.Node); pp != nil {
 			c.pods = append(c.pods, pp)
-		} else if p.Spec.NodeName == s.Node && !p.Spec.HostNetwork && len(p.Status.PodIPs) == 0 && p.Status.PodIP == "" &&
-			p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed && p.DeletionTimestamp == nil {
+		} else if waitsForAddress(p, s.Node) {
+			c.waiting = true
+		}
+	}
+	for _, r := range s.podRecords {
+		if r.pod != nil {
+			c.pods = append(c.pods, r.pod)
+		} else if r.waiting {
 			c.waiting = true
 		}
 	}

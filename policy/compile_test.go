@@ -2,6 +2,7 @@ package policy
 
 import (
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -232,17 +233,28 @@ func TestUnmanagedAddressesAfterTheGrace(t *testing.T) {
 		{IP: netip.MustParseAddr("10.244.1.10"), At: now.Add(-time.Second)}, // nobody's, young
 	}
 	// x/pending, on n1, has no address yet.
-	if got := set(t, Compile(s).Ruleset, "known4"); !slices.Equal(got, addrs("10.244.1.2", "10.244.1.3")) {
+	if got := set(t, compileBothWays(t, s).Ruleset, "known4"); !slices.Equal(got, addrs("10.244.1.2", "10.244.1.3")) {
 		t.Errorf("known4 = %v while a local pod waits for its address; want the API pods' alone", got)
 	}
 	s.Pods = slices.DeleteFunc(slices.Clone(s.Pods), func(p *corev1.Pod) bool { return p.Name == "pending" })
-	r := Compile(s).Ruleset
+	r := compileBothWays(t, s).Ruleset
 	if got := set(t, r, "known4"); !slices.Equal(got, addrs("10.244.1.2", "10.244.1.3", "10.244.1.9")) {
 		t.Errorf("known4 = %v; want the API pods' and the unmanaged address past the grace", got)
 	}
 	if slices.ContainsFunc(r.Chains, func(c Chain) bool { return strings.Contains(c.Name, "10.244.1.9") }) {
 		t.Error("an unmanaged address has a policy chain")
 	}
+}
+
+// compileBothWays compiles s, and s with its pods as twilld's informer
+// records them: the two must be the same.
+func compileBothWays(t *testing.T, s Snapshot) Result {
+	t.Helper()
+	want := Compile(s)
+	if got := Compile(informerRecords{}.of(s)); !reflect.DeepEqual(got, want) {
+		t.Fatalf("the compile of the informer's records differs from the pods':\n got  %+v\n want %+v", got, want)
+	}
+	return want
 }
 
 // TestIngressNamedPortIsEachSelectedPodsOwn: one policy selecting two pods

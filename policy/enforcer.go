@@ -71,6 +71,7 @@ type Enforcer struct {
 	problems map[string]bool // policy + "\x00" + problem, as last reported
 	last     Ruleset         // as last written
 	pods     []*corev1.Pod   // of the last snapshot
+	records  []*podRecord    // of the last snapshot
 	byIP     map[netip.Addr]string
 }
 
@@ -88,12 +89,18 @@ func (e *Enforcer) PodByIP(ip netip.Addr) string {
 	defer e.mu.Unlock()
 	if e.byIP == nil {
 		e.byIP = map[netip.Addr]string{}
-		for _, p := range e.pods {
-			if pp := podOf(p, ""); pp != nil {
-				for _, a := range pp.ips {
-					e.byIP[a] = pp.key
+		add := func(p *pod) {
+			if p != nil {
+				for _, a := range p.ips {
+					e.byIP[a] = p.key
 				}
 			}
+		}
+		for _, p := range e.pods {
+			add(podOf(p, ""))
+		}
+		for _, r := range e.records {
+			add(r.pod)
 		}
 	}
 	return e.byIP[ip.Unmap()]
@@ -353,7 +360,7 @@ func (e *Enforcer) syncOnce(reread bool) (Changes, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.selected = r.Selected
-	e.last, e.pods, e.byIP = r.Ruleset, s.Pods, nil
+	e.last, e.pods, e.records, e.byIP = r.Ruleset, s.Pods, s.podRecords, nil
 	seen := map[string]bool{}
 	for _, p := range r.Problems {
 		key := p.Policy + "\x00" + p.Err.Error()

@@ -248,7 +248,8 @@ func FuzzIncrementalIsFull(f *testing.F) {
 	f.Add([]byte{5, 0, 5, 1, 5, 3, 0, 0, 0, 0, 0, 0, 0, 8, 1, 1, 1, 1, 1, 3, 0, 7, 1, 8, 0, 0, 0, 0, 2, 0})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		w := newWorld()
-		var k Compiler
+		var k, kr Compiler // kr compiles the pods as twilld's informer records them
+		records := informerRecords{}
 		for step := 0; len(data) >= 2 && step < 64; step++ {
 			data = w.change(data)
 			s := w.snapshot()
@@ -256,8 +257,31 @@ func FuzzIncrementalIsFull(f *testing.F) {
 			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("step %d (incremental %v): the compile differs from Compile's:\n got  %+v\n want %+v", step, k.Incremental, got, want)
 			}
+			if got := kr.Compile(records.of(s)); !reflect.DeepEqual(got, want) {
+				t.Fatalf("step %d (incremental %v): the compile of the informer's records differs from Compile's:\n got  %+v\n want %+v", step, kr.Incremental, got, want)
+			}
 		}
 	})
+}
+
+// informerRecords records pods as the pod informer does (recordPod), each
+// object once: the same object keeps its record.
+type informerRecords map[*corev1.Pod]*podRecord
+
+// of is s with its pods recorded, as Informers.Snapshot gives it.
+func (m informerRecords) of(s Snapshot) Snapshot {
+	recorded := s
+	recorded.Pods, recorded.podRecords = nil, nil
+	for _, p := range s.Pods {
+		r, ok := m[p]
+		if !ok {
+			o, _ := recordPod(s.Node)(p)
+			r = o.(*podRecord)
+			m[p] = r
+		}
+		recorded.podRecords = append(recorded.podRecords, r)
+	}
+	return recorded
 }
 
 // TestIncrementalOnPodChanges: a change of pods alone is compiled

@@ -30,6 +30,7 @@ import (
 // watch on each and nothing more.
 type Informers struct {
 	pods, namespaces, policies, nodes, clusterPolicies cache.SharedIndexInformer
+	node                                               string // whose pods are local
 
 	mu      sync.Mutex // guards decoded
 	decoded map[*unstructured.Unstructured]decoded
@@ -44,8 +45,9 @@ type decoded struct {
 
 var _ Source = (*Informers)(nil)
 
-// NewInformers returns informers reading through cfg, in protobuf.
-func NewInformers(cfg *rest.Config) (*Informers, error) {
+// NewInformers returns informers reading through cfg, in protobuf; node
+// names the node whose pods are local.
+func NewInformers(cfg *rest.Config, node string) (*Informers, error) {
 	core, err := restFor(cfg, "/api", corev1.SchemeGroupVersion, corev1.AddToScheme)
 	if err != nil {
 		return nil, err
@@ -58,7 +60,7 @@ func NewInformers(cfg *rest.Config) (*Informers, error) {
 	if err != nil {
 		return nil, fmt.Errorf("a client for ClusterNetworkPolicies: %w", err)
 	}
-	return &Informers{
+	return &Informers{node: node,
 		pods:            cache.NewSharedIndexInformer(core.listWatch("pods", &corev1.PodList{}), &corev1.Pod{}, 0, cache.Indexers{}),
 		namespaces:      cache.NewSharedIndexInformer(core.listWatch("namespaces", &corev1.NamespaceList{}), &corev1.Namespace{}, 0, cache.Indexers{}),
 		policies:        cache.NewSharedIndexInformer(netw.listWatch("networkpolicies", &networkingv1.NetworkPolicyList{}), &networkingv1.NetworkPolicy{}, 0, cache.Indexers{}),
@@ -153,7 +155,7 @@ func (i *Informers) Start(ctx context.Context, changed func()) <-chan struct{} {
 		},
 		DeleteFunc: func(any) { changed() },
 	}
-	_ = i.pods.SetTransform(stripPod)
+	_ = i.pods.SetTransform(recordPod(i.node))
 	_ = i.nodes.SetTransform(stripNode)
 	for _, inf := range []cache.SharedIndexInformer{i.pods, i.namespaces, i.policies, i.nodes, i.clusterPolicies} {
 		_, _ = inf.AddEventHandler(h)
@@ -175,14 +177,9 @@ func (i *Informers) Start(ctx context.Context, changed func()) <-chan struct{} {
 // a Compile is not free.
 func pertinent(old, new any) bool {
 	switch n := new.(type) {
-	case *corev1.Pod:
-		o, ok := old.(*corev1.Pod)
-		if !ok {
-			return true
-		}
-		a, b := *o, *n // stripped: small
-		a.ResourceVersion, b.ResourceVersion = "", ""
-		return !equality.Semantic.DeepEqual(&a, &b)
+	case *podRecord:
+		o, ok := old.(*podRecord)
+		return !ok || !sameRecord(o, n)
 	case *corev1.Namespace:
 		o, ok := old.(*corev1.Namespace)
 		return !ok || !maps.Equal(o.Labels, n.Labels) || o.Annotations[LogAllowedAnnotation] != n.Annotations[LogAllowedAnnotation]
@@ -216,36 +213,11 @@ func stripNode(obj any) (any, error) {
 	return out, nil
 }
 
-// stripPod keeps what Compile reads, so that a cluster's pods cost the
-// informer little memory.
-func stripPod(obj any) (any, error) {
-	p, ok := obj.(*corev1.Pod)
-	if !ok {
-		return obj, nil
-	}
-	out := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, Labels: p.Labels,
-		ResourceVersion: p.ResourceVersion, DeletionTimestamp: p.DeletionTimestamp},
-		Spec:   corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
-		Status: corev1.PodStatus{Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs}}
-	for _, c := range p.Spec.Containers {
-		var ports []corev1.ContainerPort
-		for _, cp := range c.Ports {
-			if cp.Name != "" {
-				ports = append(ports, corev1.ContainerPort{Name: cp.Name, ContainerPort: cp.ContainerPort, Protocol: cp.Protocol})
-			}
-		}
-		if ports != nil {
-			out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Ports: ports})
-		}
-	}
-	return out, nil
-}
-
 // Snapshot is the informers' current state.
 func (i *Informers) Snapshot() Snapshot {
 	var s Snapshot
 	for _, o := range i.pods.GetStore().List() {
-		s.Pods = append(s.Pods, o.(*corev1.Pod))
+		s.podRecords = append(s.podRecords, o.(*podRecord))
 	}
 	for _, o := range i.namespaces.GetStore().List() {
 		s.Namespaces = append(s.Namespaces, o.(*corev1.Namespace))

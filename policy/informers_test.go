@@ -9,8 +9,9 @@ import (
 )
 
 // TestPertinentUpdates: an update that changes nothing Compile reads (a
-// pod's conditions, a namespace's annotations) does not recompile; one
-// that does (labels, an address, a deletion, a named port) does.
+// pod's conditions, a deletion while it still holds its address, a
+// namespace's annotations) does not recompile; one that does (labels, an
+// address, a named port, the node) does.
 func TestPertinentUpdates(t *testing.T) {
 	pod := func(change func(*corev1.Pod)) any {
 		p := testPod("x", "a", "n1", "10.244.1.2", map[string]string{"app": "a"}, corev1.ContainerPort{Name: "web", ContainerPort: 80})
@@ -19,7 +20,7 @@ func TestPertinentUpdates(t *testing.T) {
 		if change != nil {
 			change(p)
 		}
-		out, _ := stripPod(p)
+		out, _ := recordPod("n1")(p)
 		return out
 	}
 	now := metav1.NewTime(time.Unix(1, 0))
@@ -34,7 +35,13 @@ func TestPertinentUpdates(t *testing.T) {
 		}, false},
 		{"a label", func(p *corev1.Pod) { p.Labels = map[string]string{"app": "b"} }, true},
 		{"the address", func(p *corev1.Pod) { p.Status.PodIPs = []corev1.PodIP{{IP: "10.244.1.9"}} }, true},
-		{"a deletion", func(p *corev1.Pod) { p.DeletionTimestamp = &now }, true},
+		{"a deletion, the address still held", func(p *corev1.Pod) { p.DeletionTimestamp = &now }, false},
+		{"a deletion, the address gone", func(p *corev1.Pod) {
+			p.DeletionTimestamp = &now
+			p.Status.PodIP, p.Status.PodIPs = "", nil
+		}, true},
+		{"the address, not yet given", func(p *corev1.Pod) { p.Status.PodIP, p.Status.PodIPs = "", nil }, true},
+		{"the node", func(p *corev1.Pod) { p.Spec.NodeName = "n2" }, true},
 		{"a named port", func(p *corev1.Pod) { p.Spec.Containers[0].Ports[0].ContainerPort = 8080 }, true},
 		{"the phase", func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }, true},
 	} {

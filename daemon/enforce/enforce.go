@@ -73,7 +73,7 @@ func New(o Options) (*Enforcement, error) {
 	if err != nil {
 		return nil, err
 	}
-	inf, err := policy.NewInformers(cfg)
+	inf, err := policy.NewInformers(cfg, o.Node)
 	if err != nil {
 		return nil, err
 	}
