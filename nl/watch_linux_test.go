@@ -21,6 +21,14 @@ func TestWatchRoutes(t *testing.T) {
 	ns := netnstest.New(t, "watch")
 	netnstest.Uplink(t, ns, "192.168.0.1/16")
 	netnstest.IP(t, ns, "-6", "addr", "add", "fd00::1/64", "dev", "eth0", "nodad")
+	// The kernel adds the address's local route (in table local) from a
+	// work queue, after ip has returned: on a busy machine, after the
+	// watch below subscribed (a fresh machine's make test, 2026-11-29).
+	for deadline := time.Now().Add(10 * time.Second); netnstest.IP(t, ns, "-6", "route", "show", "table", "local", "fd00::1/128") == ""; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no local route for fd00::1 within 10 s")
+		}
+	}
 	h := openNS(t, ns)
 	events, stop := watching(t, h.WatchRoutes, func(RouteEvent) bool { return true })
 	for _, args := range [][]string{
