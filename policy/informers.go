@@ -217,7 +217,13 @@ func stripNode(obj any) (any, error) {
 func (i *Informers) Snapshot() Snapshot {
 	var s Snapshot
 	for _, o := range i.pods.GetStore().List() {
-		s.podRecords = append(s.podRecords, o.(*podRecord))
+		switch p := o.(type) {
+		case *podRecord:
+			s.podRecords = append(s.podRecords, p)
+		case *corev1.Pod: // not transformed: never seen, but read all the same
+			r, _ := recordPod(i.node)(p)
+			s.podRecords = append(s.podRecords, r.(*podRecord))
+		}
 	}
 	for _, o := range i.namespaces.GetStore().List() {
 		s.Namespaces = append(s.Namespaces, o.(*corev1.Namespace))
