@@ -14,7 +14,8 @@ type podRecord struct {
 	metav1.ObjectMeta      // Name, Namespace and ResourceVersion: the informer's key
 	pod               *pod // podOf's: nil for a pod that policy does not apply to
 	// waiting: a pod of the node, on the pod network, without an address
-	// yet (Compile's Result.Waiting).
+	// yet; while one waits, Compile takes no allocated address for
+	// unmanaged (it may be that pod's).
 	waiting bool
 }
 
