@@ -70,7 +70,7 @@ func writeLabImages(t testing.TB, bin string, set imageSet, tag string) (string,
 		cni := buildtest.Binaries(t, "github.com/twill-net/twill/tools/flannelcni")
 		args = append(args, "-flannel", flanneldBinary(t), "-flannelcni", filepath.Join(cni, "flannelcni"))
 	case e2eImages:
-		args = append(args, "-e2e", kubeBinDir(t))
+		args = append(args, "-e2e", kubetest.E2ESuite(t))
 	default:
 		return "", fmt.Errorf("no image set %q", set)
 	}

@@ -50,34 +50,61 @@ func Root(t testing.TB) string {
 	return ""
 }
 
-// Binaries returns the paths of kube-apiserver and kubectl, building them
-// (tools/kube/build.sh, a few minutes once) when the cache lacks them.
-// make setup builds them ahead of the tests.
-// The script runs once per test process (tests running in parallel
-// wait for the first).
+// Binaries returns the paths of kube-apiserver and kubectl, building what
+// a Kubernetes lab runs (tools/kube/build.sh with KUBE_TOOLS_E2E=0, a few
+// minutes once) when the cache lacks it. make setup builds it ahead of the
+// tests.
 func Binaries(t testing.TB) (apiserver, kubectl string) {
 	t.Helper()
+	dir := binDir(t, &builds.lab, "KUBE_TOOLS_E2E=0")
+	return filepath.Join(dir, "kube-apiserver"), filepath.Join(dir, "kubectl")
+}
+
+// E2ESuite returns the directory of Binaries, holding Kubernetes' e2e
+// suite (e2e.test) and its test images' binaries too, which it builds when
+// the cache lacks them, or waits for while another build makes them (make
+// test builds them beside the e2e tier).
+func E2ESuite(t testing.TB) string {
+	t.Helper()
+	return binDir(t, &builds.suite)
+}
+
+func binDir(t testing.TB, b *toolBuild, env ...string) string {
+	t.Helper()
 	root := Root(t)
-	built.mu.Lock()
-	defer built.mu.Unlock()
-	if !built.done {
-		out, err := exec.Command("bash", filepath.Join(root, "tools", "kube", "build.sh")).CombinedOutput()
-		if err != nil {
-			t.Fatalf("building kube-apiserver and kubectl (tools/kube/build.sh): %v\n%s", err, out)
-		}
-		built.done = true
-	}
+	b.run(t, "building the Kubernetes binaries", filepath.Join(root, "tools", "kube", "build.sh"), env...)
 	ver, err := Version(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := filepath.Join(root, "build", "kube", ver)
-	return filepath.Join(dir, "kube-apiserver"), filepath.Join(dir, "kubectl")
+	return filepath.Join(root, "build", "kube", ver)
 }
 
-var built struct {
+// toolBuild runs one of tools/*/build.sh once per test process: tests in
+// parallel wait for the first run, and the scripts' own locks make a run
+// wait for another process's build of the same part.
+type toolBuild struct {
 	mu   sync.Mutex
 	done bool
+}
+
+func (b *toolBuild) run(t testing.TB, what, script string, env ...string) {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.done {
+		return
+	}
+	cmd := exec.Command("bash", script)
+	cmd.Env = append(os.Environ(), env...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s (%s): %v\n%s", what, script, err, out)
+	}
+	b.done = true
+}
+
+var builds struct {
+	lab, suite, crd, cnpSuite toolBuild
 }
 
 // Version is the Kubernetes version tools/kube pins.
@@ -409,28 +436,16 @@ func randomToken(t testing.TB) string {
 func ClusterPolicyCRD(t testing.TB) string {
 	t.Helper()
 	root := Root(t)
-	crd.mu.Lock()
-	defer crd.mu.Unlock()
-	if crd.file == "" {
-		out, err := exec.Command("bash", filepath.Join(root, "tools", "cnp", "build.sh")).CombinedOutput()
-		if err != nil {
-			t.Fatalf("fetching the ClusterNetworkPolicy CRD (tools/cnp/build.sh): %v\n%s", err, out)
-		}
-		crd.file = filepath.Join(root, "build", "cnp", "current", "crd-experimental.yaml")
-	}
-	return crd.file
+	builds.crd.run(t, "fetching the ClusterNetworkPolicy CRD", filepath.Join(root, "tools", "cnp", "build.sh"), "CNP_SUITE=0")
+	return filepath.Join(root, "build", "cnp", "current", "crd-experimental.yaml")
 }
 
-var crd struct {
-	mu   sync.Mutex
-	file string
-}
-
-// ClusterPolicySuite builds (or finds cached) network-policy-api's
-// conformance suite, as tools/cnp/build.sh builds it, and returns its test
-// binary.
+// ClusterPolicySuite builds (or finds cached, or waits for another
+// process's build of) network-policy-api's conformance suite, as
+// tools/cnp/build.sh builds it, and returns its test binary.
 func ClusterPolicySuite(t testing.TB) string {
 	t.Helper()
-	ClusterPolicyCRD(t) // the same build
-	return filepath.Join(Root(t), "build", "cnp", "current", "conformance-nosctp.test")
+	root := Root(t)
+	builds.cnpSuite.run(t, "building the ClusterNetworkPolicy conformance suite", filepath.Join(root, "tools", "cnp", "build.sh"))
+	return filepath.Join(root, "build", "cnp", "current", "conformance-nosctp.test")
 }

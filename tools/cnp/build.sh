@@ -14,6 +14,12 @@
 #     instead of running it, and nothing else differs; the tests of SCTP
 #     alone are left out of the run (Documentation/conformance.md).
 # Nothing of the module is kept in this tree.
+#
+# CNP_SUITE=0 fetches the CRDs alone, which every Kubernetes lab installs;
+# make test builds the suite beside the e2e tier, whose conformance subset
+# alone runs it. Two runs at once take turns on each part (flock on a lock
+# file in the output directory): a test that needs the suite waits for the
+# build under way, up to 30 minutes, then finds it done.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -23,20 +29,31 @@ out=${CNP_DIR:-$root/build/cnp/$version}
 # --kubernetes installs current/crd-experimental.yaml when there is one).
 link() { [ -n "${CNP_DIR:-}" ] || ln -sfn "$version" "$(dirname "$out")/current"; }
 stamp=$(cat "$here/go.mod" "$here/go.sum" "$0" | sha256sum | cut -c1-16)
-if [ -f "$out/crd-standard.yaml" ] && [ -f "$out/crd-experimental.yaml" ] && [ -x "$out/conformance-nosctp.test" ] &&
-	[ "$(cat "$out/conformance-nosctp.test.stamp" 2>/dev/null)" = "$stamp" ]; then
-	link
+mkdir -p "$out"
+# lock NAME: hold $out/.NAME.lock until this script ends or the next lock.
+lock() {
+	exec 9>"$out/.$1.lock"
+	flock -w 1800 9 || { echo "cnp: another build in $out held .$1.lock for 30 minutes" >&2; exit 1; }
+}
+src() { (cd "$here" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/network-policy-api@$version" | awk -F'"' '$2 == "Dir" {print $4}'); }
+lock crd
+if [ ! -f "$out/crd-standard.yaml" ] || [ ! -f "$out/crd-experimental.yaml" ]; then
+	src=$(src)
+	for ch in standard experimental; do
+		f=$src/config/crd/$ch/policy.networking.k8s.io_clusternetworkpolicies.yaml
+		[ -f "$f" ] || { echo "cnp: no $ch CRD in $src" >&2; exit 1; }
+		cp "$f" "$out/.crd-$ch.yaml.$$"
+		chmod u+w "$out/.crd-$ch.yaml.$$"
+		mv "$out/.crd-$ch.yaml.$$" "$out/crd-$ch.yaml"
+	done
+fi
+link
+[ "${CNP_SUITE:-1}" != 0 ] || exit 0
+lock suite
+if [ -x "$out/conformance-nosctp.test" ] && [ "$(cat "$out/conformance-nosctp.test.stamp" 2>/dev/null)" = "$stamp" ]; then
 	exit 0
 fi
-src=$(cd "$here" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/network-policy-api@$version" | awk -F'"' '$2 == "Dir" {print $4}')
-mkdir -p "$out"
-for ch in standard experimental; do
-	f=$src/config/crd/$ch/policy.networking.k8s.io_clusternetworkpolicies.yaml
-	[ -f "$f" ] || { echo "cnp: no $ch CRD in $src" >&2; exit 1; }
-	cp "$f" "$out/.crd-$ch.yaml.$$"
-	chmod u+w "$out/.crd-$ch.yaml.$$"
-	mv "$out/.crd-$ch.yaml.$$" "$out/crd-$ch.yaml"
-done
+src=$(src)
 echo "cnp: building the conformance suite $version into $out (the first time takes minutes)"
 tmp=$(mktemp -d)
 trap 'chmod -R u+w "$tmp"; rm -rf "$tmp"' EXIT

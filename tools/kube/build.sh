@@ -15,6 +15,14 @@
 # was built without vet, 3.5 for crictl and CoreDNS before their modules
 # shared the Kubernetes build's versions, tools/modalign; seconds since);
 # later builds of a new version reuse most of the cache.
+#
+# KUBE_TOOLS_E2E=0 builds only what a Kubernetes lab runs (the six
+# binaries, crictl, CoreDNS), not the e2e suite's e2e.test, agnhost and
+# regression-issue-74839: make test builds those beside the e2e tier, which
+# needs them only for its conformance subset, and the labs start meanwhile.
+# Two runs at once take turns on each of the two parts (flock on a lock
+# file in the output directory): a test that needs the suite waits for the
+# build under way, up to 30 minutes, then finds it done.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -28,7 +36,14 @@ ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$version"
 # Every binary here is built again when go.mod or go.sum changed since
 # (tools/modalign raises a dependency, say): a stamp holds their hash.
 modsum=$(cat "$here/go.mod" "$here/go.sum" | sha256sum | cut -c1-16)
-if [ -d "$out" ] && [ "$(cat "$out/go.modsum" 2>/dev/null)" != "$modsum" ]; then
+mkdir -p "$out"
+# lock NAME: hold $out/.NAME.lock until this script ends or the next lock.
+lock() {
+	exec 9>"$out/.$1.lock"
+	flock -w 1800 9 || { echo "kube tools: another build in $out held .$1.lock for 30 minutes" >&2; exit 1; }
+}
+lock lab
+if [ "$(cat "$out/go.modsum" 2>/dev/null)" != "$modsum" ]; then
 	rm -f "$out"/kube-* "$out"/kubelet "$out"/kubectl "$out"/e2e.test "$out"/agnhost "$out"/regression-issue-74839
 fi
 missing=""
@@ -45,28 +60,6 @@ if [ -n "$missing" ]; then
 	for b in $missing; do mv "$tmp/$b" "$out/"; done
 	rm -rf "$tmp"
 	trap - EXIT
-fi
-# e2e.test is a test binary (go test -c), built without go vet: go test -c
-# vets the package, which first computes vet's facts for each of its
-# thousands of dependencies, about 5 of the 7 minutes the build took on a
-# fresh machine. agnhost goes into the e2e images, with the TLS pair its
-# porter serves from its working directory (upstream's image has them in /).
-if [ ! -x "$out/e2e.test" ] || [ ! -x "$out/agnhost" ] || [ ! -f "$out/agnhost-localhost.key" ]; then
-	echo "kube tools: building e2e.test and agnhost $version into $out"
-	mkdir -p "$out"
-	(cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=mod go test -c -vet=off -trimpath -ldflags "$ldflags" -o "$out/.e2e.test.$$" k8s.io/kubernetes/test/e2e)
-	(cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$out/.agnhost.$$" k8s.io/kubernetes/test/images/agnhost)
-	src=$(cd "$here" && GOFLAGS=-mod=mod go list -m -f '{{.Dir}}' k8s.io/kubernetes)
-	for f in crt key; do cp "$src/test/images/agnhost/porter/localhost.$f" "$out/agnhost-localhost.$f"; done
-	mv "$out/.e2e.test.$$" "$out/e2e.test"
-	mv "$out/.agnhost.$$" "$out/agnhost"
-fi
-# The server of the e2e image regression-issue-74839 (the Conntrack spec
-# for packets conntrack calls invalid).
-if [ ! -x "$out/regression-issue-74839" ]; then
-	echo "kube tools: building regression-issue-74839 $version into $out"
-	(cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$out/.regression.$$" k8s.io/kubernetes/test/images/regression-issue-74839)
-	mv "$out/.regression.$$" "$out/regression-issue-74839"
 fi
 # tool_at_version builds a tool of its own module at the version its go.mod
 # pins, when the stamp next to the binary names another, or when the
@@ -85,8 +78,35 @@ tool_at_version() { # name version module-dir package
 }
 tool_at_version crictl "$crictl_version" "$root/tools/cri" sigs.k8s.io/cri-tools/cmd/crictl
 tool_at_version coredns "$coredns_version" "$root/tools/coredns" .
+# The stamp, under the lab part's lock: the next run must not take what the
+# suite's part builds meanwhile for stale.
 echo "$modsum" > "$out/go.modsum"
 # build/kube/current names the version in use, for the lab (twillctl lab up
 # --kubernetes finds its binaries there next to bin/).
 ln -sfn "$version" "$(dirname "$out")/current" 2>/dev/null || true
+if [ "${KUBE_TOOLS_E2E:-1}" != 0 ]; then
+	lock e2e
+	# e2e.test is a test binary (go test -c), built without go vet: go test -c
+	# vets the package, which first computes vet's facts for each of its
+	# thousands of dependencies, about 5 of the 7 minutes the build took on a
+	# fresh machine. agnhost goes into the e2e images, with the TLS pair its
+	# porter serves from its working directory (upstream's image has them in /).
+	if [ ! -x "$out/e2e.test" ] || [ ! -x "$out/agnhost" ] || [ ! -f "$out/agnhost-localhost.key" ]; then
+		echo "kube tools: building e2e.test and agnhost $version into $out"
+		mkdir -p "$out"
+		(cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=mod go test -c -vet=off -trimpath -ldflags "$ldflags" -o "$out/.e2e.test.$$" k8s.io/kubernetes/test/e2e)
+		(cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$out/.agnhost.$$" k8s.io/kubernetes/test/images/agnhost)
+		src=$(cd "$here" && GOFLAGS=-mod=mod go list -m -f '{{.Dir}}' k8s.io/kubernetes)
+		for f in crt key; do cp "$src/test/images/agnhost/porter/localhost.$f" "$out/agnhost-localhost.$f"; done
+		mv "$out/.e2e.test.$$" "$out/e2e.test"
+		mv "$out/.agnhost.$$" "$out/agnhost"
+	fi
+	# The server of the e2e image regression-issue-74839 (the Conntrack spec
+	# for packets conntrack calls invalid).
+	if [ ! -x "$out/regression-issue-74839" ]; then
+		echo "kube tools: building regression-issue-74839 $version into $out"
+		(cd "$here" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$out/.regression.$$" k8s.io/kubernetes/test/images/regression-issue-74839)
+		mv "$out/.regression.$$" "$out/regression-issue-74839"
+	fi
+fi
 echo "kube tools: $version in $out"
