@@ -151,18 +151,25 @@ etcd-tools: ## Build etcdctl from the Go module proxy, for Documentation/etcd.md
 # for every dependency again.
 #
 # Only the e2e tier runs the tools setup-tools builds (about 20 minutes of
-# compiling on a fresh machine): tools/overlap.sh builds them niced while
-# lint, cover, the unit tier and the kernel matrix run. On a fresh machine
-# the unit tier used to end about 9 minutes before the build, and then
-# waited for it: the kernel matrix (about 7 minutes, needing none of those
-# tools) fills that wait; its emulated machines, not niced, take the CPU
-# before the build does.
+# compiling on a fresh machine): tools/overlap.sh builds what the
+# Kubernetes labs run (KUBE_TOOLS_E2E=0, CNP_SUITE=0: not the conformance
+# suites) niced while lint, cover, the unit tier and make build run, so that
+# the e2e tier starts when they end.
 #
 # The e2e tier's parallel tests wait for a lane of their own (two
 # Kubernetes labs at once, one lighter test beside them: e2e/share_test.go),
 # so -parallel is well above the number of parallel tests (about 60): a
 # test waiting for its lane never holds up another, and a waiting test
-# costs only its goroutine.
+# costs only its goroutine. The lanes leave about 45% of a fresh 2-core
+# machine idle (sampled 2026-11-29), and three things need no lane and
+# nothing of the tier: the conformance suites' build (the e2e tier's
+# conformance subset waits for it, tools/kube/build.sh), the kernel matrix
+# and bench-smoke. They run beside it, niced, their scheduler autogroup at
+# nice 10 (overlap.sh -g): the tier's tests, some of which bound a gap in
+# traffic, keep the CPU they ask for. The kernel matrix's emulated
+# machines allow for a loaded host (TWILL_E2E_WAIT_SCALE, tools/kernels).
+# make build runs before the tier: the matrix and the docs' tests then find
+# bin/ up to date rather than write it while the other reads it.
 # tools/hostguard runs the tiers and fails make test if the machine's own
 # paths, sysctls, links, rules, routes or nftables tables changed meanwhile,
 # naming the step and the tests that were running when it first saw it.
@@ -172,9 +179,11 @@ test: setup-base ## Everything this machine can run, as root: lint, coverage, un
 
 .PHONY: test-tiers
 test-tiers:
-	bash tools/overlap.sh build/setup-tools.log '$(MAKE) --no-print-directory setup-tools' '$(MAKE) --no-print-directory lint cover test-packages test-kernels'
-	$(RACE) -vet=off -count=1 -timeout 60m -v -parallel 256 ./e2e/
-	$(MAKE) --no-print-directory bench-smoke
+	bash tools/overlap.sh build/setup-tools.log 'KUBE_TOOLS_E2E=0 CNP_SUITE=0 $(MAKE) --no-print-directory setup-tools' \
+		'$(MAKE) --no-print-directory lint cover test-packages build'
+	bash tools/overlap.sh -g 10 build/beside-e2e.log \
+		'$(MAKE) --no-print-directory setup-tools && $(MAKE) --no-print-directory -j2 --output-sync=target test-kernels bench-smoke' \
+		'$(RACE) -vet=off -count=1 -timeout 60m -v -parallel 256 ./e2e/'
 
 .PHONY: test-kernels
 test-kernels: build ## Boot each kernel of tools/kernels/kernels.list (Debian's 5.10, 6.1, 6.12) under qemu's TCG emulator and run the lab (vxlan, host-gw, kernel WireGuard; IPv4 and dual-stack; nftables and iptables), TestEtcdWireGuard on the kernel device, vxlan's checksum workaround, the nftables seam's transactions, the policy table and the plugin's host ports inside it (part of make test)

@@ -30,7 +30,9 @@ import (
 // 2026-11-27), while the beside lane's 15 minutes of mostly waiting came
 // after, on a machine the Kubernetes labs kept busy. make test runs go test
 // with -parallel well above the number of tests, so that a test waiting
-// for its lane never holds up another.
+// for its lane never holds up another. make test runs the conformance
+// suites' build, the kernel matrix and bench-smoke beside the tier, at a
+// lower priority than every test here (Makefile, test-tiers).
 
 // kubeLabSlots is how many Kubernetes labs run at once.
 const kubeLabSlots = 2
