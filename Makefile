@@ -153,23 +153,26 @@ etcd-tools: ## Build etcdctl from the Go module proxy, for Documentation/etcd.md
 # Only the e2e tier runs the tools setup-tools builds (about 20 minutes of
 # compiling on a fresh machine): tools/overlap.sh builds what the
 # Kubernetes labs run (KUBE_TOOLS_E2E=0, CNP_SUITE=0: not the conformance
-# suites) niced while lint, cover, the unit tier and make build run, so that
-# the e2e tier starts when they end.
+# suites) niced while lint, cover, the unit tier and make build run.
 #
 # The e2e tier's parallel tests wait for a lane of their own (two
 # Kubernetes labs at once, one lighter test beside them: e2e/share_test.go),
 # so -parallel is well above the number of parallel tests (about 60): a
 # test waiting for its lane never holds up another, and a waiting test
 # costs only its goroutine. The lanes leave about 45% of a fresh 2-core
-# machine idle (sampled 2026-11-29), and three things need no lane and
-# nothing of the tier: the conformance suites' build (the e2e tier's
-# conformance subset waits for it, tools/kube/build.sh), the kernel matrix
-# and bench-smoke. They run beside it, niced, their scheduler autogroup at
-# nice 10 (overlap.sh -g): the tier's tests, some of which bound a gap in
-# traffic, keep the CPU they ask for. The kernel matrix's emulated
-# machines allow for a loaded host (TWILL_E2E_WAIT_SCALE, tools/kernels).
+# machine idle (sampled 2026-11-29), and three things that need no lane run
+# beside the tier (make test-e2e-tier):
+#   - the conformance suites' build, then bench-smoke, niced, their
+#     scheduler autogroup at nice 10 (overlap.sh -g): the tier's tests,
+#     some of which bound a gap in traffic, keep the CPU they ask for. The
+#     tier's conformance subset, which comes after the tests that take the
+#     whole lane, waits for the build (tools/kube/build.sh);
+#   - the kernel matrix, in an autogroup of its own at the usual priority:
+#     its emulated machines need their share. At nice 10, beside
+#     bench-smoke, a twilld in them took 36 s to start and three checks
+#     timed out (on a fresh machine, 2026-11-29).
 # make build runs before the tier: the matrix and the docs' tests then find
-# bin/ up to date rather than write it while the other reads it.
+# bin/ up to date rather than write it while another reads it.
 # tools/hostguard runs the tiers and fails make test if the machine's own
 # paths, sysctls, links, rules, routes or nftables tables changed meanwhile,
 # naming the step and the tests that were running when it first saw it.
@@ -181,8 +184,11 @@ test: setup-base ## Everything this machine can run, as root: lint, coverage, un
 test-tiers:
 	bash tools/overlap.sh build/setup-tools.log 'KUBE_TOOLS_E2E=0 CNP_SUITE=0 $(MAKE) --no-print-directory setup-tools' \
 		'$(MAKE) --no-print-directory lint cover test-packages build'
-	bash tools/overlap.sh -g 10 build/beside-e2e.log \
-		'$(MAKE) --no-print-directory setup-tools && $(MAKE) --no-print-directory -j2 --output-sync=target test-kernels bench-smoke' \
+	bash tools/overlap.sh build/test-kernels.log '$(MAKE) --no-print-directory test-kernels' '$(MAKE) --no-print-directory test-e2e-tier'
+
+.PHONY: test-e2e-tier
+test-e2e-tier:
+	bash tools/overlap.sh -g 10 build/beside-e2e.log '$(MAKE) --no-print-directory setup-tools && $(MAKE) --no-print-directory bench-smoke' \
 		'$(RACE) -vet=off -count=1 -timeout 60m -v -parallel 256 ./e2e/'
 
 .PHONY: test-kernels

@@ -31,8 +31,9 @@ import (
 // after, on a machine the Kubernetes labs kept busy. make test runs go test
 // with -parallel well above the number of tests, so that a test waiting
 // for its lane never holds up another. make test runs the conformance
-// suites' build, the kernel matrix and bench-smoke beside the tier, at a
-// lower priority than every test here (Makefile, test-tiers).
+// suites' build and bench-smoke beside the tier, at a lower priority than
+// every test here, and the kernel matrix's emulated machines at the same
+// priority (Makefile, test-e2e-tier).
 
 // kubeLabSlots is how many Kubernetes labs run at once.
 const kubeLabSlots = 2

@@ -80,7 +80,7 @@ echo "vm.sh: booting $release (TCG, $smp vCPU, ${mem} MiB), initramfs $(du -h "$
 # it, none in 10 without). A boot that panics before the first check is
 # tried once more; a check's failure never is.
 # KVM_TIMEOUT bounds the whole run: about 6 minutes with a core to itself,
-# and make test runs the matrix niced beside its e2e tier.
+# and make test runs the matrix beside its e2e tier.
 boot() {
 	timeout "${KVM_TIMEOUT:-1800}" qemu-system-x86_64 -accel tcg,thread=multi -cpu "${KVM_CPU:-max}" -smp "$smp" -m "$mem" \
 		-nographic -no-reboot -nic none \
