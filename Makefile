@@ -153,26 +153,31 @@ etcd-tools: ## Build etcdctl from the Go module proxy, for Documentation/etcd.md
 # Only the e2e tier runs the tools setup-tools builds (about 20 minutes of
 # compiling on a fresh machine): tools/overlap.sh builds what the
 # Kubernetes labs run (KUBE_TOOLS_E2E=0, CNP_SUITE=0: not the conformance
-# suites) niced while lint, cover, the unit tier and make build run.
+# suites) niced while lint, cover, the unit tier, make build and the kernel
+# matrix run (the matrix's emulated machines, not niced, take the CPU
+# before the build does).
 #
 # The e2e tier's parallel tests wait for a lane of their own (two
 # Kubernetes labs at once, one lighter test beside them: e2e/share_test.go),
 # so -parallel is well above the number of parallel tests (about 60): a
 # test waiting for its lane never holds up another, and a waiting test
 # costs only its goroutine. The lanes leave about 45% of a fresh 2-core
-# machine idle (sampled 2026-11-29), and three things that need no lane run
-# beside the tier (make test-e2e-tier):
-#   - the conformance suites' build, then bench-smoke, niced, their
-#     scheduler autogroup at nice 10 (overlap.sh -g): the tier's tests,
-#     some of which bound a gap in traffic, keep the CPU they ask for. The
-#     tier's conformance subset, which comes after the tests that take the
-#     whole lane, waits for the build (tools/kube/build.sh);
-#   - the kernel matrix, in an autogroup of its own at the usual priority:
-#     its emulated machines need their share. At nice 10, beside
-#     bench-smoke, a twilld in them took 36 s to start and three checks
-#     timed out (on a fresh machine, 2026-11-29).
-# make build runs before the tier: the matrix and the docs' tests then find
-# bin/ up to date rather than write it while another reads it.
+# machine idle (sampled 2026-11-29). Beside the tier run the conformance
+# suites' build (the tier's conformance subset, which comes after the tests
+# that take the whole lane, waits for it: tools/kube/build.sh) and then
+# bench-smoke, niced, their scheduler autogroup at nice 10 (overlap.sh -g),
+# so that the tier's tests, some of which bound a gap in traffic, keep the
+# CPU they ask for; bench-smoke starts once the test that takes the whole
+# machine (TestKubeLabWireGuard, aloneOnMachine) has ended, which it says
+# in build/e2e-alone-done (20 minutes at most).
+#
+# The kernel matrix cannot go beside the tier too (on a fresh machine,
+# 2026-11-29): at nice 10, beside bench-smoke, its emulated machines got
+# so little CPU that a twilld in them took 36 s to start and three checks
+# timed out; at the usual priority, the tier's tests alone in their lane
+# failed (held connections broken, gaps of 2-5 s).
+# make build runs before the tier: the docs' tests then find bin/ up to
+# date rather than write it while another reads it.
 # tools/hostguard runs the tiers and fails make test if the machine's own
 # paths, sysctls, links, rules, routes or nftables tables changed meanwhile,
 # naming the step and the tests that were running when it first saw it.
@@ -183,13 +188,15 @@ test: setup-base ## Everything this machine can run, as root: lint, coverage, un
 .PHONY: test-tiers
 test-tiers:
 	bash tools/overlap.sh build/setup-tools.log 'KUBE_TOOLS_E2E=0 CNP_SUITE=0 $(MAKE) --no-print-directory setup-tools' \
-		'$(MAKE) --no-print-directory lint cover test-packages build'
-	bash tools/overlap.sh build/test-kernels.log '$(MAKE) --no-print-directory test-kernels' '$(MAKE) --no-print-directory test-e2e-tier'
+		'$(MAKE) --no-print-directory lint cover test-packages build test-kernels'
+	@rm -f build/e2e-alone-done
+	bash tools/overlap.sh -g 10 build/beside-e2e.log '$(MAKE) --no-print-directory setup-tools && $(WAIT_ALONE) && $(MAKE) --no-print-directory bench-smoke' \
+		'TWILL_E2E_ALONE_DONE=$(CURDIR)/build/e2e-alone-done $(RACE) -vet=off -count=1 -timeout 60m -v -parallel 256 ./e2e/'
 
-.PHONY: test-e2e-tier
-test-e2e-tier:
-	bash tools/overlap.sh -g 10 build/beside-e2e.log '$(MAKE) --no-print-directory setup-tools && $(MAKE) --no-print-directory bench-smoke' \
-		'$(RACE) -vet=off -count=1 -timeout 60m -v -parallel 256 ./e2e/'
+# WAIT_ALONE waits, 20 minutes at most, for the e2e tier's test alone on
+# the machine to end (see above).
+WAIT_ALONE = { for i in $$(seq 1200); do [ -e build/e2e-alone-done ] && break; sleep 1; done; \
+	[ -e build/e2e-alone-done ] || echo "no build/e2e-alone-done after 20 minutes: starting anyway"; }
 
 .PHONY: test-kernels
 test-kernels: build ## Boot each kernel of tools/kernels/kernels.list (Debian's 5.10, 6.1, 6.12) under qemu's TCG emulator and run the lab (vxlan, host-gw, kernel WireGuard; IPv4 and dual-stack; nftables and iptables), TestEtcdWireGuard on the kernel device, vxlan's checksum workaround, the nftables seam's transactions, the policy table and the plugin's host ports inside it (part of make test)

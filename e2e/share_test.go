@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -32,8 +33,7 @@ import (
 // with -parallel well above the number of tests, so that a test waiting
 // for its lane never holds up another. make test runs the conformance
 // suites' build and bench-smoke beside the tier, at a lower priority than
-// every test here, and the kernel matrix's emulated machines at the same
-// priority (Makefile, test-e2e-tier).
+// every test here (Makefile, test-tiers).
 
 // kubeLabSlots is how many Kubernetes labs run at once.
 const kubeLabSlots = 2
@@ -62,12 +62,28 @@ func beside(t *testing.T) { besideLane.enter(t, 1) }
 // rotation (userspace WireGuard here) broke held connections between
 // node1 and node3 in a make test run with a beside test next to it (4,
 // 2026-11-27) and in a run next to another make test (2); in an earlier
-// make test run, none. It gets the machine to itself, not a looser bound.
+// make test run, none. It gets the machine to itself, not a looser bound:
+// make test starts bench-smoke beside the tier once such a test has ended,
+// as the file named by AloneDoneEnv says. (With a kernel matrix's emulated
+// machines beside it, a kube-apiserver restart broke 38 held connections,
+// on a fresh machine, 2026-11-29.)
 func aloneOnMachine(t *testing.T) {
 	t.Parallel()
+	if f := os.Getenv(AloneDoneEnv); f != "" {
+		// Registered before the lanes' cleanups, so it runs after them.
+		t.Cleanup(func() {
+			if err := os.WriteFile(f, []byte(t.Name()+"\n"), 0o644); err != nil {
+				t.Errorf("%s: %v", AloneDoneEnv, err)
+			}
+		})
+	}
 	kubeLabLane.wait(t, kubeLabSlots, rankFirst)
 	besideLane.wait(t, 1, rankFirst)
 }
+
+// AloneDoneEnv names a file a test alone on the machine writes when it has
+// ended and given the lanes back (make test sets it).
+const AloneDoneEnv = "TWILL_E2E_ALONE_DONE"
 
 // A lane runs tests whose weights add up to at most free at once: the
 // heaviest (alone) first, then those named in first, then the others in the

@@ -79,10 +79,8 @@ echo "vm.sh: booting $release (TCG, $smp vCPU, ${mem} MiB), initramfs $(du -h "$
 # while it unpacks the initramfs beside driver start-up (2 boots in 6 with
 # it, none in 10 without). A boot that panics before the first check is
 # tried once more; a check's failure never is.
-# KVM_TIMEOUT bounds the whole run: about 6 minutes with a core to itself,
-# and make test runs the matrix beside its e2e tier.
 boot() {
-	timeout "${KVM_TIMEOUT:-1800}" qemu-system-x86_64 -accel tcg,thread=multi -cpu "${KVM_CPU:-max}" -smp "$smp" -m "$mem" \
+	timeout "${KVM_TIMEOUT:-900}" qemu-system-x86_64 -accel tcg,thread=multi -cpu "${KVM_CPU:-max}" -smp "$smp" -m "$mem" \
 		-nographic -no-reboot -nic none \
 		-kernel "$kdir/boot/vmlinuz-$release" -initrd "$work/initrd" \
 		-append "console=ttyS0 quiet loglevel=3 panic=-1 mitigations=off initramfs_async=0 ${KVM_APPEND:-}" </dev/null >"$log" 2>&1 || true
