@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -69,16 +70,23 @@ func beside(t *testing.T) { besideLane.enter(t, 1) }
 // on a fresh machine, 2026-11-29.)
 func aloneOnMachine(t *testing.T) {
 	t.Parallel()
-	if f := os.Getenv(AloneDoneEnv); f != "" {
-		// Registered before the lanes' cleanups, so it runs after them.
-		t.Cleanup(func() {
-			if err := os.WriteFile(f, []byte(t.Name()+"\n"), 0o644); err != nil {
-				t.Errorf("%s: %v", AloneDoneEnv, err)
-			}
-		})
-	}
+	sayAloneDone(t) // registered before the lanes' cleanups, so it runs after them
 	kubeLabLane.wait(t, kubeLabSlots, rankFirst)
 	besideLane.wait(t, 1, rankFirst)
+}
+
+// sayAloneDone writes the file AloneDoneEnv names, if any, when t has
+// ended.
+func sayAloneDone(t *testing.T) {
+	f := os.Getenv(AloneDoneEnv)
+	if f == "" {
+		return
+	}
+	t.Cleanup(func() {
+		if err := os.WriteFile(f, []byte(t.Name()+"\n"), 0o644); err != nil {
+			t.Errorf("%s: %v", AloneDoneEnv, err)
+		}
+	})
 }
 
 // AloneDoneEnv names a file a test alone on the machine writes when it has
@@ -201,5 +209,22 @@ func TestLaneAdmitsFirstRankBeforeEarlierArrivals(t *testing.T) {
 				t.Fatalf("the waiter ranked first still waits behind %d earlier arrivals", len(queued)-1)
 			}
 		}
+	}
+}
+
+// TestAloneDoneWrittenWhenTheTestEnds: make test starts bench-smoke when
+// the file appears, so it must not appear while the test alone on the
+// machine still runs, and must once it has ended.
+func TestAloneDoneWrittenWhenTheTestEnds(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "alone-done")
+	t.Run("alone", func(t *testing.T) {
+		t.Setenv(AloneDoneEnv, f)
+		sayAloneDone(t)
+		if _, err := os.Stat(f); err == nil {
+			t.Fatalf("%s written while the test runs", f)
+		}
+	})
+	if b, err := os.ReadFile(f); err != nil || string(b) != "TestAloneDoneWrittenWhenTheTestEnds/alone\n" {
+		t.Fatalf("after the test ended, %s: %q, %v; want the test's name", f, b, err)
 	}
 }
