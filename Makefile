@@ -169,7 +169,8 @@ etcd-tools: ## Build etcdctl from the Go module proxy, for Documentation/etcd.md
 # so that the tier's tests, some of which bound a gap in traffic, keep the
 # CPU they ask for; bench-smoke starts once the test that takes the whole
 # machine (TestKubeLabWireGuard, aloneOnMachine) has ended, which it says
-# in build/e2e-alone-done (20 minutes at most).
+# in build/e2e-alone-done (20 minutes at most). If the tier fails,
+# bench-smoke still ends on its own (-w), removing its labs.
 #
 # The kernel matrix cannot go beside the tier too (on a fresh machine,
 # 2026-11-29): at nice 10, beside bench-smoke, its emulated machines got
@@ -190,7 +191,7 @@ test-tiers:
 	bash tools/overlap.sh build/setup-tools.log 'KUBE_TOOLS_E2E=0 CNP_SUITE=0 $(MAKE) --no-print-directory setup-tools' \
 		'$(MAKE) --no-print-directory lint cover test-packages build test-kernels'
 	@rm -f build/e2e-alone-done
-	bash tools/overlap.sh -g 10 build/beside-e2e.log '$(MAKE) --no-print-directory setup-tools && $(WAIT_ALONE) && $(MAKE) --no-print-directory bench-smoke' \
+	bash tools/overlap.sh -w -g 10 build/beside-e2e.log '$(MAKE) --no-print-directory setup-tools && $(WAIT_ALONE) && $(MAKE) --no-print-directory bench-smoke' \
 		'TWILL_E2E_ALONE_DONE=$(CURDIR)/build/e2e-alone-done $(RACE) -vet=off -count=1 -timeout 60m -v -parallel 256 ./e2e/'
 
 # WAIT_ALONE waits, 20 minutes at most, for the e2e tier's test alone on

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# overlap.sh [-g NICE] LOG BACKGROUND FOREGROUND: run the shell command
-# BACKGROUND at the lowest CPU priority (nice 19), its output to LOG, while
-# FOREGROUND runs as usual; then wait for BACKGROUND, print its log, and
-# fail if either failed. If FOREGROUND fails (or this script is
+# overlap.sh [-w] [-g NICE] LOG BACKGROUND FOREGROUND: run the shell
+# command BACKGROUND at the lowest CPU priority (nice 19), its output to LOG,
+# while FOREGROUND runs as usual; then wait for BACKGROUND, print its log,
+# and fail if either failed. If FOREGROUND fails (or this script is
 # interrupted), BACKGROUND's process group, and only it, is stopped at once.
-# -g NICE also lowers the priority of BACKGROUND's scheduler autogroup (see
-# below) to NICE, where the kernel has autogroups.
+# -w waits for BACKGROUND when FOREGROUND fails rather than stop it: a
+# benchmark's lab runs in sessions of its own, which the stop does not
+# reach, and go test removes it only when the benchmark ends (interrupting
+# the script still stops BACKGROUND). -g NICE also lowers the priority of
+# BACKGROUND's scheduler autogroup (see below) to NICE, where the kernel has
+# autogroups.
 #
 # make test builds the e2e tier's tools (the Kubernetes binaries, e2e.test,
 # flanneld, etcdctl: about 20 minutes of compiling on a fresh 2-core
@@ -15,13 +19,17 @@
 # alone, and the whole saved about 2 minutes; on warm caches the build is
 # hidden entirely.
 set -uo pipefail
-group_nice=
+group_nice= wait_on_failure=
+if [ "${1:-}" = -w ]; then
+	wait_on_failure=1
+	shift
+fi
 if [ "${1:-}" = -g ]; then
 	group_nice=${2:-}
 	shift 2
 fi
 if [ $# != 3 ] || ! [[ "$group_nice" =~ ^([0-9]|1[0-9])?$ ]]; then
-	echo "usage: overlap.sh [-g NICE (0-19)] LOG BACKGROUND FOREGROUND" >&2
+	echo "usage: overlap.sh [-w] [-g NICE (0-19)] LOG BACKGROUND FOREGROUND" >&2
 	exit 2
 fi
 log=$1 bg=$2 fg=$3
@@ -50,7 +58,7 @@ trap 'stop; exit 130' INT TERM
 echo "overlap: in the background, niced${group_nice:+, its autogroup at nice $group_nice} (log $log): $bg"
 bash -c "$fg"
 rc=$?
-if [ "$rc" != 0 ]; then
+if [ "$rc" != 0 ] && [ -z "$wait_on_failure" ]; then
 	stop
 	echo "overlap: $fg failed; stopped the background command" >&2
 	exit "$rc"
@@ -62,5 +70,9 @@ trap - INT TERM
 sed 's/^/  | /' "$log"
 if [ "$brc" != 0 ]; then
 	echo "overlap: $bg failed (exit $brc)" >&2
+fi
+if [ "$rc" != 0 ]; then
+	echo "overlap: $fg failed (exit $rc)" >&2
+	exit "$rc"
 fi
 exit "$brc"
