@@ -161,7 +161,7 @@ func (m *Manager) tryAcquire(ctx context.Context, cfg *subnet.Config, attrs subn
 		return subnet.Lease{}, false, fmt.Errorf("granting an etcd lease: %w", err)
 	}
 	resp, err := m.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		If(free(m.SubnetsPrefix(), want, key)...).
 		Then(clientv3.OpPut(key, string(value), clientv3.WithLease(grant.ID))).
 		Commit()
 	if err != nil {
@@ -316,4 +316,25 @@ func (m *Manager) pickFree(minA, maxA netip.Addr, bits int, used map[netip.Addr]
 func subnetCount(minA, maxA netip.Addr, bits int) uint64 {
 	c := subnet.Config{SubnetMin: minA, SubnetMax: maxA, SubnetLen: bits}
 	return c.SubnetCount()
+}
+
+// free is the condition under which taking want (registry key key) cannot
+// take another node's subnet: no key holds want's pair, nor want's IPv4
+// subnet paired with another IPv6 one. A dual-stack key names both subnets
+// ("10.244.1.0-24&fd00::-64"), so that key alone being new would let two
+// nodes that picked the same IPv4 subnet, each with its own IPv6 one, both
+// hold it (seen in a 6.12 kernel's lab, 2026-11-29: each then refused the
+// other's lease and routed to no peer). The IPv4 subnet leads every key
+// that holds it, so a range comparison covers it. (The IPv6 subnet ends a
+// dual-stack key: that race stays possible, with the IPv6 range's far
+// larger number of subnets to pick from.)
+func free(prefix string, want subnet.Lease, key string) []clientv3.Cmp {
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)}
+	if want.Subnet.IsValid() {
+		v4 := prefix + subnet.SubnetKey(want.Subnet, netip.Prefix{})
+		// The key of the IPv4 subnet alone, and every key it leads with "&".
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(v4), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(v4+"&"), "=", 0).WithPrefix())
+	}
+	return cmps
 }

@@ -126,6 +126,43 @@ func TestAcquireAllocatesDistinctSubnetsBoundToALease(t *testing.T) {
 
 // A listing read ahead of AcquireLease can be out of date when it is
 // used: a subnet another node took in between is not taken twice.
+// TestAcquireDualStackLosesARaceForItsIPv4Subnet: two dual-stack nodes
+// that pick the same IPv4 subnet, each with its own IPv6 one, write two
+// different keys; the second must lose the race rather than hold the
+// first's IPv4 subnet.
+func TestAcquireDualStackLosesARaceForItsIPv4Subnet(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	m1, m2 := newManager(t, c, 1), newManager(t, c, 2)
+	cfg := config(t, c, m1, `{"Network":"10.51.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:51::/48","Backend":{"Type":"host-gw"}}`)
+	// m2 chooses from a listing taken before m1's lease exists.
+	stale, err := m2.list(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hint := func(v6 string) subnet.Lease {
+		return subnet.Lease{Subnet: netip.MustParsePrefix("10.51.7.0/24"), IPv6Subnet: netip.MustParsePrefix(v6)}
+	}
+	l1, err := m1.AcquireLease(ctx, cfg, attrs("192.168.9.1"), hint("fd00:51:0:1::/64"))
+	if err != nil || l1.Subnet != hint("fd00:51:0:1::/64").Subnet {
+		t.Fatalf("first node: %v, %v", l1, err)
+	}
+	a2 := attrs("192.168.9.2")
+	value, _ := json.Marshal(a2)
+	l2, ok, err := m2.tryAcquire(ctx, cfg, a2, value, hint("fd00:51:0:2::/64"), stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok {
+		t.Fatalf("the second node holds %s too, beside %s", l2, l1)
+	}
+	// Its next attempt lists again and takes another IPv4 subnet.
+	l2, err = m2.AcquireLease(ctx, cfg, a2, hint("fd00:51:0:2::/64"))
+	if err != nil || l2.Subnet == l1.Subnet {
+		t.Fatalf("second node: %v, %v; the first holds %s", l2, err, l1)
+	}
+}
+
 func TestAcquireWithStalePrefetch(t *testing.T) {
 	c := client(t)
 	ctx := context.Background()
