@@ -176,7 +176,7 @@ etcd-tools: ## Build etcdctl from the Go module proxy, for Documentation/etcd.md
 # 2026-11-29): at nice 10, beside bench-smoke, its emulated machines got
 # so little CPU that a twilld in them took 36 s to start and three checks
 # timed out; at the usual priority, the tier's tests alone in their lane
-# failed (held connections broken, gaps of 2-5 s).
+# failed (held connections broken, gaps of 1.5-4.9 s).
 # make build runs before the tier: the docs' tests then find bin/ up to
 # date rather than write it while another reads it.
 # tools/hostguard runs the tiers and fails make test if the machine's own
