@@ -124,8 +124,6 @@ func TestAcquireAllocatesDistinctSubnetsBoundToALease(t *testing.T) {
 	}
 }
 
-// A listing read ahead of AcquireLease can be out of date when it is
-// used: a subnet another node took in between is not taken twice.
 // TestAcquireDualStackLosesARaceForItsIPv4Subnet: two dual-stack nodes
 // that pick the same IPv4 subnet, each with its own IPv6 one, write two
 // different keys; the second must lose the race rather than hold the
@@ -163,6 +161,8 @@ func TestAcquireDualStackLosesARaceForItsIPv4Subnet(t *testing.T) {
 	}
 }
 
+// A listing read ahead of AcquireLease can be out of date when it is
+// used: a subnet another node took in between is not taken twice.
 func TestAcquireWithStalePrefetch(t *testing.T) {
 	c := client(t)
 	ctx := context.Background()
