@@ -130,7 +130,7 @@ func (c Conn) Table(family nftables.TableFamily, name string) (*Table, error) {
 		for i, e := range elems {
 			st.Elems[i] = Elem{Key: e.Key}
 			if s.IsMap {
-				st.Elems[i].Jump = elementJump(e.Val)
+				st.Elems[i].Jump, st.Elems[i].Goto = elementJump(e.Val)
 			}
 		}
 		out.Sets = append(out.Sets, st)
@@ -269,12 +269,13 @@ func chunked(elems []Elem) [][]Elem {
 	return out
 }
 
-// elementJump reads the chain a verdict map's element jumps to, from the
-// element's data as the library hands it over (the verdict's attributes).
-func elementJump(val []byte) string {
+// elementJump reads the chain a verdict map's element jumps or goes to,
+// and whether it goes, from the element's data as the library hands it
+// over (the verdict's attributes).
+func elementJump(val []byte) (string, bool) {
 	ad, err := netlink.NewAttributeDecoder(val)
 	if err != nil {
-		return ""
+		return "", false
 	}
 	ad.ByteOrder = binary.BigEndian
 	var code uint32
@@ -287,10 +288,14 @@ func elementJump(val []byte) string {
 			chain = ad.String()
 		}
 	}
-	if ad.Err() != nil || int32(code) != int32(expr.VerdictJump) {
-		return "?" // equals no wanted jump
+	switch {
+	case ad.Err() != nil:
+	case int32(code) == int32(expr.VerdictJump):
+		return chain, false
+	case int32(code) == int32(expr.VerdictGoto):
+		return chain, true
 	}
-	return chain
+	return "?", false // equals no wanted jump
 }
 
 // Generation reads nftables' generation; only in the caller's namespace.

@@ -247,7 +247,11 @@ func (e *encoder) elems(typ uint16, s *nftables.Set, elems []Elem, i int32) {
 		if s.IsMap && typ == unix.NFT_MSG_NEWSETELEM {
 			data := e.nest(unix.NFTA_SET_ELEM_DATA)
 			v := e.nest(unix.NFTA_DATA_VERDICT)
-			e.u32(unix.NFTA_VERDICT_CODE, jumpCode)
+			code := jumpCode
+			if el.Goto {
+				code = gotoCode
+			}
+			e.u32(unix.NFTA_VERDICT_CODE, code)
 			e.strz(unix.NFTA_VERDICT_CHAIN, el.Jump)
 			e.close(v)
 			e.close(data)
@@ -258,8 +262,12 @@ func (e *encoder) elems(typ uint16, s *nftables.Set, elems []Elem, i int32) {
 	e.end()
 }
 
-// jumpCode is a jump's verdict code as it is written: NFT_JUMP, -3.
-const jumpCode = uint32(1<<32 + expr.VerdictJump)
+// jumpCode and gotoCode are a jump's and a goto's verdict codes as they
+// are written: NFT_JUMP, -3, and NFT_GOTO, -4.
+const (
+	jumpCode = uint32(1<<32 + expr.VerdictJump)
+	gotoCode = uint32(1<<32 + expr.VerdictGoto)
+)
 
 // The messages' framing: a netlink header, nftables' own (the family),
 // then attributes, each padded to four bytes.

@@ -138,6 +138,19 @@ func TestPrivilegedModelMatchesKernel(t *testing.T) {
 			b.DelElems(jumps, []nft.Elem{elem(1, "")})
 			b.AddElems(jumps, []nft.Elem{elem(1, "c2")})
 		}, nil, nil},
+		{"a map element that goes to a chain", full, func(b *nft.Batch) {
+			b.AddElems(jumps, []nft.Elem{{Key: []byte{10, 0, 0, 2}, Jump: "c2", Goto: true}})
+		}, nil, nil},
+		{"a map element added again, going where it jumped", full, func(b *nft.Batch) {
+			b.AddElems(jumps, []nft.Elem{{Key: []byte{10, 0, 0, 1}, Jump: "c1", Goto: true}})
+		}, nil, unix.EEXIST},
+		{"delete a chain a map goes to", func(b *nft.Batch) {
+			full(b)
+			b.AddElems(jumps, []nft.Elem{{Key: []byte{10, 0, 0, 2}, Jump: "c2", Goto: true}})
+		}, func(b *nft.Batch) {
+			b.FlushChain(c1)
+			b.DelChain(c2)
+		}, nil, unix.EBUSY},
 		{"an element added again", full, func(b *nft.Batch) { b.AddElems(addrs, []nft.Elem{elem(1, "")}) }, nil, nil},
 		{"a set made again, of another type", full, func(b *nft.Batch) { b.AddSet(addrs6, nil) }, nil, unix.EEXIST},
 		{"a base chain hooked elsewhere", full, func(b *nft.Batch) { b.AddChain(input) }, nil, unix.EOPNOTSUPP},
@@ -279,7 +292,7 @@ func describe(t *testing.T, k nft.Kernel) string {
 			}
 			var elems []string
 			for _, e := range s.Elems {
-				elems = append(elems, fmt.Sprintf("%x:%s", e.Key, e.Jump))
+				elems = append(elems, fmt.Sprintf("%x:%s", e.Key, e.Target()))
 			}
 			slices.Sort(elems)
 			out = append(out, "  "+kind+" "+s.Set.Name+" {"+strings.Join(elems, " ")+"}")

@@ -56,10 +56,21 @@ type Set struct {
 }
 
 // Elem is a set's element: its key and, in a verdict map, the chain it
-// jumps to.
+// jumps to (or, with Goto, goes to: the chain's return is the caller's).
 type Elem struct {
 	Key  []byte
 	Jump string
+	Goto bool
+}
+
+// Target is a verdict map element's verdict as one string: its chain for
+// a jump, "goto " and its chain for a goto ("" in a set). Chains whose
+// names open with "goto " are not told apart from a goto.
+func (e Elem) Target() string {
+	if e.Goto {
+		return "goto " + e.Jump
+	}
+	return e.Jump
 }
 
 // Batch is a transaction under construction: operations queued in order,

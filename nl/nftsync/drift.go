@@ -110,7 +110,7 @@ func diffSets(d *Drift, want Table, have *State) {
 			switch {
 			case !ok:
 				missing++
-			case jump != el.Jump:
+			case jump != el.Target():
 				wrong++
 			}
 		}

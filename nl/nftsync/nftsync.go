@@ -52,7 +52,7 @@ func Static(rules []Rule) func() ([]Rule, error) {
 type Set struct {
 	Name    string
 	KeyType nftables.SetDatatype
-	Map     bool // a verdict map: each element jumps to its Jump
+	Map     bool // a verdict map: each element jumps (or goes) to its Jump
 	Elems   []nft.Elem
 	// Src is what Elems were made from. With Engine.SameSet, a set whose
 	// Src is the same as when the engine last wrote it is not compared.

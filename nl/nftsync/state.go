@@ -33,8 +33,8 @@ type RuleState struct {
 	Packets uint64 // its counter's, read back only
 }
 
-// SetState is a set, or a verdict map, and its elements: key → the chain
-// it jumps to ("" in a set).
+// SetState is a set, or a verdict map, and its elements: key → the
+// element's nft.Elem.Target ("" in a set).
 type SetState struct {
 	Set   *nftables.Set
 	Elems map[string]string
@@ -79,7 +79,7 @@ func (e *Engine) read() (*State, error) {
 	for _, st := range t.Sets {
 		ss := &SetState{Set: st.Set, Elems: make(map[string]string, len(st.Elems))}
 		for _, el := range st.Elems {
-			ss.Elems[string(el.Key)] = el.Jump
+			ss.Elems[string(el.Key)] = el.Target()
 		}
 		s.Sets[st.Set.Name] = ss
 	}

@@ -80,7 +80,7 @@ func (w *writer) addSets(maps bool) {
 		w.ch.Sets++
 		elems := make(map[string]string, len(s.Elems))
 		for _, el := range s.Elems {
-			elems[string(el.Key)] = el.Jump
+			elems[string(el.Key)] = el.Target()
 		}
 		w.model.Sets[s.Name] = &SetState{Set: k, Elems: elems, src: s.Src}
 	}
@@ -189,8 +189,8 @@ func (w *writer) diffSets(have *State, maps bool) {
 		in := make(map[string]string, len(s.Elems))
 		var add, del []nft.Elem
 		for _, el := range s.Elems {
-			in[string(el.Key)] = el.Jump
-			if jump, ok := h.Elems[string(el.Key)]; !ok || jump != el.Jump {
+			in[string(el.Key)] = el.Target()
+			if jump, ok := h.Elems[string(el.Key)]; !ok || jump != el.Target() {
 				add = append(add, el)
 			}
 		}

@@ -42,7 +42,7 @@ type fakeChain struct {
 
 type fakeSet struct {
 	set   nftables.Set
-	elems map[string]string // key → jump ("" in a set)
+	elems map[string]nft.Elem // key → the element (its Jump "" in a set)
 }
 
 func (t *fakeTable) clone() *fakeTable {
@@ -116,7 +116,9 @@ func (f *Nftables) Table(family nftables.TableFamily, name string) (*nft.Table, 
 		ss.Table = &tt
 		st := nft.Set{Set: &ss}
 		for _, k := range slices.Sorted(maps.Keys(s.elems)) {
-			st.Elems = append(st.Elems, nft.Elem{Key: []byte(k), Jump: s.elems[k]})
+			el := s.elems[k]
+			el.Key = []byte(k)
+			st.Elems = append(st.Elems, el)
 		}
 		out.Sets = append(out.Sets, st)
 	}

@@ -79,8 +79,8 @@ func (t *fakeTable) jumpsTo(chain string) string {
 		}
 	}
 	for _, s := range t.sets {
-		for _, jump := range s.elems {
-			if s.set.IsMap && jump == chain {
+		for _, el := range s.elems {
+			if s.set.IsMap && el.Jump == chain {
 				return "an element of map " + s.set.Name
 			}
 		}
@@ -145,7 +145,7 @@ func (t *fakeTable) setOp(op nft.Op) error {
 	case op.Kind == nft.AddSet && i < 0:
 		s := *op.Set
 		s.Table = nil
-		t.sets = append(t.sets, &fakeSet{set: s, elems: map[string]string{}})
+		t.sets = append(t.sets, &fakeSet{set: s, elems: map[string]nft.Elem{}})
 		return t.addElems(t.sets[len(t.sets)-1], op.Elems)
 	case i < 0:
 		return errno("no set "+name, unix.ENOENT)
@@ -178,7 +178,7 @@ func (t *fakeTable) setOp(op nft.Op) error {
 }
 
 // addElems adds elements of the set's key length; an element already
-// there must jump where it did.
+// there must jump (or go) where it did.
 func (t *fakeTable) addElems(s *fakeSet, elems []nft.Elem) error {
 	for _, e := range elems {
 		if n := s.set.KeyType.Bytes; n != 0 && uint32(len(e.Key)) != n {
@@ -187,11 +187,11 @@ func (t *fakeTable) addElems(s *fakeSet, elems []nft.Elem) error {
 		if s.set.IsMap && t.chain(e.Jump) < 0 {
 			return errno("map "+s.set.Name+": no chain "+e.Jump, unix.ENOENT)
 		}
-		jump, ok := s.elems[string(e.Key)]
+		had, ok := s.elems[string(e.Key)]
 		switch {
 		case !ok:
-			s.elems[string(e.Key)] = e.Jump
-		case jump != e.Jump:
+			s.elems[string(e.Key)] = nft.Elem{Jump: e.Jump, Goto: e.Goto}
+		case had.Target() != e.Target():
 			return errno(fmt.Sprintf("map %s: element %x exists with another jump", s.set.Name, e.Key), unix.EEXIST)
 		}
 	}
