@@ -183,12 +183,24 @@ type compiler struct {
 	// admin and baseline are the ClusterNetworkPolicy rules of each local
 	// pod and direction ("ns/pod in"), in the order they are evaluated.
 	admin, baseline map[string][]tierRule
-	selected        map[string]*Selection
-	sets            map[string]Set
-	peerCache       map[ruleID][]peer
-	selectors       map[*networkingv1.NetworkPolicy]parsedSelector
-	selectorCache   map[string][]peer // by set name (matcher.setName)
-	problems        []Problem
+	// adminBy are the Admin tier's policies of each local pod and
+	// direction, in order; adminOwn says which pods' Admin rules are their
+	// own (a named port), and so not in a shared chain.
+	adminBy  map[string][]string
+	adminOwn map[string]bool
+	// shared are the Admin tier's chains that local pods share (by name),
+	// and sharedOf the one each local pod goes to, by direction.
+	shared   map[string]*sharedChain
+	sharedOf map[string][2]string
+	// sharedBefore is, during a step, sharedOf of the local pods that
+	// changed, before.
+	sharedBefore  map[string][2]string
+	selected      map[string]*Selection
+	sets          map[string]Set
+	peerCache     map[ruleID][]peer
+	selectors     map[*networkingv1.NetworkPolicy]parsedSelector
+	selectorCache map[string][]peer // by set name (matcher.setName)
+	problems      []Problem
 }
 
 // newCompiler reads s; pods, when set, keeps what it read of each pod for
@@ -196,7 +208,8 @@ type compiler struct {
 func newCompiler(s Snapshot, pods *podCache) *compiler {
 	c := &compiler{nsLabels: map[string]labels.Set{}, cidrs: s.LocalCIDRs, logDenied: s.LogDenied, allocations: s.Allocations, now: s.Now,
 		ingress: map[string][][]Rule{}, egress: map[string][][]Rule{}, nodes: s.Nodes,
-		admin: map[string][]tierRule{}, baseline: map[string][]tierRule{},
+		admin: map[string][]tierRule{}, baseline: map[string][]tierRule{}, adminBy: map[string][]string{}, adminOwn: map[string]bool{},
+		shared: map[string]*sharedChain{}, sharedOf: map[string][2]string{},
 		selected: map[string]*Selection{}, sets: map[string]Set{}, peerCache: map[ruleID][]peer{}, selectorCache: map[string][]peer{}, localNS: map[string][]*pod{},
 		chains: map[string][]Chain{}, deps: newDeps(), selectors: map[*networkingv1.NetworkPolicy]parsedSelector{}}
 	c.logAllowedAll, c.sample, c.logNS = s.LogAllowed && !s.LogOff, s.LogSample, map[string]bool{}

@@ -52,7 +52,7 @@ func (t *Table) Drifted(full, sub Ruleset) ([]string, error) {
 			continue
 		}
 		for j, a := range s.Elems {
-			if jump, in := k.Elems[string(a.AsSlice())]; !in || jump != s.jump(j) {
+			if jump, in := k.Elems[string(a.AsSlice())]; !in || jump != s.target(j) {
 				out = append(out, fmt.Sprintf("set %s (%s)", s.Name, a))
 				break
 			}

@@ -22,7 +22,10 @@ type Packet struct {
 // walk: an allow (Return) out of a pod's chain, or the final Accept or
 // Drop.
 type Step struct {
-	Chain   string
+	Chain string
+	// Entry is the pod chain the base chain sent the packet to, that
+	// led to Chain (itself, its rest chain, or a shared Admin chain).
+	Entry   string
 	Comment string
 	Why     string
 	Verdict Verdict
@@ -64,6 +67,11 @@ type walker struct {
 	sets   map[string]Set
 	p      Packet
 	t      Trace
+	entry  string // the pod chain being walked (Step.Entry)
+}
+
+func (w *walker) step(chain string, r Rule, v Verdict) {
+	w.t.Steps = append(w.t.Steps, Step{Chain: chain, Entry: w.entry, Comment: r.Comment, Why: r.Why, Verdict: v})
 }
 
 // chain runs one chain and says how it ended: Accept or Drop (final), or
@@ -72,68 +80,78 @@ func (w *walker) chain(name string, depth int) Verdict {
 	if depth > maxJumps {
 		return Drop
 	}
-	if !IsBase(name) {
+	if !IsBase(name) && !IsShared(name) {
 		w.t.Isolated = append(w.t.Isolated, name)
 	}
 	for _, r := range w.chains[name].Rules {
-		ok, jump := w.match(r)
+		ok, jump, goes := w.match(r)
 		if !ok {
 			continue
 		}
-		if jump != "" {
+		switch {
+		case jump != "" && goes:
+			return w.goTo(name, r, jump, depth)
+		case jump != "":
+			if IsBase(name) {
+				w.entry = jump
+			}
 			if v := w.chain(jump, depth+1); v == Accept || v == Drop {
 				return v
 			}
 		}
 		switch r.Verdict {
-		case Accept, Drop:
-			w.t.Steps = append(w.t.Steps, Step{Chain: name, Comment: r.Comment, Why: r.Why, Verdict: r.Verdict})
+		case Accept, Drop, Return:
+			w.step(name, r, r.Verdict)
 			return r.Verdict
-		case Return:
-			w.t.Steps = append(w.t.Steps, Step{Chain: name, Comment: r.Comment, Why: r.Why, Verdict: Return})
-			return Return
 		case Jump:
 			if v := w.chain(r.Target, depth+1); v == Accept || v == Drop {
 				return v
 			}
 		case Goto:
-			if r.Why != "" { // a Pass, not the Admin tier's end
-				w.t.Steps = append(w.t.Steps, Step{Chain: name, Comment: r.Comment, Why: r.Why, Verdict: Goto})
-			}
-			return w.chain(r.Target, depth+1)
+			return w.goTo(name, r, r.Target, depth)
 		}
 	}
 	return Return
 }
 
-// match says whether r matches the packet, and the chain a verdict map
-// in it sends the packet to.
-func (w *walker) match(r Rule) (bool, string) {
+// goTo goes on in chain target, from rule r of chain name: its end is
+// name's.
+func (w *walker) goTo(name string, r Rule, target string, depth int) Verdict {
+	if r.Why != "" { // a Pass, not the Admin tier's end
+		w.step(name, r, Goto)
+	}
+	return w.chain(target, depth+1)
+}
+
+// match says whether r matches the packet, the chain a verdict map in it
+// sends the packet to, and whether it goes there (goto) rather than
+// jumps.
+func (w *walker) match(r Rule) (bool, string, bool) {
 	p := w.p
 	if r.Established && !p.Established || r.NeighbourDiscovery {
-		return false, "" // (a Packet is TCP, UDP or SCTP)
-	}
-	jump := ""
-	if !r.Src.empty() || !r.Dst.empty() {
-		if r.V6 != p.Src.Is6() {
-			return false, ""
-		}
-		okS, jS := w.addr(r.Src, p.Src)
-		okD, jD := w.addr(r.Dst, p.Dst)
-		if !okS || !okD {
-			return false, ""
-		}
-		jump = jS + jD // at most one of them is a verdict map
+		return false, "", false // (a Packet is TCP, UDP or SCTP)
 	}
 	if r.Proto != 0 {
 		if p.Proto != r.Proto {
-			return false, ""
+			return false, "", false
 		}
 		if r.PortLo != 0 && (p.Port < r.PortLo || p.Port > r.PortHi) {
-			return false, ""
+			return false, "", false
 		}
 	}
-	return true, jump
+	if r.Src.empty() && r.Dst.empty() {
+		return true, "", false
+	}
+	if r.V6 != p.Src.Is6() {
+		return false, "", false
+	}
+	okS, jS := w.addr(r.Src, p.Src)
+	okD, jD := w.addr(r.Dst, p.Dst)
+	if !okS || !okD {
+		return false, "", false
+	}
+	// At most one of them is a verdict map.
+	return true, jS + jD, w.sets[r.Src.VMap+r.Dst.VMap].Goto
 }
 
 func (w *walker) addr(a Addr, ip netip.Addr) (bool, string) {

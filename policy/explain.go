@@ -77,13 +77,13 @@ func (c *Cluster) Explain(q Query) (Answer, error) {
 
 // side says what decided in one direction, from a node's trace.
 func side(t Trace, dir, podKey string, ip netip.Addr) string {
-	chain, rest, what := ChainName(dir, podKey), RestChainName(dir, podKey), dirField(dir)
+	chain, what := ChainName(dir, podKey), dirField(dir)
 	unknown := "unknown destination"
 	if dir == "eg" {
 		unknown = "unknown source"
 	}
 	for _, s := range t.Steps {
-		mine := s.Chain == chain || s.Chain == rest
+		mine := s.Entry == chain // its chain, its rest chain, or a shared Admin chain
 		switch {
 		case mine && s.Verdict == Return:
 			return "allowed by " + s.Why

@@ -56,7 +56,7 @@ func FuzzCompile(f *testing.F) {
 		}
 		for _, c := range r.Chains {
 			for _, rule := range c.Rules {
-				if rule.Verdict == Jump && !chains[rule.Target] {
+				if (rule.Verdict == Jump || rule.Verdict == Goto) && !chains[rule.Target] {
 					t.Fatalf("chain %s jumps to missing %q", c.Name, rule.Target)
 				}
 				for _, a := range []Addr{rule.Src, rule.Dst} {

@@ -236,14 +236,18 @@ func (c *compiler) refillChanged(last *compiler, changes []podChange, store map[
 // before (nil: nothing).
 func (c *compiler) retarget(last *compiler, changes []podChange) map[string]*Selection {
 	c.chains, c.selected = last.chains, last.selected
+	c.shared, c.sharedOf = last.shared, last.sharedOf
 	c.targets, c.targetsNS = nil, map[string][]*pod{}
 	before := map[string]*Selection{}
+	c.sharedBefore = map[string][2]string{}
 	for _, ch := range changes {
 		if ch.old != nil && ch.old.local {
 			before[ch.old.key] = c.selected[ch.old.key]
+			c.sharedBefore[ch.old.key] = c.sharedOf[ch.old.key]
 			delete(c.chains, ch.old.key)
 			delete(c.selected, ch.old.key)
 			c.forget(ch.old.key)
+			c.unshare(ch.old.key)
 		}
 		if ch.new != nil && ch.new.local {
 			c.targets = append(c.targets, ch.new)
@@ -274,6 +278,9 @@ func (c *compiler) keepUnchanged(last *compiler, changes []podChange, before map
 		if o != n || o && (!slices.Equal(ch.old.ips, ch.new.ips) || directions(was) != directions(is)) {
 			keep = false
 		}
+		if o && n && sharing(c.sharedBefore[ch.old.key]) != c.sharesAdmin(ch.new.key) {
+			keep = false // the rest maps change
+		}
 	}
 	if sameSel {
 		c.selectedOut = last.selectedOut
@@ -282,6 +289,10 @@ func (c *compiler) keepUnchanged(last *compiler, changes []podChange, before map
 		c.kept = last.globals
 	}
 }
+
+// sharing says whether a pod goes to a shared Admin chain in egress and
+// in ingress: whether it is in the rest maps.
+func sharing(shared [2]string) [2]bool { return [2]bool{shared[0] != "", shared[1] != ""} }
 
 // directions says whether s has the pod chains in egress and in ingress.
 func directions(s *Selection) [2]bool {

@@ -43,7 +43,7 @@ func keyType(v6 bool) nftables.SetDatatype {
 func elements(s Set) []nft.Elem {
 	out := make([]nft.Elem, len(s.Elems))
 	for i, a := range s.Elems {
-		out[i] = nft.Elem{Key: a.AsSlice(), Jump: s.jump(i)}
+		out[i] = nft.Elem{Key: a.AsSlice(), Jump: s.jump(i), Goto: s.Goto}
 	}
 	return out
 }
@@ -113,6 +113,10 @@ func ruleExprs(r Rule) []expr.Any {
 	if r.Counter {
 		es = append(es, &expr.Counter{})
 	}
+	// A verdict map's lookup sets the verdict and ends the rule: it comes
+	// after every match and the counter.
+	es = append(es, vmapExprs(r.Src, r.V6, false)...)
+	es = append(es, vmapExprs(r.Dst, r.V6, true)...)
 	switch r.Verdict {
 	case Accept:
 		es = append(es, &expr.Verdict{Kind: expr.VerdictAccept})
@@ -148,8 +152,14 @@ func addrExprs(a Addr, v6, dst bool) []expr.Any {
 	if a.NotSet != "" {
 		es = append(es, load(), &expr.Lookup{SourceRegister: 1, SetName: a.NotSet, Invert: true})
 	}
-	if a.VMap != "" {
-		es = append(es, load(), &expr.Lookup{SourceRegister: 1, SetName: a.VMap, DestRegister: 0, IsDestRegSet: true})
-	}
 	return es
+}
+
+// vmapExprs looks the source or destination address up in a's verdict
+// map, if it has one.
+func vmapExprs(a Addr, v6, dst bool) []expr.Any {
+	if a.VMap == "" {
+		return nil
+	}
+	return []expr.Any{nftexpr.LoadAddr(v6, dst), &expr.Lookup{SourceRegister: 1, SetName: a.VMap, DestRegister: 0, IsDestRegSet: true}}
 }

@@ -72,7 +72,8 @@ func (c *compiler) logAllowed(base *Chain, v4, v6 bool) {
 // globalSets are the sets made of every local pod: Compiler keeps them
 // when no local pod changed its addresses or chains.
 var globalSets = []string{"known4", "known6", "log-allowed4", "log-allowed6",
-	JumpMap("eg", false), JumpMap("eg", true), JumpMap("in", false), JumpMap("in", true)}
+	JumpMap("eg", false), JumpMap("eg", true), JumpMap("in", false), JumpMap("in", true),
+	RestMap("eg", false), RestMap("eg", true), RestMap("in", false), RestMap("in", true)}
 
 // ChainName is a local pod's chain for one direction ("in" or "eg"); a
 // name too long for the kernel (256 bytes) is shortened with a hash.
@@ -120,6 +121,7 @@ func (c *compiler) result() Result {
 	for _, p := range c.targets {
 		c.chains[p.key] = append(c.podChains("eg", p), c.podChains("in", p)...)
 	}
+	shared := c.sharedChains()
 	for _, name := range globalSets {
 		delete(c.sets, name) // the last compile's, when kept
 	}
@@ -138,8 +140,11 @@ func (c *compiler) result() Result {
 	for _, p := range c.local {
 		chains = append(chains, c.chains[p.key]...)
 	}
+	chains = append(chains, shared...)
+	restMaps := restMapsOf(shared, v4, v6)
 	if c.kept == nil { // else the maps are the last compile's
 		c.fillJumps(jumpMaps)
+		c.fillRest(restMaps)
 	}
 	// The input hook sees a local pod's packets to its own node: the
 	// egress maps alone, after what conntrack already let through.
@@ -155,7 +160,7 @@ func (c *compiler) result() Result {
 		}
 	}
 	c.logAllowed(&base, v4, v6)
-	for _, m := range jumpMaps {
+	for _, m := range append(slices.Collect(maps.Values(jumpMaps)), slices.Collect(maps.Values(restMaps))...) {
 		if k, ok := c.kept[m.Name]; ok {
 			c.sets[m.Name] = k
 			continue
@@ -182,7 +187,7 @@ func (c *compiler) result() Result {
 	}
 	// The targets' rules by policy are in their chains now: the next
 	// compile, which keeps c, needs them no more.
-	c.ingress, c.egress, c.admin, c.baseline = nil, nil, nil, nil
+	c.ingress, c.egress, c.admin, c.baseline, c.adminBy, c.adminOwn = nil, nil, nil, nil, nil, nil
 	return Result{Ruleset: rs, Selected: c.selectedOut, Problems: c.problems}
 }
 
@@ -259,12 +264,24 @@ func (c *compiler) podChains(dir string, p *pod) []Chain {
 	} else {
 		rest = tierRules(baseline, "")
 	}
-	name := ChainName(dir, p.key)
+	name, restName := ChainName(dir, p.key), RestChainName(dir, p.key)
+	if key := p.key + " " + dir; c.sharesAdmin(p.key)[dirIndex(dir)] {
+		// The Admin tier in a chain the pods it selects share: this
+		// chain lists the other policies and goes there.
+		rules = rules[:len(by)]
+		for _, pol := range notIn(cluster, c.adminBy[key]) {
+			rules = append(rules, Rule{Counter: true, Verdict: Continue, Comment: SelectedBy + pol})
+		}
+		shared := c.sharedOf[p.key]
+		shared[dirIndex(dir)] = c.sharedAdmin(dir, p, admin)
+		c.sharedOf[p.key] = shared
+		rules = append(rules, Rule{Verdict: Goto, Target: shared[dirIndex(dir)], Comment: AdminTier + shared[dirIndex(dir)]})
+		return []Chain{{Name: name, Rules: rules}, {Name: restName, Rules: rest}}
+	}
 	if !passes(admin) {
 		rules = append(rules, tierRules(admin, "")...)
 		return []Chain{{Name: name, Rules: append(rules, rest...)}}
 	}
-	restName := RestChainName(dir, p.key)
 	rules = append(rules, tierRules(admin, restName)...)
 	rules = append(rules, Rule{Verdict: Goto, Target: restName})
 	return []Chain{{Name: name, Rules: rules}, {Name: restName, Rules: rest}}

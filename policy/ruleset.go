@@ -31,12 +31,14 @@ type Ruleset struct {
 }
 
 // Set is a named set of addresses of one family. A verdict map (VMap)
-// sends an address in Elems[i] to chain Jumps[i].
+// sends an address in Elems[i] to chain Jumps[i]: a jump, or with Goto a
+// goto (the chain's return is the caller's).
 type Set struct {
 	Name  string
 	V6    bool
 	Elems []netip.Addr // sorted, unique
 	VMap  bool
+	Goto  bool
 	Jumps []string
 }
 
@@ -79,6 +81,14 @@ func (s Set) jump(i int) string {
 		return ""
 	}
 	return s.Jumps[i]
+}
+
+// target is element i's verdict as nft.Elem.Target gives it.
+func (s Set) target(i int) string {
+	if j := s.jump(i); j != "" && s.Goto {
+		return "goto " + j
+	}
+	return s.jump(i)
 }
 
 // JumpMap is the verdict map that sends a local pod's packets to its

@@ -29,10 +29,24 @@ type NodeView struct {
 func (rs Ruleset) Subset(pods []string, ips []string) Ruleset {
 	var out Ruleset
 	used := map[string]bool{}
-	for _, c := range rs.Chains {
+	mine := func(c Chain) bool { // a pod's chain, or its rest chain after the Admin tier
 		_, key, _ := strings.Cut(c.Name, ":")
-		if IsBase(c.Name) || !slices.Contains(pods, key) || c.Name != ChainName(c.Name[:2], key) && c.Name != RestChainName(c.Name[:2], key) {
-			continue // (a pod's chain, or its rest chain after the Admin tier)
+		return !IsBase(c.Name) && !IsShared(c.Name) && slices.Contains(pods, key) &&
+			(c.Name == ChainName(c.Name[:2], key) || c.Name == RestChainName(c.Name[:2], key))
+	}
+	shared := map[string]bool{} // the shared Admin chains the pods go to
+	for _, c := range rs.Chains {
+		if mine(c) {
+			for _, r := range c.Rules {
+				if r.Verdict == Goto && IsShared(r.Target) {
+					shared[r.Target] = true
+				}
+			}
+		}
+	}
+	for _, c := range rs.Chains {
+		if !mine(c) && !shared[c.Name] {
+			continue
 		}
 		kept := Chain{Name: c.Name}
 		for _, r := range c.Rules {

@@ -119,14 +119,14 @@ func (t *Table) desired(rs Ruleset) nftsync.Table {
 // setSource is a set's identity: its elements' and jumps' arrays (a
 // compiled set is never written to), its family and kind.
 type setSource struct {
-	elems       *netip.Addr
-	jumps       *string
-	n           int
-	v6, verdict bool
+	elems             *netip.Addr
+	jumps             *string
+	n                 int
+	v6, verdict, goes bool
 }
 
 func sourceOf(s Set) setSource {
-	src := setSource{n: len(s.Elems), v6: s.V6, verdict: s.VMap}
+	src := setSource{n: len(s.Elems), v6: s.V6, verdict: s.VMap, goes: s.Goto}
 	if len(s.Elems) > 0 {
 		src.elems = &s.Elems[0]
 	}
@@ -219,12 +219,21 @@ func (t *Table) Isolated() (pods map[string]Selection, exists bool, err error) {
 			}
 		}
 	}
-	pods = map[string]Selection{}
-	for name, c := range ks.Chains {
+	selectedBy := func(c *nftsync.ChainState) []string {
 		var by []string
 		for _, r := range c.Rules {
 			if p, ok := strings.CutPrefix(r.Comment, SelectedBy); ok {
 				by = append(by, p)
+			}
+		}
+		return by
+	}
+	pods = map[string]Selection{}
+	for name, c := range ks.Chains {
+		by := selectedBy(c)
+		for _, r := range c.Rules { // the policies of its shared Admin chain
+			if shared, ok := strings.CutPrefix(r.Comment, AdminTier); ok && ks.Chains[shared] != nil {
+				by = append(by, selectedBy(ks.Chains[shared])...)
 			}
 		}
 		dir, key, _ := strings.Cut(name, ":")

@@ -185,6 +185,12 @@ func (c *compiler) addClusterPolicies(ps []*cnpapi.ClusterNetworkPolicy, check b
 				}
 				key := p.key + " " + dir
 				tier[key] = append(tier[key], rules...)
+				if cp.p.Spec.Tier == cnpapi.Admin {
+					c.adminBy[key] = append(c.adminBy[key], cp.name)
+					if cp.namedIngress() && dir == "in" {
+						c.adminOwn[key] = true
+					}
+				}
 				s := c.selected[p.key]
 				if s == nil {
 					s = &Selection{}
@@ -206,7 +212,7 @@ func (c *compiler) addClusterPolicies(ps []*cnpapi.ClusterNetworkPolicy, check b
 // whose sets are thrown away.
 func (c *compiler) checkClusterPolicy(cp clusterPolicy) {
 	v := *c
-	v.sets, v.problems, v.deps = map[string]Set{}, nil, newDeps()
+	v.sets, v.problems, v.deps, v.selectorCache = map[string]Set{}, nil, newDeps(), map[string][]peer{}
 	for _, dir := range []string{"in", "eg"} {
 		v.clusterRules(cp, dir, &pod{})
 	}
@@ -369,11 +375,18 @@ func (c *compiler) matcherPeers(base string, ms []matcher) []peer {
 		c.usePeers(p)
 		return p
 	}
-	var ips []netip.Addr
-	c.eachMatching(ms, func(p *pod) { ips = append(ips, p.ips...) })
-	p := c.addrSets(base, ips, ms)
-	c.clusterCache[base] = p
-	return p
+	// A set per selector, as NetworkPolicy's peers: the rules of any
+	// policy that name the same pods share its sets.
+	var out []peer
+	for _, m := range ms {
+		for _, p := range c.selectorSets(m) {
+			if !slices.ContainsFunc(out, func(q peer) bool { return q.addr.Set == p.addr.Set }) {
+				out = append(out, p)
+			}
+		}
+	}
+	c.clusterCache[base] = out
+	return out
 }
 
 // egressPeers reads a rule's to: pods, networks, nodes. domainNames

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -271,5 +272,69 @@ func TestTiersSubsetKeepsTheRestChain(t *testing.T) {
 	sub.Chains = append([]Chain{{Name: ChainForward, Rules: full.Chains[0].Rules}}, sub.Chains...)
 	if a, b := Evaluate(full, pkt), Evaluate(sub, pkt); a.Allowed != b.Allowed || len(a.Steps) != len(b.Steps) {
 		t.Errorf("the subset decides otherwise: %+v, the whole table %+v", b, a)
+	}
+}
+
+// TestAdminTierSharedByThePodsItSelects: the local pods the same Admin
+// policies select share one chain of their rules, so that the table grows
+// by a rule or two per pod, not by the policies' rules; each pod still
+// gets the tiers' verdicts, a Pass going on to its own NetworkPolicies.
+func TestAdminTierSharedByThePodsItSelects(t *testing.T) {
+	cnps := []*cnpapi.ClusterNetworkPolicy{
+		testCNP("accept-y", cnpapi.Admin, 0, func(s *cnpapi.Spec) { s.Ingress = []cnpapi.IngressRule{fromNS("y", cnpapi.Accept, tcp(9000))} }),
+		testCNP("pass-y", cnpapi.Admin, 1, func(s *cnpapi.Spec) { s.Ingress = []cnpapi.IngressRule{fromNS("y", cnpapi.Pass, tcp(80))} }),
+		testCNP("deny-y", cnpapi.Admin, 2, func(s *cnpapi.Spec) { s.Ingress = []cnpapi.IngressRule{fromNS("y", cnpapi.Deny)} }),
+	}
+	isolateA := testPolicy("x", "only-from-x", map[string]string{"pod": "a"}, func(sp *networkingv1.NetworkPolicySpec) {
+		sp.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{}}}}}
+	})
+	withPods := func(n int) Snapshot {
+		s := snapshot(isolateA)
+		s.ClusterPolicies = cnps
+		for i := range n {
+			s.Pods = append(s.Pods, testPod("x", fmt.Sprint("e", i), "n1", fmt.Sprint("10.244.1.", 10+i), map[string]string{"pod": "e"}))
+		}
+		return s
+	}
+	rules := func(rs Ruleset) int {
+		n := 0
+		for _, c := range rs.Chains {
+			n += len(c.Rules)
+		}
+		return n
+	}
+	few, many := Compile(withPods(10)).Ruleset, Compile(withPods(40)).Ruleset
+	if grew := rules(many) - rules(few); grew > 2*30 {
+		t.Errorf("30 more pods the same Admin policies select: %d more rules, want at most 2 each", grew)
+	}
+	shared := func(pod string) string {
+		c := rawChain(t, many, ChainName("in", pod))
+		return c.Rules[len(c.Rules)-1].Target
+	}
+	if a, e := shared("x/a"), shared("x/e7"); a != e || !IsShared(a) {
+		t.Errorf("x/a's chain goes to %q, x/e7's to %q: want one shared chain", a, e)
+	}
+	for _, tc := range []struct {
+		dst     string
+		port    uint16
+		allowed bool
+		why     string
+	}{
+		{"10.244.1.2", 9000, true, "ClusterNetworkPolicy/accept-y spec.ingress[0]"},
+		{"10.244.1.17", 9000, true, "ClusterNetworkPolicy/accept-y spec.ingress[0]"},
+		{"10.244.1.2", 80, false, ""}, // passed on to x/a's NetworkPolicy: not from x
+		{"10.244.1.17", 80, true, ""}, // passed on: x/e7 has no NetworkPolicy
+		{"10.244.1.17", 22, false, "ClusterNetworkPolicy/deny-y spec.ingress[0]"},
+	} {
+		tr := Evaluate(many, Packet{Src: netip.MustParseAddr("10.244.1.3"), Dst: netip.MustParseAddr(tc.dst), Proto: unix.IPPROTO_TCP, Port: tc.port})
+		var why []string
+		for _, st := range tr.Steps {
+			if st.Verdict != Goto {
+				why = append(why, st.Why)
+			}
+		}
+		if tr.Allowed != tc.allowed || tc.why != "" && !slices.Contains(why, tc.why) {
+			t.Errorf("y/a → %s:%d: %+v, want allowed %v by %q", tc.dst, tc.port, tr, tc.allowed, tc.why)
+		}
 	}
 }

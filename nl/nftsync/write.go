@@ -107,11 +107,11 @@ func (w *writer) addRules(kc *nftables.Chain, c Chain) {
 }
 
 // diff queues what differs from have: sets and their elements first (a
-// rule may name a new set), then the regular chains (every missing one
-// created before any is written: a rule may jump to one written after
-// it), then the verdict maps that jump to them, then the base chains that
-// look the maps up; last, what is no longer wanted (a chain once no map
-// jumps to it, a set once no rule names it).
+// rule may name a new set), then the missing regular chains, then the
+// verdict maps that jump to them, then the regular chains' rules (a rule
+// may jump to a chain, or look up a map, written after it), then the base
+// chains; last, what is no longer wanted (a chain once no map jumps to
+// it, a set once no rule names it).
 func (w *writer) diff(have *State) error {
 	w.diffSets(have, false)
 	for _, c := range w.want.Chains {
@@ -119,6 +119,7 @@ func (w *writer) diff(have *State) error {
 			w.batch.AddChain(w.kchain(c))
 		}
 	}
+	w.diffSets(have, true)
 	for i := len(w.want.Chains) - 1; i >= 0; i-- {
 		if c := w.want.Chains[i]; c.Hook == nil {
 			if err := w.diffChain(have, c); err != nil {
@@ -126,7 +127,6 @@ func (w *writer) diff(have *State) error {
 			}
 		}
 	}
-	w.diffSets(have, true)
 	for _, c := range w.want.Chains {
 		if c.Hook != nil {
 			if err := w.diffChain(have, c); err != nil {

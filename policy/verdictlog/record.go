@@ -122,7 +122,7 @@ func record(n Namer, node, prefix string, h header, at time.Time) (Record, error
 	r.Policy = "no policy selects " + who + " for " + r.Direction
 	t := policy.Evaluate(n.Ruleset(), policy.Packet{Src: h.src, Dst: h.dst, Proto: h.proto, Port: h.port})
 	for _, s := range t.Steps {
-		if s.Chain == policy.ChainName(dir, pod) && s.Verdict == policy.Return {
+		if s.Entry == policy.ChainName(dir, pod) && s.Verdict == policy.Return {
 			r.Policy = s.Why
 		}
 	}
