@@ -51,6 +51,10 @@ type deps struct {
 	sources      map[string][]matcher
 	named        map[string]namedSource
 	clusterCache map[string][]peer // a ClusterNetworkPolicy rule's peers, by its sets' base name
+	// clusterRules are a ClusterNetworkPolicy's rules in one direction
+	// ("ClusterNetworkPolicy/name in"), when the same for every pod it
+	// selects.
+	clusterRules map[string][]tierRule
 	// refs counts the live policies that use each set; was, during a
 	// step, says of each policy it made live or not whether it was live
 	// before.
@@ -68,7 +72,8 @@ type namedSource struct {
 
 func newDeps() deps {
 	return deps{uses: map[string]map[string]bool{}, compiledFor: map[string][]string{}, live: map[string]int{},
-		sources: map[string][]matcher{}, named: map[string]namedSource{}, clusterCache: map[string][]peer{}, refs: map[string]int{}}
+		sources: map[string][]matcher{}, named: map[string]namedSource{}, clusterCache: map[string][]peer{}, clusterRules: map[string][]tierRule{},
+		refs: map[string]int{}}
 }
 
 // use records that the policy being compiled made or read set name.

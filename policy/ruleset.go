@@ -27,7 +27,9 @@ func IsBase(name string) bool { return name == ChainForward || name == ChainInpu
 // Ruleset is the desired content of the policy table.
 type Ruleset struct {
 	Sets   []Set   // sorted by name
-	Chains []Chain // the base chains first (BaseChains), then by name
+	// Chains are the base chains (BaseChains), the shared Admin chains
+	// by name, then each local pod's, by pod.
+	Chains []Chain
 }
 
 // Set is a named set of addresses of one family. A verdict map (VMap)

@@ -163,6 +163,7 @@ func (c *compiler) sharedChains() []Chain {
 		}
 		out = append(out, sc.chain)
 	}
+	slices.SortFunc(out, func(a, b Chain) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 

@@ -72,7 +72,7 @@ func (t *Table) Sync(rs Ruleset, reread bool) (Changes, error) {
 	if errors.Is(err, unix.EMSGSIZE) {
 		rules, elems := rs.size()
 		return Changes{}, fmt.Errorf("table inet %s, %d chains, %d rules and %d set elements, is larger than one nftables transaction can carry: "+
-			"the pods' chains repeat the rules of every policy that selects them (%w)", TableName, len(rs.Chains), rules, elems, err)
+			"fewer pods, policies or peers would fit (%w)", TableName, len(rs.Chains), rules, elems, err)
 	}
 	if err != nil {
 		return Changes{}, fmt.Errorf("table inet %s: %w", TableName, err)

@@ -163,21 +163,19 @@ func (c *compiler) addClusterPolicies(ps []*cnpapi.ClusterNetworkPolicy, check b
 		if cp.p.Spec.Tier == cnpapi.Baseline {
 			tier = c.baseline
 		}
-		var shared map[string][]tierRule // by direction, when no named port makes them differ
 		for _, p := range c.targets {
 			if !cp.sel.matches(c, p) {
 				continue
 			}
 			c.compiled(p.key, cp.name)
 			for _, dir := range []string{"in", "eg"} {
-				rules := shared[dir]
-				if rules == nil {
+				// The same for every pod when no named port makes them
+				// differ: worked out once (and kept by Compiler's steps).
+				rules, ok := c.deps.clusterRules[cp.name+" "+dir]
+				if !ok {
 					rules = c.clusterRules(cp, dir, p)
 					if !cp.namedIngress() || dir == "eg" {
-						if shared == nil {
-							shared = map[string][]tierRule{}
-						}
-						shared[dir] = rules
+						c.deps.clusterRules[cp.name+" "+dir] = rules
 					}
 				}
 				if len(rules) == 0 {
