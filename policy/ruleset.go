@@ -26,7 +26,7 @@ func IsBase(name string) bool { return name == ChainForward || name == ChainInpu
 
 // Ruleset is the desired content of the policy table.
 type Ruleset struct {
-	Sets   []Set   // sorted by name
+	Sets []Set // sorted by name
 	// Chains are the base chains (BaseChains), the shared Admin chains
 	// by name, then each local pod's, by pod.
 	Chains []Chain
