@@ -57,6 +57,20 @@ func BenchmarkKubeNetworkPolicyAtScale(b *testing.B) {
 	}
 }
 
+// BenchmarkKubeClusterNetworkPolicyAtScale is
+// BenchmarkKubeNetworkPolicyAtScale with 100 ClusterNetworkPolicies
+// (policyscale.ClusterPolicies: 50 Admin, 50 Baseline) beside the 2,000
+// NetworkPolicies; under make bench-smoke, 20 beside 400.
+func BenchmarkKubeClusterNetworkPolicyAtScale(b *testing.B) {
+	sc, cnps := kubePolicyScale{pods: 10000, policies: 2000}, 100
+	if benchSmoke() {
+		sc, cnps = kubePolicyScale{pods: 2000, policies: 400}, 20
+	}
+	for range b.N {
+		benchKubePolicy(b, sc, cnps)
+	}
+}
+
 // kubePolicyScale is the cluster benchKubePolicy builds: pods over three
 // nodes, one namespace per 100 pods, one app per 20, ten policies per
 // app (policy.BenchmarkPolicyChangeAtScale's).
