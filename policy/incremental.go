@@ -229,11 +229,69 @@ func (c *compiler) refillChanged(last *compiler, changes []podChange, store map[
 		if s, ok := store[name]; ok && slices.ContainsFunc(changes, func(ch podChange) bool {
 			return anyMatches(from, last, ch.old) || anyMatches(from, c, ch.new)
 		}) {
-			store[name] = c.refill(s, from)
+			store[name] = c.refillStep(s, from, last, changes)
 			refilled = append(refilled, name)
 		}
 	}
 	return refilled
+}
+
+// refillStep is refill's set, worked out from s and the changes alone:
+// the addresses of the changed pods s held go, unless a pod that matches
+// holds one still (an address a deleted pod's object still lists, given
+// to a new pod); those of the changed pods that match come. Its cost grows
+// with the set and the changes, not with the pods its selectors look at
+// (refill's: every pod of the namespaces they match).
+func (c *compiler) refillStep(s Set, from []matcher, last *compiler, changes []podChange) Set {
+	var gone, come []netip.Addr
+	for _, ch := range changes {
+		if anyMatches(from, last, ch.old) {
+			gone = append(gone, ch.old.ips...)
+		}
+		if anyMatches(from, c, ch.new) {
+			come = append(come, ch.new.ips...)
+		}
+	}
+	gone = slices.DeleteFunc(gone, func(ip netip.Addr) bool { return ip.Is6() != s.V6 || c.heldByMatching(ip, from) })
+	come = slices.DeleteFunc(come, func(ip netip.Addr) bool { return ip.Is6() != s.V6 })
+	if len(gone) == 0 && len(come) == 0 {
+		return s
+	}
+	slices.SortFunc(come, netip.Addr.Compare)
+	// Merged into a new array: the last compile's readers keep theirs.
+	elems := make([]netip.Addr, 0, len(s.Elems)+len(come))
+	add := func(ip netip.Addr) {
+		if n := len(elems); n == 0 || elems[n-1] != ip {
+			elems = append(elems, ip)
+		}
+	}
+	for _, ip := range s.Elems {
+		for len(come) > 0 && come[0].Compare(ip) < 0 {
+			add(come[0])
+			come = come[1:]
+		}
+		if !slices.Contains(gone, ip) {
+			add(ip)
+		}
+	}
+	for _, ip := range come {
+		add(ip)
+	}
+	s.Elems = elems
+	if len(elems) == 0 {
+		s.Elems = nil // as Compile makes an empty set
+	}
+	return s
+}
+
+// heldByMatching says whether a pod that from matches holds ip now.
+func (c *compiler) heldByMatching(ip netip.Addr, from []matcher) bool {
+	for _, p := range c.pods {
+		if slices.Contains(p.ips, ip) && anyMatches(from, c, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // retarget forgets what was compiled for the local pods that changed,
@@ -317,21 +375,6 @@ func sameObjects[T comparable](a, b []T) bool {
 		in[x] = true
 	}
 	return !slices.ContainsFunc(a, func(x T) bool { return !in[x] })
-}
-
-// refill is set s again, holding the addresses of the pods from matches.
-func (c *compiler) refill(s Set, from []matcher) Set {
-	s.Elems = nil
-	c.eachMatching(from, func(p *pod) {
-		for _, ip := range p.ips {
-			if ip.Is6() == s.V6 {
-				s.Elems = append(s.Elems, ip)
-			}
-		}
-	})
-	slices.SortFunc(s.Elems, netip.Addr.Compare)
-	s.Elems = slices.Compact(s.Elems)
-	return s
 }
 
 func anyMatches(ms []matcher, c *compiler, p *pod) bool {

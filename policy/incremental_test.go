@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -348,5 +351,43 @@ func TestIncrementalThroughStatusUpdates(t *testing.T) {
 		if k.Incremental != tc.incremental {
 			t.Errorf("resourceVersion %s, generation %d: incremental %v, want %v", tc.rv, tc.generation, k.Incremental, tc.incremental)
 		}
+	}
+}
+
+// TestIncrementalKeepsAnAddressAnotherPodHolds: a deleted pod's object
+// can still list the address the CNI plugin has given to a new pod. When
+// the old object goes, the peer set keeps the address: the new pod holds
+// it, and the same selector matches it.
+func TestIncrementalKeepsAnAddressAnotherPodHolds(t *testing.T) {
+	fromWeb := testPolicy("x", "from-web", map[string]string{"pod": "a"}, func(sp *networkingv1.NetworkPolicySpec) {
+		sp.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{
+			MatchLabels: map[string]string{"role": "web"}}}}}}
+	})
+	s := snapshot(fromWeb)
+	old := testPod("x", "old", "n2", "10.244.2.9", map[string]string{"role": "web"})
+	old.ResourceVersion = "1"
+	fresh := testPod("x", "fresh", "n2", "10.244.2.9", map[string]string{"role": "web"})
+	fresh.ResourceVersion = "2"
+	s.Pods = append(s.Pods, old, fresh)
+	for _, o := range []metav1.Object{s.Namespaces[0], s.Namespaces[1], fromWeb} {
+		o.SetResourceVersion("1")
+	}
+	for _, p := range s.Pods {
+		if p.ResourceVersion == "" {
+			p.ResourceVersion = "1"
+		}
+	}
+	var k Compiler
+	k.Compile(s)
+	s.Pods = slices.DeleteFunc(slices.Clone(s.Pods), func(p *corev1.Pod) bool { return p == old })
+	got, want := k.Compile(s), Compile(s)
+	if !k.Incremental {
+		t.Fatal("a pod's deletion compiled in full")
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("the compile differs from Compile's:\n got  %+v\n want %+v", got.Ruleset.Sets, want.Ruleset.Sets)
+	}
+	if tr := Evaluate(got.Ruleset, Packet{Src: netip.MustParseAddr("10.244.2.9"), Dst: netip.MustParseAddr("10.244.1.2"), Proto: unix.IPPROTO_TCP, Port: 80}); !tr.Allowed {
+		t.Errorf("x/fresh (role=web, 10.244.2.9) cannot reach x/a once x/old, which listed its address, is gone: %+v", tr)
 	}
 }
