@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -171,6 +172,15 @@ func (m *Manager) tryAcquire(ctx context.Context, cfg *subnet.Config, attrs subn
 		_, _ = m.cli.Revoke(ctx, grant.ID)
 		return subnet.Lease{}, false, nil
 	}
+	if want.Subnet.IsValid() && want.IPv6Subnet.IsValid() {
+		// No comparison covers the IPv6 subnet, which ends the key (free):
+		// of two nodes that took it, the later yields.
+		taken, err := m.takenBefore(ctx, want.IPv6Subnet, key, resp.Header.Revision)
+		if err != nil || taken {
+			_, _ = m.cli.Revoke(ctx, grant.ID) // deletes the key
+			return subnet.Lease{}, false, err
+		}
+	}
 	want.Attrs, _ = subnet.ParseLeaseAttrs(value)
 	return m.hold(key, want, value, grant.ID, time.Duration(grant.TTL)*time.Second, false), true, nil
 }
@@ -318,6 +328,24 @@ func subnetCount(minA, maxA netip.Addr, bits int) uint64 {
 	return c.SubnetCount()
 }
 
+// takenBefore says whether a lease other than key, created before
+// revision rev, holds IPv6 subnet v6.
+func (m *Manager) takenBefore(ctx context.Context, v6 netip.Prefix, key string, rev int64) (bool, error) {
+	resp, err := m.cli.Get(ctx, m.SubnetsPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return false, fmt.Errorf("checking that no other lease took %s: %w", v6, err)
+	}
+	for _, kv := range resp.Kvs {
+		if string(kv.Key) == key || kv.CreateRevision >= rev {
+			continue
+		}
+		if _, other, err := subnet.ParseSubnetKey(strings.TrimPrefix(string(kv.Key), m.SubnetsPrefix())); err == nil && other == v6 {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // free is the condition under which taking want (registry key key) cannot
 // take another node's subnet: no key holds want's pair, nor want's IPv4
 // subnet paired with another IPv6 one. A dual-stack key names both subnets
@@ -325,9 +353,8 @@ func subnetCount(minA, maxA netip.Addr, bits int) uint64 {
 // nodes that picked the same IPv4 subnet, each with its own IPv6 one, both
 // hold it (seen in a 6.12 kernel's lab, 2026-11-29: each then refused the
 // other's lease and routed to no peer). The IPv4 subnet leads every key
-// that holds it, so a range comparison covers it. (The IPv6 subnet ends a
-// dual-stack key: that race stays possible, with the IPv6 range's far
-// larger number of subnets to pick from.)
+// that holds it, so a range comparison covers it. The IPv6 subnet ends a
+// dual-stack key: tryAcquire checks it after the write (takenBefore).
 func free(prefix string, want subnet.Lease, key string) []clientv3.Cmp {
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)}
 	if want.Subnet.IsValid() {

@@ -490,3 +490,41 @@ func TestOwnLeaseOverwriteUndone(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Two dual-stack nodes that pick different IPv4 subnets and the same IPv6
+// one, each from a listing without the other's lease: the later yields
+// its lease, and its next attempt takes another IPv6 subnet.
+func TestAcquireDualStackLosesARaceForItsIPv6Subnet(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	m1, m2 := newManager(t, c, 1), newManager(t, c, 2)
+	cfg := config(t, c, m1, `{"Network":"10.52.0.0/16","EnableIPv6":true,"IPv6Network":"fd00:52::/48","Backend":{"Type":"host-gw"}}`)
+	stale, err := m2.list(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hint := func(v4 string) subnet.Lease {
+		return subnet.Lease{Subnet: netip.MustParsePrefix(v4), IPv6Subnet: netip.MustParsePrefix("fd00:52:0:7::/64")}
+	}
+	l1, err := m1.AcquireLease(ctx, cfg, attrs("192.168.9.1"), hint("10.52.1.0/24"))
+	if err != nil || l1.IPv6Subnet != hint("10.52.1.0/24").IPv6Subnet {
+		t.Fatalf("first node: %v, %v", l1, err)
+	}
+	a2 := attrs("192.168.9.2")
+	value, _ := json.Marshal(a2)
+	l2, ok, err := m2.tryAcquire(ctx, cfg, a2, value, hint("10.52.2.0/24"), stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok {
+		t.Fatalf("the second node holds %s too, beside %s", l2, l1)
+	}
+	resp, err := c.Get(ctx, m2.SubnetsPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the registry after the race: %v, %v; want the first node's lease alone", resp.Kvs, err)
+	}
+	l2, err = m2.AcquireLease(ctx, cfg, a2, hint("10.52.2.0/24"))
+	if err != nil || l2.IPv6Subnet == l1.IPv6Subnet {
+		t.Fatalf("second node: %v, %v; the first holds %s", l2, err, l1)
+	}
+}
