@@ -156,6 +156,12 @@ func (m *Manager) tryAcquire(ctx context.Context, cfg *subnet.Config, attrs subn
 			want.IPv6Subnet = netip.PrefixFrom(a, cfg.IPv6SubnetLen)
 		}
 	}
+	return m.take(ctx, want, value)
+}
+
+// take creates want's key, bound to a new etcd lease, if no other node
+// holds its subnets, and says whether it did.
+func (m *Manager) take(ctx context.Context, want subnet.Lease, value []byte) (subnet.Lease, bool, error) {
 	key := m.SubnetsPrefix() + want.Key()
 	grant, err := m.cli.Grant(ctx, int64(m.ttl/time.Second))
 	if err != nil {
