@@ -254,8 +254,9 @@ func fromNamespaces(ns string) []networkingv1.NetworkPolicyIngressRule {
 }
 
 // TestPrivilegedPolicyClusterTiers: on a real kernel, ClusterNetworkPolicy
-// tiers written as changes to a table already there (an Admin Pass adds a
-// pod's rest chain, which a goto names), then taken away: each change is
+// tiers written as changes to a table already there (a shared Admin chain
+// that looks up a rest map, whose elements go to the pod's rest chain),
+// then taken away: each change is
 // written as a diff, and pings answer as the tiers say.
 func TestPrivilegedPolicyClusterTiers(t *testing.T) {
 	n := newNode(t)

@@ -360,7 +360,7 @@ func (m *Manager) takenBefore(ctx context.Context, v6 netip.Prefix, key string, 
 // hold it (seen in a 6.12 kernel's lab, 2026-11-29: each then refused the
 // other's lease and routed to no peer). The IPv4 subnet leads every key
 // that holds it, so a range comparison covers it. The IPv6 subnet ends a
-// dual-stack key: tryAcquire checks it after the write (takenBefore).
+// dual-stack key: take checks it after the write (takenBefore).
 func free(prefix string, want subnet.Lease, key string) []clientv3.Cmp {
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)}
 	if want.Subnet.IsValid() {
