@@ -153,9 +153,9 @@ etcd-tools: ## Build etcdctl from the Go module proxy, for Documentation/etcd.md
 # Only the e2e tier runs the tools setup-tools builds (about 20 minutes of
 # compiling on a fresh machine): tools/overlap.sh builds what the
 # Kubernetes labs run (KUBE_TOOLS_E2E=0, CNP_SUITE=0: not the conformance
-# suites) niced while lint, cover, the unit tier, make build and the kernel
-# matrix run (the matrix's emulated machines, not niced, take the CPU
-# before the build does).
+# suites), after the kernel matrix's kernels (a download), niced while
+# lint, the unit tier, make build and the kernel matrix run (the matrix's
+# emulated machines, not niced, take the CPU before the build does).
 #
 # The e2e tier's parallel tests wait for a lane of their own (two
 # Kubernetes labs at once, one lighter test beside them: e2e/share_test.go),
@@ -165,12 +165,15 @@ etcd-tools: ## Build etcdctl from the Go module proxy, for Documentation/etcd.md
 # machine idle (sampled 2026-11-29). Beside the tier run the conformance
 # suites' build (the tier's conformance subset, which comes after the tests
 # that take the whole lane, waits for it: tools/kube/build.sh) and then
-# bench-smoke, niced, their scheduler autogroup at nice 10 (overlap.sh -g),
-# so that the tier's tests, some of which bound a gap in traffic, keep the
-# CPU they ask for; bench-smoke starts once the test that takes the whole
-# machine (TestKubeLabWireGuard, aloneOnMachine) has ended, which it says
-# in build/e2e-alone-done (20 minutes at most). If the tier fails,
-# bench-smoke still ends on its own (-w), removing its labs.
+# cover and bench-smoke, niced, their scheduler autogroup at nice 10
+# (overlap.sh -g), so that the tier's tests, some of which bound a gap in
+# traffic, keep the CPU they ask for; cover and bench-smoke start once the
+# test that takes the whole machine (TestKubeLabWireGuard, aloneOnMachine)
+# has ended, which it says in build/e2e-alone-done (20 minutes at most).
+# cover (the unit tier again, without -race, for coverage: about a minute
+# of two busy cores) went there from before the tier, whose CPU the
+# compiles keep busy on a fresh machine. If the tier fails, bench-smoke
+# still ends on its own (-w), removing its labs.
 #
 # The kernel matrix cannot go beside the tier too (on a fresh machine,
 # 2026-11-29): at nice 10, beside bench-smoke, its emulated machines got
@@ -188,16 +191,20 @@ test: setup-base ## Everything this machine can run, as root: lint, coverage, un
 
 .PHONY: test-tiers
 test-tiers:
-	bash tools/overlap.sh build/setup-tools.log 'KUBE_TOOLS_E2E=0 CNP_SUITE=0 $(MAKE) --no-print-directory setup-tools' \
-		'$(MAKE) --no-print-directory lint cover test-packages build test-kernels'
+	bash tools/overlap.sh build/setup-tools.log 'KUBE_TOOLS_E2E=0 CNP_SUITE=0 $(MAKE) --no-print-directory kernels-fetch setup-tools' \
+		'$(MAKE) --no-print-directory lint test-packages build test-kernels'
 	@rm -f build/e2e-alone-done
-	bash tools/overlap.sh -w -g 10 build/beside-e2e.log '$(MAKE) --no-print-directory setup-tools && $(WAIT_ALONE) && $(MAKE) --no-print-directory bench-smoke' \
+	bash tools/overlap.sh -w -g 10 build/beside-e2e.log '$(MAKE) --no-print-directory setup-tools && $(WAIT_ALONE) && $(MAKE) --no-print-directory cover bench-smoke' \
 		'TWILL_E2E_ALONE_DONE=$(CURDIR)/build/e2e-alone-done $(RACE) -vet=off -count=1 -timeout 60m -v -parallel 256 ./e2e/'
 
 # WAIT_ALONE waits, 20 minutes at most, for the e2e tier's test alone on
 # the machine to end (see above).
 WAIT_ALONE = { for i in $$(seq 1200); do [ -e build/e2e-alone-done ] && break; sleep 1; done; \
 	[ -e build/e2e-alone-done ] || echo "no build/e2e-alone-done after 20 minutes: starting anyway"; }
+
+.PHONY: kernels-fetch
+kernels-fetch: ## Download and unpack the kernels of tools/kernels/kernels.list from Debian's archive (cached in build/kernels/<package>_<version>)
+	@for n in $$(awk '!/^#/ && NF {print $$1}' tools/kernels/kernels.list); do tools/kernels/fetch.sh "$$n" >/dev/null || exit 1; done
 
 .PHONY: test-kernels
 test-kernels: build ## Boot each kernel of tools/kernels/kernels.list (Debian's 5.10, 6.1, 6.12) under qemu's TCG emulator and run the lab (vxlan, host-gw, kernel WireGuard; IPv4 and dual-stack; nftables and iptables), TestEtcdWireGuard on the kernel device, vxlan's checksum workaround, the nftables seam's transactions, the policy table and the plugin's host ports inside it (part of make test)

@@ -18,6 +18,10 @@ case $suite in
 esac
 state=$PWD/build/kernels/apt/$suite
 mkdir -p "$state/lists/partial" "$state/cache/archives/partial"
+# One fetch of a suite at a time (make test fetches in the background while
+# the matrix may start): the second finds the first's kernel cached.
+exec 9>"$state/.lock"
+flock -w 600 9 || { echo "fetch.sh: another fetch of $suite held its lock for 10 minutes" >&2; exit 1; }
 echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $uri $suite main" >"$state/sources.list"
 apt=(-o "Dir::Etc::SourceList=$state/sources.list" -o Dir::Etc::SourceParts=/dev/null
 	-o "Dir::State::Lists=$state/lists" -o "Dir::Cache=$state/cache" -o Dir::State::status=/dev/null
