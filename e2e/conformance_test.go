@@ -18,15 +18,11 @@ import (
 // subset (lab.DualStackFast) against a dual-stack vxlan Kubernetes lab
 // running twill as dist/kube-twill.yml installs it, through twillctl lab
 // conformance --fast as make conformance IP_FAMILY=dual runs the whole set;
-// then the NetworkPolicy subset on the same lab, and network-policy-api's
-// ClusterNetworkPolicy subset (lab.CNPFast), as make cnp runs its suite.
+// then the NetworkPolicy subset on the same lab.
 func TestKubeConformanceFast(t *testing.T) {
 	kubeLab(t)
 	l := newLabCtl(t)
-	images := labImages(t, l.bin, e2eImages, "e2e")
-	name := labName("cf")
-	l.up(name, "--kubernetes", "--nodes", "2", "--pods-per-node", "1", "--backend", "vxlan", "--ip-family", "dual",
-		"--kube-bin-dir", kubeBinDir(t), "--image-dir", images, "--crd", kubetest.ClusterPolicyCRD(t))
+	name := conformanceLab(t, l, "cf")
 	// The subsets run one after the other: side by side they saved about
 	// 20 s, and the Netpol specs' pods and probes loaded the nodes enough
 	// that the dual-stack spec's first curl, which upstream sends the
@@ -44,7 +40,17 @@ func TestKubeConformanceFast(t *testing.T) {
 	// passed spec, and none failed.
 	checkFast(t, "conformance", outcomes[0], slices.Concat(lab.ConformanceFast, lab.DualStackFast), 11)
 	checkFast(t, "Netpol", outcomes[1], lab.NetpolFast, len(lab.NetpolFast))
+}
 
+// TestKubeClusterNetworkPolicyConformance runs network-policy-api's
+// ClusterNetworkPolicy subset (lab.CNPFast), as make cnp runs its suite,
+// against a lab like TestKubeConformanceFast's, a lab of its own so that
+// the two run side by side (they once ran one after the other on one lab,
+// the longest test of the end-to-end tier, which it ended alone).
+func TestKubeClusterNetworkPolicyConformance(t *testing.T) {
+	kubeLab(t)
+	l := newLabCtl(t)
+	name := conformanceLab(t, l, "cc")
 	out, err := l.run("conformance", "--name", name, "--suite", "cnp", "--fast", "--markdown", "--report-dir", t.TempDir(),
 		"--cnp-suite", kubetest.ClusterPolicySuite(t))
 	want := fmt.Sprintf(": %d passed, 0 failed;", len(lab.CNPFast))
@@ -52,6 +58,17 @@ func TestKubeConformanceFast(t *testing.T) {
 		t.Fatalf("lab conformance --suite cnp --fast (%v), want %q:\n%s", err, want, tail(out, 200))
 	}
 	t.Logf("ClusterNetworkPolicy subset:\n%s", tail(out, len(lab.CNPFast)+4))
+}
+
+// conformanceLab brings up a dual-stack vxlan Kubernetes lab with the e2e
+// suite's image stand-ins and the ClusterNetworkPolicy CRDs, and returns
+// its name.
+func conformanceLab(t *testing.T, l *labCtl, prefix string) string {
+	images := labImages(t, l.bin, e2eImages, "e2e")
+	name := labName(prefix)
+	l.up(name, "--kubernetes", "--nodes", "2", "--pods-per-node", "1", "--backend", "vxlan", "--ip-family", "dual",
+		"--kube-bin-dir", kubeBinDir(t), "--image-dir", images, "--crd", kubetest.ClusterPolicyCRD(t))
+	return name
 }
 
 // runFast runs lab conformance --fast of suite on the lab and reads its

@@ -24,7 +24,12 @@ import (
 //   - beside: an etcd cluster of namespaces, a lone apiserver or a lab
 //     without Kubernetes mostly waits (15-30% of the two cores, one by one,
 //     sampled over a CI run): one runs at a time, next to the Kubernetes
-//     labs, and next to the tests alone in theirs.
+//     labs, and next to the tests alone in theirs. Once none is left to
+//     run and no test alone in the Kubernetes labs' lane runs or waits,
+//     the beside lane runs that lane's tests, a third Kubernetes lab: the
+//     last of them, with the conformance suites, came after the light
+//     tests had all ended, on a machine 40% idle (a fresh machine,
+//     2026-11-29).
 //
 // The tests alone in the kubeLab lane used to run one by one before every
 // other test, as go test runs tests that do not call t.Parallel: about 11
@@ -40,9 +45,11 @@ import (
 const kubeLabSlots = 2
 
 var (
-	kubeLabLane = &lane{free: kubeLabSlots, first: []string{"TestKubeConformanceFast", "TestDocs/kube"}}
+	kubeLabLane = &lane{free: kubeLabSlots, first: []string{"TestKubeConformanceFast", "TestKubeClusterNetworkPolicyConformance", "TestDocs/kube"}}
 	besideLane  = &lane{free: 1}
 )
+
+func init() { besideLane.takeFrom(kubeLabLane) }
 
 // kubeLab runs t in parallel, in the Kubernetes labs' lane.
 func kubeLab(t *testing.T) { kubeLabLane.enter(t, 1) }
@@ -98,17 +105,31 @@ const AloneDoneEnv = "TWILL_E2E_ALONE_DONE"
 // order they came. The best-ranked test waits for room rather than let
 // lighter ones pass it, so that a test alone in the lane is not starved.
 type lane struct {
-	mu      sync.Mutex
 	free    int
 	first   []string
-	waiting []waiter
+	waiting []*waiter
+	heavy   int         // tests of weight > 1 running
 	settle  *time.Timer // admits a second after the last test asked
+	// from, when set, is a lane whose tests of weight 1 this one runs when
+	// it has none of its own left to run and from has no test of weight >
+	// 1 running or waiting; to is the lane that takes from this one.
+	from, to *lane
 }
+
+// lanesMu guards every lane: a lane may take another's waiters.
+var lanesMu sync.Mutex
 
 type waiter struct {
 	rank   int
 	weight int
 	admit  chan struct{}
+	by     *lane // the lane that admitted it, which gets the weight back
+}
+
+// takeFrom lets l run from's tests of weight 1 when it has room and none
+// of its own waiting (see lane.from).
+func (l *lane) takeFrom(from *lane) {
+	l.from, from.to = from, l
 }
 
 // Ranks below those of the names in first: a lane admits rankFirst, then
@@ -130,24 +151,24 @@ func (l *lane) enter(t *testing.T, weight int) {
 	l.wait(t, weight, rank)
 }
 
-// wait blocks until the lane admits t with weight, lower ranks first, and
-// gives the weight back when t ends.
+// wait blocks until the lane (or the lane that takes from it) admits t
+// with weight, lower ranks first, and gives the weight back when t ends.
 func (l *lane) wait(t *testing.T, weight, rank int) {
-	w := waiter{rank: rank, weight: weight, admit: make(chan struct{})}
+	w := &waiter{rank: rank, weight: weight, admit: make(chan struct{})}
 	// Admission waits until no test has asked for a second: go test
 	// releases its parallel tests in a burst, in the goroutines' order, and
 	// a free slot must go to the best-ranked of the burst, not the first.
 	// (A sequential test's parallel subtests, run before that burst, once
 	// set off a one-time gathering early, and the burst came in the
 	// goroutines' order.)
-	l.mu.Lock()
+	lanesMu.Lock()
 	l.waiting = append(l.waiting, w)
 	if l.settle == nil {
 		l.settle = time.AfterFunc(time.Second, l.admit)
 	} else {
 		l.settle.Reset(time.Second)
 	}
-	l.mu.Unlock()
+	lanesMu.Unlock()
 	asked := time.Now()
 	<-w.admit
 	// go test counts the wait in the test's time: say how much of it it was.
@@ -157,33 +178,78 @@ func (l *lane) wait(t *testing.T, weight, rank int) {
 	// Registered first, so it runs after every cleanup the test adds: the
 	// next test starts once this one's namespaces and processes are gone.
 	t.Cleanup(func() {
-		l.mu.Lock()
-		l.free += weight
-		l.mu.Unlock()
-		l.admit()
+		lanesMu.Lock()
+		w.by.free += weight
+		if weight > 1 {
+			w.by.heavy--
+		}
+		lanesMu.Unlock()
+		w.by.admit()
+		if w.by != l {
+			l.admit()
+		}
 	})
 }
 
 // admit lets in the best-ranked waiting tests while the lane has room for
 // them.
 func (l *lane) admit() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	lanesMu.Lock()
+	defer lanesMu.Unlock()
+	l.admitLocked()
+}
+
+func (l *lane) admitLocked() {
 	for len(l.waiting) > 0 {
-		best := 0
-		for i, w := range l.waiting {
-			if w.rank < l.waiting[best].rank {
-				best = i
-			}
-		}
+		best := bestWaiter(l.waiting)
 		w := l.waiting[best]
 		if w.weight > l.free {
-			return
+			break
 		}
-		close(w.admit)
 		l.waiting = slices.Delete(l.waiting, best, best+1)
-		l.free -= w.weight
+		l.let(w)
 	}
+	if len(l.waiting) == 0 && l.from != nil {
+		l.takeLocked()
+	}
+	if l.to != nil {
+		l.to.admitLocked()
+	}
+}
+
+// takeLocked runs from's best-ranked tests of weight 1 in l's room, once
+// from runs and awaits no test of weight > 1.
+func (l *lane) takeLocked() {
+	from := l.from
+	if from.heavy > 0 || slices.ContainsFunc(from.waiting, func(w *waiter) bool { return w.weight > 1 }) {
+		return
+	}
+	for len(from.waiting) > 0 && l.free > 0 {
+		best := bestWaiter(from.waiting)
+		w := from.waiting[best]
+		from.waiting = slices.Delete(from.waiting, best, best+1)
+		l.let(w)
+	}
+}
+
+// let admits w in l.
+func (l *lane) let(w *waiter) {
+	w.by = l
+	l.free -= w.weight
+	if w.weight > 1 {
+		l.heavy++
+	}
+	close(w.admit)
+}
+
+func bestWaiter(ws []*waiter) int {
+	best := 0
+	for i, w := range ws {
+		if w.rank < ws[best].rank {
+			best = i
+		}
+	}
+	return best
 }
 
 // TestLaneAdmitsFirstRankBeforeEarlierArrivals: a test that takes both
@@ -191,9 +257,9 @@ func (l *lane) admit() {
 // the Kubernetes lane idle while they all run.
 func TestLaneAdmitsFirstRankBeforeEarlierArrivals(t *testing.T) {
 	l := &lane{free: 1}
-	var queued []waiter
+	var queued []*waiter
 	for _, rank := range []int{0, 0, 0, rankFirst} {
-		w := waiter{rank: rank, weight: 1, admit: make(chan struct{})}
+		w := &waiter{rank: rank, weight: 1, admit: make(chan struct{})}
 		queued = append(queued, w)
 		l.waiting = append(l.waiting, w)
 	}
@@ -226,5 +292,59 @@ func TestAloneDoneWrittenWhenTheTestEnds(t *testing.T) {
 	})
 	if b, err := os.ReadFile(f); err != nil || string(b) != "TestAloneDoneWrittenWhenTheTestEnds/alone\n" {
 		t.Fatalf("after the test ended, %s: %q, %v; want the test's name", f, b, err)
+	}
+}
+
+// TestLaneTakesAnotherLanesTestsOnlyOnceTheyRunNoneAlone: the beside lane
+// runs a Kubernetes lab only when it has no test of its own waiting and
+// no test alone in the Kubernetes lane runs or waits; such a test gives
+// its room back to the beside lane.
+func TestLaneTakesAnotherLanesTestsOnlyOnceTheyRunNoneAlone(t *testing.T) {
+	kube, beside := &lane{free: 2}, &lane{free: 1}
+	beside.takeFrom(kube)
+	mk := func(rank, weight int) *waiter {
+		return &waiter{rank: rank, weight: weight, admit: make(chan struct{})}
+	}
+	admitted := func(w *waiter) bool {
+		select {
+		case <-w.admit:
+			return true
+		default:
+			return false
+		}
+	}
+	own := mk(0, 1)
+	alone, second := mk(rankAlone, 2), mk(rankAlone, 2)
+	labs := []*waiter{mk(0, 1), mk(1, 1), mk(2, 1)}
+	kube.waiting = append([]*waiter{alone, second}, labs...)
+	beside.waiting = []*waiter{own}
+	kube.admit()
+	beside.admit()
+	if !admitted(alone) || !admitted(own) || admitted(second) || slices.ContainsFunc(labs, admitted) {
+		t.Fatal("want the alone test and the beside lane's own admitted, nothing else")
+	}
+	// The beside lane's own test ends: a test alone still waits.
+	beside.free++
+	beside.admit()
+	if slices.ContainsFunc(labs, admitted) {
+		t.Fatal("the beside lane took a Kubernetes lab while a test alone waits")
+	}
+	// The first alone test ends, the second runs: still none taken.
+	kube.free, kube.heavy = kube.free+2, kube.heavy-1
+	kube.admit()
+	if !admitted(second) || slices.ContainsFunc(labs, admitted) {
+		t.Fatal("want the second alone test admitted and no Kubernetes lab taken beside it")
+	}
+	// The second ends: the Kubernetes lane runs two, the beside lane the third.
+	kube.free, kube.heavy = kube.free+2, kube.heavy-1
+	kube.admit()
+	for i, w := range labs {
+		if !admitted(w) {
+			t.Fatalf("lab %d not admitted", i)
+		}
+	}
+	if labs[0].by != kube || labs[1].by != kube || labs[2].by != beside || beside.free != 0 {
+		t.Fatalf("labs admitted by %p %p %p (kube %p, beside %p), beside's room %d; want the third in the beside lane",
+			labs[0].by, labs[1].by, labs[2].by, kube, beside, beside.free)
 	}
 }
