@@ -10,6 +10,9 @@ cd "$(dirname "$0")/../.."
 GO=${GO:-go}
 names=("$@")
 [ ${#names[@]} -gt 0 ] || mapfile -t names < <(awk '!/^#/ && NF {print $1}' tools/kernels/kernels.list)
+# KVM_AT_ONCE bounds how many emulated machines run at once (below).
+at_once=${KVM_AT_ONCE:-${#names[@]}}
+[[ "$at_once" =~ ^[1-9][0-9]*$ ]] || { echo "matrix.sh: KVM_AT_ONCE=$at_once: want a count of machines, 1 or more" >&2; exit 2; }
 logs=build/kernels/logs
 mkdir -p "$logs"
 bin=$(mktemp -d /tmp/twill-kernels-bin.XXXXXX)
@@ -29,9 +32,8 @@ done
 # Two at a time, then the third alone with both cores, left a fifth of
 # the two cores idle for 10 minutes on a fresh machine (2026-11-29): a
 # machine's checks wait as much as they compute, and one machine that
-# ends early left its core idle until the other ended. KVM_AT_ONCE bounds
-# how many run at once (default: all of them).
-at_once=${KVM_AT_ONCE:-${#names[@]}}
+# ends early left its core idle until the other ended (KVM_AT_ONCE: all of
+# them by default).
 start=$(date +%s)
 run() {
 	local i=$1
