@@ -38,18 +38,22 @@ import (
 // after, on a machine the Kubernetes labs kept busy. make test runs go test
 // with -parallel well above the number of tests, so that a test waiting
 // for its lane never holds up another. make test runs the conformance
-// suites' build and bench-smoke beside the tier, at a lower priority than
-// every test here (Makefile, test-tiers).
+// suites' build, coverage and bench-smoke beside the tier, at a lower
+// priority than every test here (Makefile, test-tiers).
 
 // kubeLabSlots is how many Kubernetes labs run at once.
 const kubeLabSlots = 2
 
-var (
-	kubeLabLane = &lane{free: kubeLabSlots, first: []string{"TestKubeConformanceFast", "TestKubeClusterNetworkPolicyConformance", "TestDocs/kube"}}
-	besideLane  = &lane{free: 1}
-)
+var kubeLabLane, besideLane = tierLanes()
 
-func init() { besideLane.takeFrom(kubeLabLane) }
+// tierLanes returns the Kubernetes labs' lane and the beside lane, which
+// takes from it.
+func tierLanes() (kube, beside *lane) {
+	kube = newLane(kubeLabSlots, "TestKubeConformanceFast", "TestKubeClusterNetworkPolicyConformance", "TestDocs/kube")
+	beside = newLane(1)
+	beside.takeFrom(kube)
+	return kube, beside
+}
 
 // kubeLab runs t in parallel, in the Kubernetes labs' lane.
 func kubeLab(t *testing.T) { kubeLabLane.enter(t, 1) }
@@ -105,6 +109,7 @@ const AloneDoneEnv = "TWILL_E2E_ALONE_DONE"
 // order they came. The best-ranked test waits for room rather than let
 // lighter ones pass it, so that a test alone in the lane is not starved.
 type lane struct {
+	mu      *sync.Mutex // shared with the lane it takes from or gives to
 	free    int
 	first   []string
 	waiting []*waiter
@@ -116,9 +121,6 @@ type lane struct {
 	from, to *lane
 }
 
-// lanesMu guards every lane: a lane may take another's waiters.
-var lanesMu sync.Mutex
-
 type waiter struct {
 	rank   int
 	weight int
@@ -126,10 +128,16 @@ type waiter struct {
 	by     *lane // the lane that admitted it, which gets the weight back
 }
 
+func newLane(free int, first ...string) *lane {
+	return &lane{mu: new(sync.Mutex), free: free, first: first}
+}
+
 // takeFrom lets l run from's tests of weight 1 when it has room and none
-// of its own waiting (see lane.from).
+// of its own waiting (see lane.from); the two then share one mutex. Call
+// it before either lane admits a test.
 func (l *lane) takeFrom(from *lane) {
 	l.from, from.to = from, l
+	l.mu = from.mu
 }
 
 // Ranks below those of the names in first: a lane admits rankFirst, then
@@ -161,14 +169,14 @@ func (l *lane) wait(t *testing.T, weight, rank int) {
 	// (A sequential test's parallel subtests, run before that burst, once
 	// set off a one-time gathering early, and the burst came in the
 	// goroutines' order.)
-	lanesMu.Lock()
+	l.mu.Lock()
 	l.waiting = append(l.waiting, w)
 	if l.settle == nil {
 		l.settle = time.AfterFunc(time.Second, l.admit)
 	} else {
 		l.settle.Reset(time.Second)
 	}
-	lanesMu.Unlock()
+	l.mu.Unlock()
 	asked := time.Now()
 	<-w.admit
 	// go test counts the wait in the test's time: say how much of it it was.
@@ -178,12 +186,12 @@ func (l *lane) wait(t *testing.T, weight, rank int) {
 	// Registered first, so it runs after every cleanup the test adds: the
 	// next test starts once this one's namespaces and processes are gone.
 	t.Cleanup(func() {
-		lanesMu.Lock()
+		l.mu.Lock()
 		w.by.free += weight
 		if weight > 1 {
 			w.by.heavy--
 		}
-		lanesMu.Unlock()
+		l.mu.Unlock()
 		w.by.admit()
 		if w.by != l {
 			l.admit()
@@ -194,8 +202,8 @@ func (l *lane) wait(t *testing.T, weight, rank int) {
 // admit lets in the best-ranked waiting tests while the lane has room for
 // them.
 func (l *lane) admit() {
-	lanesMu.Lock()
-	defer lanesMu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.admitLocked()
 }
 
@@ -256,7 +264,7 @@ func bestWaiter(ws []*waiter) int {
 // lanes goes before the beside tests queued ahead of it, rather than hold
 // the Kubernetes lane idle while they all run.
 func TestLaneAdmitsFirstRankBeforeEarlierArrivals(t *testing.T) {
-	l := &lane{free: 1}
+	l := newLane(1)
 	var queued []*waiter
 	for _, rank := range []int{0, 0, 0, rankFirst} {
 		w := &waiter{rank: rank, weight: 1, admit: make(chan struct{})}
@@ -300,7 +308,7 @@ func TestAloneDoneWrittenWhenTheTestEnds(t *testing.T) {
 // no test alone in the Kubernetes lane runs or waits; such a test gives
 // its room back to the beside lane.
 func TestLaneTakesAnotherLanesTestsOnlyOnceTheyRunNoneAlone(t *testing.T) {
-	kube, beside := &lane{free: 2}, &lane{free: 1}
+	kube, beside := newLane(2), newLane(1)
 	beside.takeFrom(kube)
 	mk := func(rank, weight int) *waiter {
 		return &waiter{rank: rank, weight: weight, admit: make(chan struct{})}
