@@ -161,10 +161,12 @@ etcd-tools: ## Build etcdctl from the Go module proxy, for Documentation/etcd.md
 # Kubernetes labs at once, one lighter test beside them: e2e/share_test.go),
 # so -parallel is well above the number of parallel tests (about 60): a
 # test waiting for its lane never holds up another, and a waiting test
-# costs only its goroutine. The lanes leave about 45% of a fresh 2-core
-# machine idle (sampled 2026-11-29). Beside the tier run the conformance
-# suites' build (the tier's conformance subset, which comes after the tests
-# that take the whole lane, waits for it: tools/kube/build.sh) and then
+# costs only its goroutine. The lanes alone left about 45% of a fresh
+# 2-core machine idle (sampled 2026-11-29); with a third Kubernetes lab in
+# the tier's last minutes and the work below beside it, 12%. Beside the
+# tier run the conformance suites' build (the tier's conformance subsets,
+# which come after the tests that take the whole lane, wait for it:
+# tools/kube/build.sh) and then
 # cover and bench-smoke, niced, their scheduler autogroup at nice 10
 # (overlap.sh -g), so that the tier's tests, some of which bound a gap in
 # traffic, keep the CPU they ask for; cover and bench-smoke start once the
