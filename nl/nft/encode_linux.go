@@ -147,12 +147,11 @@ func (e *encoder) rule(op Op, i int32) error {
 	e.strz(unix.NFTA_RULE_CHAIN, op.Chain.Name)
 	list := e.nest(unix.NFTA_RULE_EXPRESSIONS)
 	for _, x := range r.Exprs {
-		b, err := expr.Marshal(byte(op.Table.Family), x)
-		if err != nil {
+		el := e.nest(unix.NFTA_LIST_ELEM)
+		var err error
+		if e.msg, err = AppendExpr(e.msg, byte(op.Table.Family), x); err != nil {
 			return fmt.Errorf("adding a rule to chain %s: encoding %T: %w", op.Chain.Name, x, err)
 		}
-		el := e.nest(unix.NFTA_LIST_ELEM)
-		e.msg = append(e.msg, b...)
 		e.close(el)
 	}
 	e.close(list)

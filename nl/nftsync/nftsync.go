@@ -178,16 +178,16 @@ func Comment(s string) []byte {
 // holds tens of thousands of rules; their model keeps 16 bytes each,
 // not the rules' few hundred.
 func Fingerprint(es []expr.Any) ([]byte, error) {
-	h := sha256.New()
-	for _, e := range es {
-		if _, ok := e.(*expr.Counter); ok {
-			e = &expr.Counter{}
-		}
-		m, err := expr.Marshal(byte(nftables.TableFamilyINet), e)
-		if err != nil {
-			return nil, fmt.Errorf("encoding %T: %w", e, err)
-		}
-		h.Write(m)
+	bp := fingerprintBufs.Get().(*[]byte)
+	defer fingerprintBufs.Put(bp)
+	b, err := nft.AppendExprs((*bp)[:0], byte(nftables.TableFamilyINet), es)
+	*bp = b
+	if err != nil {
+		return nil, err
 	}
-	return h.Sum(make([]byte, 0, sha256.Size))[:16], nil
+	sum := sha256.Sum256(b)
+	return append(make([]byte, 0, 16), sum[:16]...), nil
 }
+
+// fingerprintBufs hold the encodings Fingerprint hashes.
+var fingerprintBufs = sync.Pool{New: func() any { return new([]byte) }}
