@@ -69,151 +69,272 @@ type NetworkPair struct {
 	Cluster, Local netip.Prefix
 }
 
-// IPTables is what Chains reads and changes: *iptables.IPTables has it,
+// IPTables is what Chains reads and changes: Sync reads each table as
+// iptables-save prints it and writes a family's changes with one
+// iptables-restore, each table's in one commit; Drift (twillctl status)
+// asks iptables about each rule. execTables runs the binaries;
 // testsupport/iptfake models the tables.
 type IPTables interface {
 	ChainExists(table, chain string) (bool, error)
-	NewChain(table, chain string) error
 	List(table, chain string) ([]string, error)
-	ClearChain(table, chain string) error
-	Append(table, chain string, rulespec ...string) error
 	Exists(table, chain string, rulespec ...string) (bool, error)
-	Insert(table, chain string, pos int, rulespec ...string) error
+	// Save is the table as iptables-save -t table prints it, a line each.
+	Save(table string) ([]string, error)
+	// Restore applies input as iptables-restore --noflush does: each
+	// table's section (*table ... COMMIT) commits whole or not at all,
+	// and a user chain declared in it (:CHAIN - [0:0]) is created, or
+	// flushed when it exists.
+	Restore(input string) error
 }
 
-var _ IPTables = (*iptables.IPTables)(nil)
+// execTables is one family's iptables binaries: go-iptables for single
+// rules, iptables-save and iptables-restore for whole tables.
+type execTables struct {
+	*iptables.IPTables
+	bin string // iptables or ip6tables
+}
+
+var _ IPTables = execTables{}
 
 // OpenIPTables opens the machine's iptables for one family.
 func OpenIPTables(v6 bool) (IPTables, error) {
-	proto := iptables.ProtocolIPv4
+	proto, bin := iptables.ProtocolIPv4, "iptables"
 	if v6 {
-		proto = iptables.ProtocolIPv6
+		proto, bin = iptables.ProtocolIPv6, "ip6tables"
 	}
-	return iptables.New(iptables.IPFamily(proto), iptables.Timeout(5))
+	ipt, err := iptables.New(iptables.IPFamily(proto), iptables.Timeout(5))
+	if err != nil {
+		return nil, err
+	}
+	return execTables{IPTables: ipt, bin: bin}, nil
 }
 
-// Sync makes every chain match once.
+func (e execTables) Save(table string) ([]string, error) {
+	var stderr strings.Builder
+	cmd := exec.Command(e.bin+"-save", "-t", table)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s-save -t %s: %w: %s", e.bin, table, err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.Split(strings.TrimRight(string(out), "\n"), "\n"), nil
+}
+
+func (e execTables) Restore(input string) error {
+	cmd := exec.Command(e.bin+"-restore", "--noflush", "-w", "5")
+	cmd.Stdin = strings.NewReader(input)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s-restore: %w: %s", e.bin, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// Sync makes every chain match once: for each family it reads the tables
+// twill has chains in, and writes what differs in one iptables-restore
+// (three iptables runs a family when a chain is written, two when none
+// is; each rule took one of its own before).
 func (c *Chains) Sync() error {
 	var errs []error
 	for _, np := range c.Networks {
-		ipt, err := c.open(np.Cluster.Addr().Is6())
+		v6 := np.Cluster.Addr().Is6()
+		ipt, err := c.open(v6)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("opening iptables: %w", err))
 			continue
 		}
-		rules := DesiredRules(np.Cluster, np.Local, c.IPMasq)
-		for _, j := range Jumps {
-			var mine []Rule
-			for _, r := range rules {
-				if r.Chain == j.To {
-					mine = append(mine, r)
-				}
-			}
-			if err := c.syncChain(ipt, np.Cluster.Addr().Is6(), j, mine); err != nil {
-				errs = append(errs, err)
-			}
+		if err := c.syncFamily(ipt, v6, DesiredRules(np.Cluster, np.Local, c.IPMasq)); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func (c *Chains) syncChain(ipt IPTables, v6 bool, j Jump, rules []Rule) error {
-	key := fmt.Sprintf("%v/%s/%s", v6, j.Table, j.To)
-	exists, err := ipt.ChainExists(j.Table, j.To)
+// chainPlan is what a sync writes of one of twill's chains.
+type chainPlan struct {
+	j       Jump
+	key     string // in observed
+	rules   []Rule
+	rewrite bool // the chain, afresh
+	jump    bool // the jump to it, first in its built-in chain
+}
+
+// syncFamily diffs the family's chains and jumps against what it last
+// wrote (a chain unknown or changed since is written afresh, in
+// DesiredRules' order) and writes the differences.
+func (c *Chains) syncFamily(ipt IPTables, v6 bool, rules []Rule) error {
+	saved, err := saveTables(ipt)
 	if err != nil {
-		return fmt.Errorf("checking chain %s/%s: %w", j.Table, j.To, err)
+		return err
 	}
-	if !exists {
-		if err := ipt.NewChain(j.Table, j.To); err != nil {
-			return fmt.Errorf("creating chain %s/%s: %w", j.Table, j.To, err)
+	var plans []chainPlan
+	for _, j := range Jumps {
+		p := chainPlan{j: j, key: fmt.Sprintf("%v/%s/%s", v6, j.Table, j.To)}
+		for _, r := range rules {
+			if r.Chain == j.To {
+				p.rules = append(p.rules, r)
+			}
 		}
-	}
-	got, err := ipt.List(j.Table, j.To)
-	if err != nil {
-		return fmt.Errorf("listing chain %s/%s: %w", j.Table, j.To, err)
-	}
-	c.mu.Lock()
-	want, known := c.observed[key]
-	c.mu.Unlock()
-	if !known || !slices.Equal(got, want) {
-		// Unknown or changed behind our back: write the chain afresh. A
-		// missing rule is appended by ClearChain+Append in order, so the
-		// order stays the one DesiredRules gives.
-		if known {
+		t := saved[j.Table]
+		got, exists := t.rules[j.To], t.chains[j.To]
+		c.mu.Lock()
+		want, known := c.observed[p.key]
+		c.mu.Unlock()
+		if p.rewrite = !exists || !known || !slices.Equal(got, want); p.rewrite && known {
+			// Unknown or changed behind our back: write the chain afresh.
 			c.Logger.Info("iptables chain drifted; rewriting", "table", j.Table, "chain", j.To)
 			c.repaired()
 		}
-		if err := c.rewriteChain(ipt, key, j, rules); err != nil {
-			return err
-		}
-	}
-	jump := []string{"-m", "comment", "--comment", "twill", "-j", j.To}
-	ok, err := ipt.Exists(j.Table, j.From, jump...)
-	if err != nil {
-		return fmt.Errorf("checking jump %s/%s -> %s: %w", j.Table, j.From, j.To, err)
-	}
-	if !ok {
-		if known {
+		if p.jump = !slices.Contains(t.rules[j.From], jumpLine(j)); p.jump && known {
 			c.Logger.Info("iptables jump missing; adding it", "table", j.Table, "chain", j.From, "to", j.To)
 			c.repaired()
 		}
-		if err := ipt.Insert(j.Table, j.From, 1, jump...); err != nil {
-			return fmt.Errorf("adding jump %s/%s -> %s: %w", j.Table, j.From, j.To, err)
+		if p.rewrite || p.jump {
+			plans = append(plans, p)
 		}
 	}
-	return nil
+	if len(plans) == 0 {
+		return nil
+	}
+	return c.write(ipt, plans)
 }
 
-// rewriteAttempts bounds how often rewriteChain writes a chain that
-// someone else changes while it is written.
+// rewriteAttempts bounds how often a sync writes a chain that someone
+// else changes while it is written.
 const rewriteAttempts = 3
 
-// rewriteChain writes the chain afresh (ClearChain, then the rules in
-// DesiredRules' order) and records its listing, which the next check
-// compares with. A listing that is not the rules just written (a flush or
-// a delete between the write and the listing) would make that change look
-// like twill's own: the chain is written again, up to rewriteAttempts
-// times, and never recorded so.
-func (c *Chains) rewriteChain(ipt IPTables, key string, j Jump, rules []Rule) error {
+// write applies plans in one iptables-restore and records each rewritten
+// chain's listing, which the next sync compares with. A listing that is
+// not the rules just written (a flush or a delete between the write and
+// the listing) would make that change look like twill's own: the chain is
+// written again, up to rewriteAttempts times, and never recorded so.
+func (c *Chains) write(ipt IPTables, plans []chainPlan) error {
 	var listed int
+	var p chainPlan
 	for range rewriteAttempts {
-		if err := ipt.ClearChain(j.Table, j.To); err != nil {
-			return fmt.Errorf("flushing chain %s/%s: %w", j.Table, j.To, err)
+		if err := ipt.Restore(restoreInput(plans)); err != nil {
+			return fmt.Errorf("writing twill's iptables chains: %w", err)
 		}
-		for _, r := range rules {
-			if err := ipt.Append(r.Table, r.Chain, r.Spec()...); err != nil {
-				return fmt.Errorf("adding rule to %s/%s (%s): %w", r.Table, r.Chain, strings.Join(r.Spec(), " "), err)
-			}
-		}
-		got, err := ipt.List(j.Table, j.To)
+		saved, err := saveTables(ipt)
 		if err != nil {
-			return fmt.Errorf("listing chain %s/%s: %w", j.Table, j.To, err)
+			return err
 		}
-		if listed = listedRules(got, j.To); listed == len(rules) {
-			c.mu.Lock()
-			if c.observed == nil {
-				c.observed = map[string][]string{}
+		var again []chainPlan
+		for _, p = range plans {
+			if !p.rewrite {
+				continue
 			}
-			c.observed[key] = got
+			got := saved[p.j.Table].rules[p.j.To]
+			c.mu.Lock()
+			if listed = len(got); listed == len(p.rules) {
+				if c.observed == nil {
+					c.observed = map[string][]string{}
+				}
+				c.observed[p.key] = got
+			} else {
+				delete(c.observed, p.key)
+				again = append(again, chainPlan{j: p.j, key: p.key, rules: p.rules, rewrite: true})
+			}
 			c.mu.Unlock()
+		}
+		if len(again) == 0 {
 			return nil
 		}
+		plans = again
 	}
-	c.mu.Lock()
-	delete(c.observed, key)
-	c.mu.Unlock()
-	return fmt.Errorf("chain %s/%s changed each time twill wrote it (%d rules listed after writing %d, %d times)", j.Table, j.To, listed, len(rules), rewriteAttempts)
+	p = plans[0]
+	return fmt.Errorf("chain %s/%s changed each time twill wrote it (%d rules listed after writing %d, %d times)", p.j.Table, p.j.To, listed, len(p.rules), rewriteAttempts)
 }
 
-// listedRules counts the rules of chain in an `iptables -S chain` listing.
-func listedRules(listing []string, chain string) int {
-	n := 0
-	for _, l := range listing {
-		if strings.HasPrefix(l, "-A "+chain+" ") {
-			n++
+// savedTable is a table as iptables-save lists it: its chains, and each
+// chain's rules ("-A CHAIN spec", in order).
+type savedTable struct {
+	chains map[string]bool
+	rules  map[string][]string
+}
+
+// saveTables reads the tables twill has chains in.
+func saveTables(ipt IPTables) (map[string]savedTable, error) {
+	saved := map[string]savedTable{}
+	for _, j := range Jumps {
+		if _, ok := saved[j.Table]; ok {
+			continue
+		}
+		lines, err := ipt.Save(j.Table)
+		if err != nil {
+			return nil, fmt.Errorf("reading iptables table %s: %w", j.Table, err)
+		}
+		saved[j.Table] = parseSave(lines)
+	}
+	return saved, nil
+}
+
+func parseSave(lines []string) savedTable {
+	t := savedTable{chains: map[string]bool{}, rules: map[string][]string{}}
+	for _, l := range lines {
+		switch {
+		case strings.HasPrefix(l, ":"):
+			if name, _, ok := strings.Cut(l[1:], " "); ok {
+				t.chains[name] = true
+			}
+		case strings.HasPrefix(l, "-A "):
+			if name, _, ok := strings.Cut(l[3:], " "); ok {
+				t.rules[name] = append(t.rules[name], l)
+			}
 		}
 	}
-	return n
+	return t
+}
+
+// jumpLine is the jump into twill's chain as iptables-save lists it.
+func jumpLine(j Jump) string {
+	return "-A " + j.From + " -m comment --comment twill -j " + j.To
+}
+
+// restoreInput is plans as iptables-restore --noflush reads them: per
+// table, each chain to rewrite declared (which flushes it) and its rules,
+// then the missing jumps, inserted first.
+func restoreInput(plans []chainPlan) string {
+	var b strings.Builder
+	var tables []string
+	for _, j := range Jumps {
+		if !slices.Contains(tables, j.Table) {
+			tables = append(tables, j.Table)
+		}
+	}
+	for _, table := range tables {
+		var body strings.Builder
+		for _, p := range plans {
+			if p.j.Table != table || !p.rewrite {
+				continue
+			}
+			fmt.Fprintf(&body, ":%s - [0:0]\n", p.j.To)
+			for _, r := range p.rules {
+				body.WriteString("-A " + r.Chain + " " + restoreArgs(r.Spec()) + "\n")
+			}
+		}
+		for _, p := range plans {
+			if p.j.Table == table && p.jump {
+				body.WriteString("-I " + p.j.From + " 1 -m comment --comment twill -j " + p.j.To + "\n")
+			}
+		}
+		if body.Len() > 0 {
+			b.WriteString("*" + table + "\n" + body.String() + "COMMIT\n")
+		}
+	}
+	return b.String()
+}
+
+// restoreArgs joins a rule's arguments for iptables-restore, quoting
+// those with spaces (comments).
+func restoreArgs(args []string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		q[i] = a
+		if a == "" || strings.ContainsAny(a, " \t\"'\\") {
+			q[i] = `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(a) + `"`
+		}
+	}
+	return strings.Join(q, " ")
 }
 
 // UsesNFTables reports whether the iptables binary of the family writes

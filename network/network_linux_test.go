@@ -175,3 +175,66 @@ func TestPrivilegedChainsRepairOnChange(t *testing.T) {
 	}
 	waitSave("the flushed chain was not restored", func(s string) bool { return strings.Contains(s, fwd) })
 }
+
+// restoreCounter counts a family's iptables-restore runs.
+type restoreCounter struct {
+	IPTables
+	restores int
+}
+
+func (r *restoreCounter) Restore(input string) error {
+	r.restores++
+	return r.IPTables.Restore(input)
+}
+
+// A family's chains are written by one iptables-restore, both tables at
+// once; a sync that finds them as it wrote them writes nothing, and a
+// chain changed behind twill's back is written again.
+func TestPrivilegedChainsOneRestore(t *testing.T) {
+	name := netnstest.New(t, "ipr")
+	target, err := ns.GetNS("/var/run/netns/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	counters := map[bool]*restoreCounter{}
+	c := &Chains{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), IPMasq: true,
+		Networks: []NetworkPair{
+			{Cluster: netip.MustParsePrefix("10.244.0.0/16"), Local: netip.MustParsePrefix("10.244.3.0/24")},
+			{Cluster: netip.MustParsePrefix("fd00:10::/56"), Local: netip.MustParsePrefix("fd00:10:0:3::/64")},
+		},
+		Open: func(v6 bool) (IPTables, error) {
+			ipt, err := OpenIPTables(v6)
+			counters[v6] = &restoreCounter{IPTables: ipt}
+			return counters[v6], err
+		}}
+	sync := func() {
+		t.Helper()
+		if err := target.Do(func(ns.NetNS) error { return c.Sync() }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sync()
+	if counters[false].restores != 1 || counters[true].restores != 1 {
+		t.Fatalf("first sync: %d and %d iptables-restore runs (IPv4, IPv6), want 1 each", counters[false].restores, counters[true].restores)
+	}
+	first := iptablesSave(t, name)
+	if !strings.Contains(first, `-A TWILL-POSTRTG -s 10.244.0.0/16 ! -d 224.0.0.0/4 -m comment --comment "twill: pod to outside" -j MASQUERADE --random-fully`) ||
+		!strings.Contains(first, "-A FORWARD -m comment --comment twill -j TWILL-FWD") {
+		t.Fatalf("after the first sync:\n%s", first)
+	}
+	sync()
+	if counters[false].restores != 1 || counters[true].restores != 1 {
+		t.Fatalf("a second sync with nothing changed ran iptables-restore: %d and %d runs in all", counters[false].restores, counters[true].restores)
+	}
+	if out, err := exec.Command("ip", "netns", "exec", name, "iptables", "-t", "nat", "-D", "TWILL-POSTRTG", "1").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	sync()
+	if again := iptablesSave(t, name); countRules(again) != countRules(first) {
+		t.Fatalf("the deleted rule is not back:\nbefore\n%s\nafter\n%s", first, again)
+	}
+	if counters[false].restores != 2 || counters[true].restores != 1 {
+		t.Fatalf("repairing IPv4's nat chain: %d and %d iptables-restore runs in all, want 2 and 1", counters[false].restores, counters[true].restores)
+	}
+}

@@ -10,7 +10,8 @@ import (
 )
 
 // TwillDebs are the Debian packages in twill's image: the iptables
-// binaries twilld's iptables mode needs (go-iptables runs them), and the
+// binaries twilld's iptables mode needs (iptables-save and
+// iptables-restore write its chains, iptables checks single rules), and the
 // libraries they link. dist/Dockerfile installs the
 // same from Debian, so both paths give the same layout.
 var TwillDebs = []string{

@@ -9,6 +9,7 @@ package iptfake
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -156,4 +157,156 @@ func (t *Tables) Delete(table, chain string, spec ...string) error {
 	}
 	t.chains[table][chain] = slices.Delete(slices.Clone(rules), i, i+1)
 	return nil
+}
+
+// Save lists a table as iptables-save -t prints it: "*table", each chain
+// (":CHAIN ACCEPT [0:0]" built in, ":CHAIN - [0:0]" a user chain, the
+// built-in ones first), each chain's rules ("-A CHAIN spec"), "COMMIT".
+func (t *Tables) Save(table string) ([]string, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.initLocked()
+	chains, ok := t.chains[table]
+	if !ok {
+		return nil, fmt.Errorf("iptables-save: Table `%s' does not exist", table)
+	}
+	names := slices.Clone(builtin[table])
+	var user []string
+	for c := range chains {
+		if t.user[table+"/"+c] {
+			user = append(user, c)
+		}
+	}
+	slices.Sort(user)
+	names = append(names, user...)
+	out := []string{"*" + table}
+	for _, c := range names {
+		policy := "ACCEPT"
+		if t.user[table+"/"+c] {
+			policy = "-"
+		}
+		out = append(out, ":"+c+" "+policy+" [0:0]")
+	}
+	for _, c := range names {
+		for _, r := range chains[c] {
+			out = append(out, "-A "+c+" "+r)
+		}
+	}
+	return append(out, "COMMIT"), nil
+}
+
+// Restore applies input as iptables-restore --noflush does: each table's
+// section commits whole at its COMMIT, or, with an error, not at all; a
+// declared user chain is created, or flushed. It reads "*table",
+// ":CHAIN POLICY [0:0]", "-A CHAIN spec", "-I CHAIN [pos] spec" and
+// "COMMIT"; double quotes group an argument.
+func (t *Tables) Restore(input string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.initLocked()
+	var table string
+	var work map[string][]string
+	var users []string
+	for n, line := range strings.Split(input, "\n") {
+		line = strings.TrimSpace(line)
+		fail := func(format string, a ...any) error {
+			return fmt.Errorf("iptables-restore: line %d failed (%s): %s", n+1, line, fmt.Sprintf(format, a...))
+		}
+		switch {
+		case line == "" || strings.HasPrefix(line, "#"):
+		case strings.HasPrefix(line, "*"):
+			table = line[1:]
+			chains, ok := t.chains[table]
+			if !ok {
+				return fail("no table %s", table)
+			}
+			work, users = map[string][]string{}, nil
+			for c, rules := range chains {
+				work[c] = slices.Clone(rules)
+			}
+		case work == nil:
+			return fail("outside a table")
+		case line == "COMMIT":
+			t.chains[table] = work
+			for _, c := range users {
+				t.user[table+"/"+c] = true
+			}
+			work = nil
+		case strings.HasPrefix(line, ":"):
+			f := strings.Fields(line[1:])
+			if len(f) < 2 {
+				return fail("bad chain line")
+			}
+			if _, ok := work[f[0]]; ok && !slices.Contains(builtin[table], f[0]) {
+				work[f[0]] = nil
+			} else if !ok {
+				if f[1] != "-" {
+					return fail("no built-in chain %s", f[0])
+				}
+				work[f[0]], users = nil, append(users, f[0])
+			}
+		default:
+			args, err := splitArgs(line)
+			if err != nil {
+				return fail("%v", err)
+			}
+			if len(args) < 2 || (args[0] != "-A" && args[0] != "-I") {
+				return fail("not -A or -I")
+			}
+			rules, ok := work[args[1]]
+			if !ok {
+				return fail("no chain %s", args[1])
+			}
+			spec, pos := args[2:], len(rules)+1
+			if args[0] == "-I" {
+				pos = 1
+				if len(spec) > 0 {
+					if p, err := strconv.Atoi(spec[0]); err == nil {
+						pos, spec = p, spec[1:]
+					}
+				}
+			}
+			if pos < 1 || pos > len(rules)+1 {
+				return fail("index of insertion too big")
+			}
+			work[args[1]] = slices.Insert(rules, pos-1, strings.Join(spec, " "))
+		}
+	}
+	if work != nil {
+		return fmt.Errorf("iptables-restore: no COMMIT for table %s", table)
+	}
+	return nil
+}
+
+// splitArgs splits a restore line at spaces, double quotes grouping an
+// argument (a backslash escapes the next character inside them).
+func splitArgs(line string) ([]string, error) {
+	var args []string
+	var cur strings.Builder
+	in, has := false, false
+	for i := 0; i < len(line); i++ {
+		ch := line[i]
+		switch {
+		case in && ch == '\\' && i+1 < len(line):
+			i++
+			cur.WriteByte(line[i])
+		case ch == '"':
+			in, has = !in, true
+		case !in && (ch == ' ' || ch == '\t'):
+			if has || cur.Len() > 0 {
+				args = append(args, cur.String())
+			}
+			cur.Reset()
+			has = false
+		default:
+			cur.WriteByte(ch)
+		}
+	}
+	if in {
+		return nil, fmt.Errorf("unterminated quote")
+	}
+	if has || cur.Len() > 0 {
+		args = append(args, cur.String())
+	}
+	return args, nil
 }
