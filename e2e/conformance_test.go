@@ -20,9 +20,8 @@ import (
 // conformance --fast as make conformance IP_FAMILY=dual runs the whole set;
 // then the NetworkPolicy subset on the same lab.
 func TestKubeConformanceFast(t *testing.T) {
-	kubeLab(t)
-	l := newLabCtl(t)
-	name := conformanceLab(t, l, "cf")
+	l, images := conformanceImages(t)
+	name := conformanceLab(t, l, images, "cf")
 	// The subsets run one after the other: side by side they saved about
 	// 20 s, and the Netpol specs' pods and probes loaded the nodes enough
 	// that the dual-stack spec's first curl, which upstream sends the
@@ -48,9 +47,8 @@ func TestKubeConformanceFast(t *testing.T) {
 // the two run side by side (they once ran one after the other on one lab,
 // the longest test of the end-to-end tier, which it ended alone).
 func TestKubeClusterNetworkPolicyConformance(t *testing.T) {
-	kubeLab(t)
-	l := newLabCtl(t)
-	name := conformanceLab(t, l, "cc")
+	l, images := conformanceImages(t)
+	name := conformanceLab(t, l, images, "cc")
 	out, err := l.run("conformance", "--name", name, "--suite", "cnp", "--fast", "--markdown", "--report-dir", t.TempDir(),
 		"--cnp-suite", kubetest.ClusterPolicySuite(t))
 	want := fmt.Sprintf(": %d passed, 0 failed;", len(lab.CNPFast))
@@ -60,11 +58,23 @@ func TestKubeClusterNetworkPolicyConformance(t *testing.T) {
 	t.Logf("ClusterNetworkPolicy subset:\n%s", tail(out, len(lab.CNPFast)+4))
 }
 
+// conformanceImages runs t in the Kubernetes labs' lane once the e2e
+// suite's image stand-ins are written (at the lowest priority, while the
+// lane's earlier tests run), and returns them.
+func conformanceImages(t *testing.T) (*labCtl, string) {
+	var l *labCtl
+	var images string
+	kubeLabAfter(t, func() {
+		l = newLabCtl(t)
+		images = labImagesNiced(t, l.bin, e2eImages, "e2e")
+	})
+	return l, images
+}
+
 // conformanceLab brings up a dual-stack vxlan Kubernetes lab with the e2e
 // suite's image stand-ins and the ClusterNetworkPolicy CRDs, and returns
 // its name.
-func conformanceLab(t *testing.T, l *labCtl, prefix string) string {
-	images := labImages(t, l.bin, e2eImages, "e2e")
+func conformanceLab(t *testing.T, l *labCtl, images, prefix string) string {
 	name := labName(prefix)
 	l.up(name, "--kubernetes", "--nodes", "2", "--pods-per-node", "1", "--backend", "vxlan", "--ip-family", "dual",
 		"--kube-bin-dir", kubeBinDir(t), "--image-dir", images, "--crd", kubetest.ClusterPolicyCRD(t))

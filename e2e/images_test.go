@@ -17,11 +17,18 @@ import (
 // tools/mkimage as make image writes them: built as a tool, without the
 // race detector this package runs under (which made each write of them
 // take about 50 s, for each lab, against 6 s), and shared by every lab of
-// the run, which only reads them.
+// the run, which only reads them. Each set is written once, the sets
+// independently: a test waits only for the set it needs.
 var images struct {
 	sync.Mutex
-	dirs map[string]string
-	errs map[string]error
+	builds map[string]*imageBuild
+}
+
+// imageBuild is one set's write: once, then its directory or its error.
+type imageBuild struct {
+	once sync.Once
+	dir  string
+	err  error
 }
 
 // imageSet names what a lab's image directory holds besides twill's,
@@ -38,28 +45,42 @@ const (
 // for lab up --image-dir; bin holds the binaries twill's image is made of.
 func labImages(t testing.TB, bin string, set imageSet, tag string) string {
 	t.Helper()
-	key := strings.Join([]string{bin, string(set), tag}, " ")
-	images.Lock()
-	defer images.Unlock()
-	if dir, ok := images.dirs[key]; ok {
-		return dir
-	}
-	if err, ok := images.errs[key]; ok {
-		t.Fatal(err)
-	}
-	dir, err := writeLabImages(t, bin, set, tag)
-	if images.dirs == nil {
-		images.dirs, images.errs = map[string]string{}, map[string]error{}
-	}
-	if err != nil {
-		images.errs[key] = err
-		t.Fatal(err)
-	}
-	images.dirs[key] = dir
-	return dir
+	return imagesOf(t, bin, set, tag, false)
 }
 
-func writeLabImages(t testing.TB, bin string, set imageSet, tag string) (string, error) {
+// labImagesNiced is labImages with tools/mkimage at the lowest CPU
+// priority (nice 19), for a test that writes them before it waits for its
+// lane, beside tests that bound a gap in traffic.
+func labImagesNiced(t testing.TB, bin string, set imageSet, tag string) string {
+	t.Helper()
+	return imagesOf(t, bin, set, tag, true)
+}
+
+func imagesOf(t testing.TB, bin string, set imageSet, tag string, niced bool) string {
+	t.Helper()
+	key := strings.Join([]string{bin, string(set), tag}, " ")
+	images.Lock()
+	if images.builds == nil {
+		images.builds = map[string]*imageBuild{}
+	}
+	b := images.builds[key]
+	if b == nil {
+		b = &imageBuild{}
+		images.builds[key] = b
+	}
+	images.Unlock()
+	b.once.Do(func() {
+		// Said, should the write end the test that runs it (t.Fatal).
+		b.err = fmt.Errorf("writing the lab images (%s) ended with the test %s", set, t.Name())
+		b.dir, b.err = writeLabImages(t, bin, set, tag, niced)
+	})
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.dir
+}
+
+func writeLabImages(t testing.TB, bin string, set imageSet, tag string, niced bool) (string, error) {
 	tools := buildtest.Binaries(t, "github.com/twill-net/twill/tools/mkimage", "github.com/twill-net/twill/tools/pause")
 	root := kubetest.Root(t)
 	args := []string{"-bin", bin, "-pause", filepath.Join(tools, "pause"), "-debs", filepath.Join(root, "build", "debs"),
@@ -78,7 +99,13 @@ func writeLabImages(t testing.TB, bin string, set imageSet, tag string) (string,
 	if err != nil {
 		return "", err
 	}
-	out, err := exec.Command(filepath.Join(tools, "mkimage"), append(args, "-out", dir)...).CombinedOutput()
+	cmd := exec.Command(filepath.Join(tools, "mkimage"), append(args, "-out", dir)...)
+	if niced {
+		// nice(1) sets the priority before mkimage starts, so that every
+		// thread it makes has it.
+		cmd = exec.Command("nice", append([]string{"-n", "19"}, cmd.Args...)...)
+	}
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		os.RemoveAll(dir)
 		return "", fmt.Errorf("mkimage %s: %w\n%s", strings.Join(args, " "), err, out)
@@ -92,8 +119,10 @@ func writeLabImages(t testing.TB, bin string, set imageSet, tag string) (string,
 func cleanupImages() {
 	images.Lock()
 	defer images.Unlock()
-	for k, dir := range images.dirs {
-		os.RemoveAll(dir)
-		delete(images.dirs, k)
+	for k, b := range images.builds {
+		if b.dir != "" {
+			os.RemoveAll(b.dir)
+		}
+		delete(images.builds, k)
 	}
 }
