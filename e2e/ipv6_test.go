@@ -31,6 +31,12 @@ const (
 // address of each family (invalid where it has none).
 func (c *cluster) addPodIPs(i int, name string) (ns string, v4, v6 netip.Addr) {
 	c.t.Helper()
+	// On a node whose twilld has written subnet.env, as kubelet adds pods
+	// once the node's network is ready: host-gw's routes to its peers come
+	// before it, and a test that waited for those alone once added its pod
+	// a few milliseconds too early (TestExternalInterfaceFlap, fresh
+	// machine, 2026-11-29).
+	c.env(i)
 	podNS := fmt.Sprintf("%s-%s", c.topo.Nodes[i].NS, name)
 	if out, err := exec.Command("ip", "netns", "add", podNS).CombinedOutput(); err != nil {
 		c.t.Fatalf("ip netns add %s: %v: %s", podNS, err, out)
