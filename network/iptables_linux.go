@@ -156,6 +156,7 @@ type chainPlan struct {
 	rules   []Rule
 	rewrite bool // the chain, afresh
 	jump    bool // the jump to it, first in its built-in chain
+	listed  int  // rules listed after the last write, when not len(rules)
 }
 
 // syncFamily diffs the family's chains and jumps against what it last
@@ -208,8 +209,6 @@ const rewriteAttempts = 3
 // the listing) would make that change look like twill's own: the chain is
 // written again, up to rewriteAttempts times, and never recorded so.
 func (c *Chains) write(ipt IPTables, plans []chainPlan) error {
-	var listed int
-	var p chainPlan
 	for range rewriteAttempts {
 		if err := ipt.Restore(restoreInput(plans)); err != nil {
 			return fmt.Errorf("writing twill's iptables chains: %w", err)
@@ -219,20 +218,20 @@ func (c *Chains) write(ipt IPTables, plans []chainPlan) error {
 			return err
 		}
 		var again []chainPlan
-		for _, p = range plans {
+		for _, p := range plans {
 			if !p.rewrite {
 				continue
 			}
 			got := saved[p.j.Table].rules[p.j.To]
 			c.mu.Lock()
-			if listed = len(got); listed == len(p.rules) {
+			if len(got) == len(p.rules) {
 				if c.observed == nil {
 					c.observed = map[string][]string{}
 				}
 				c.observed[p.key] = got
 			} else {
 				delete(c.observed, p.key)
-				again = append(again, chainPlan{j: p.j, key: p.key, rules: p.rules, rewrite: true})
+				again = append(again, chainPlan{j: p.j, key: p.key, rules: p.rules, rewrite: true, listed: len(got)})
 			}
 			c.mu.Unlock()
 		}
@@ -241,8 +240,8 @@ func (c *Chains) write(ipt IPTables, plans []chainPlan) error {
 		}
 		plans = again
 	}
-	p = plans[0]
-	return fmt.Errorf("chain %s/%s changed each time twill wrote it (%d rules listed after writing %d, %d times)", p.j.Table, p.j.To, listed, len(p.rules), rewriteAttempts)
+	p := plans[0]
+	return fmt.Errorf("chain %s/%s changed each time twill wrote it (%d rules listed after writing %d, %d times)", p.j.Table, p.j.To, p.listed, len(p.rules), rewriteAttempts)
 }
 
 // savedTable is a table as iptables-save lists it: its chains, and each
