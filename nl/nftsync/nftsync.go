@@ -178,16 +178,10 @@ func Comment(s string) []byte {
 // holds tens of thousands of rules; their model keeps 16 bytes each,
 // not the rules' few hundred.
 func Fingerprint(es []expr.Any) ([]byte, error) {
-	bp := fingerprintBufs.Get().(*[]byte)
-	defer fingerprintBufs.Put(bp)
-	b, err := nft.AppendExprs((*bp)[:0], byte(nftables.TableFamilyINet), es)
-	*bp = b
+	b, err := nft.AppendExprs(make([]byte, 0, 512), byte(nftables.TableFamilyINet), es)
 	if err != nil {
 		return nil, err
 	}
 	sum := sha256.Sum256(b)
 	return append(make([]byte, 0, 16), sum[:16]...), nil
 }
-
-// fingerprintBufs hold the encodings Fingerprint hashes.
-var fingerprintBufs = sync.Pool{New: func() any { return new([]byte) }}
