@@ -16,6 +16,17 @@ import (
 	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
+// openNS opens the test's namespace name, closed when the test ends.
+func openNS(t *testing.T, name string) ns.NetNS {
+	t.Helper()
+	target, err := ns.GetNS("/var/run/netns/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { target.Close() })
+	return target
+}
+
 func iptablesSave(t *testing.T, name string) string { return save(t, name, "iptables-save") }
 
 func save(t *testing.T, name, tool string) string {
@@ -28,11 +39,7 @@ func save(t *testing.T, name, tool string) string {
 
 func TestPrivilegedChainsRepairAndCleanup(t *testing.T) {
 	name := netnstest.New(t, "ipt")
-	target, err := ns.GetNS("/var/run/netns/" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer target.Close()
+	target := openNS(t, name)
 	c := &Chains{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), IPMasq: true,
 		Networks: []NetworkPair{
 			{Cluster: netip.MustParsePrefix("10.244.0.0/16"), Local: netip.MustParsePrefix("10.244.3.0/24")},
@@ -134,11 +141,7 @@ func TestPrivilegedChainsRepairOnChange(t *testing.T) {
 		t.Fatal("this machine's iptables is not iptables-nft; the change watch needs it")
 	}
 	name := netnstest.New(t, "iptw")
-	target, err := ns.GetNS("/var/run/netns/" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer target.Close()
+	target := openNS(t, name)
 	// The keeper's log goes to the test's output: a failed resync says why.
 	c := &Chains{Logger: slog.New(slog.NewTextHandler(t.Output(), nil)), IPMasq: true,
 		Networks: []NetworkPair{{Cluster: netip.MustParsePrefix("10.244.0.0/16"), Local: netip.MustParsePrefix("10.244.3.0/24")}}}
@@ -192,11 +195,7 @@ func (r *restoreCounter) Restore(input string) error {
 // chain changed behind twill's back is written again.
 func TestPrivilegedChainsOneRestore(t *testing.T) {
 	name := netnstest.New(t, "ipr")
-	target, err := ns.GetNS("/var/run/netns/" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer target.Close()
+	target := openNS(t, name)
 	counters := map[bool]*restoreCounter{}
 	c := &Chains{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), IPMasq: true,
 		Networks: []NetworkPair{
