@@ -40,9 +40,16 @@ type fnode struct {
 
 func newFNode(t testing.TB, backendJSON string) *fnode {
 	t.Helper()
+	return newFNodeIn(t, backendJSON, t.TempDir())
+}
+
+// newFNodeIn is newFNode with the state directory state, which may hold
+// an earlier node's VTEP MAC (as after a restart).
+func newFNodeIn(t testing.TB, backendJSON, state string) *fnode {
+	t.Helper()
 	k := &nlfake.Kernel{}
 	eth := k.AddLink("eth0", 1500, true, netip.MustParsePrefix("192.168.1.1/24"))
-	f := &fnode{k: k, eth: eth, state: t.TempDir(), conf: backendJSON}
+	f := &fnode{k: k, eth: eth, state: state, conf: backendJSON}
 	f.start(t)
 	return f
 }
@@ -339,6 +346,9 @@ func peerVariant(i int, v byte) (subnet.Lease, bool) {
 // Reconcile when Update asks for one, as the daemon does.
 func checkIncrementalIsFull(t testing.TB, conf string, events []byte, viaUpdate bool) {
 	inc := newFNode(t, conf)
+	// Each step's full reconcile starts from an empty kernel; the state
+	// directory (the VTEP MAC, fsynced when first chosen) carries over.
+	fullState := t.TempDir()
 	peers := map[int]subnet.Lease{}
 	for step := 0; step+1 < len(events); step += 2 {
 		i, v := int(events[step]%12), events[step+1]
@@ -372,7 +382,7 @@ func checkIncrementalIsFull(t testing.TB, conf string, events []byte, viaUpdate 
 		if err != nil {
 			t.Fatalf("step %d: incremental path: %v", step/2, err)
 		}
-		full := newFNode(t, conf)
+		full := newFNodeIn(t, conf, fullState)
 		if err := full.nw.Reconcile(context.Background(), list); err != nil {
 			t.Fatalf("step %d: full reconcile: %v", step/2, err)
 		}
