@@ -63,9 +63,15 @@ func kubeLab(t *testing.T) { kubeLabLane.enter(t, 1) }
 // write their images, at the lowest priority) happens while the lane's
 // tests hold it, rather than in the tier's last minutes, where the
 // conformance tests are the longest (their images took 47 s of the tier's
-// end on a fresh machine, 2026-11-29).
+// end on a fresh machine, 2026-11-29); it waits for the tests alone on
+// the machine to end first (machineAlone).
 func kubeLabAfter(t *testing.T, prepare func()) {
 	t.Parallel()
+	waited := time.Now()
+	machineAlone.Wait()
+	if d := time.Since(waited); d > time.Second {
+		t.Logf("waited %s for the tests alone on the machine before preparing", d.Round(time.Second))
+	}
 	prepare()
 	kubeLabLane.wait(t, 1, kubeLabLane.rank(t.Name(), 1))
 }
@@ -92,11 +98,20 @@ func beside(t *testing.T) { besideLane.enter(t, 1) }
 // machines beside it, a kube-apiserver restart broke 38 held connections,
 // on a fresh machine, 2026-11-29.)
 func aloneOnMachine(t *testing.T) {
+	machineAlone.Add(1) // before t.Parallel: every parallel test sees it
+	t.Cleanup(machineAlone.Done)
 	t.Parallel()
 	sayAloneDone(t) // registered before the lanes' cleanups, so it runs after them
 	kubeLabLane.wait(t, kubeLabSlots, rankFirst)
 	besideLane.wait(t, 1, rankFirst)
 }
+
+// machineAlone counts the tests alone on the machine that have not ended.
+// What kubeLabAfter prepares (images written at the lowest priority)
+// waits for them: even niced, mkimage ran beside TestKubeLabWireGuard,
+// the test meant to have the machine to itself (a fresh machine,
+// 2026-11-29). The lane's other tests alone keep it for minutes after.
+var machineAlone sync.WaitGroup
 
 // sayAloneDone writes the file AloneDoneEnv names, if any, when t has
 // ended.
