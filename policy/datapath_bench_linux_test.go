@@ -3,17 +3,20 @@ package policy
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/twill-net/twill/testsupport/netnstest"
+	"github.com/twill-net/twill/testsupport/policyscale"
 )
 
 // The two pods of BenchmarkPolicyDataPath, both in scale()'s ns0 on n0:
@@ -25,6 +28,12 @@ const (
 	benchPort   = "80"
 )
 
+// dataPath is the node and the two pods a data-path benchmark measures.
+type dataPath struct {
+	n              *node
+	server, client string
+}
+
 // BenchmarkPolicyDataPath: what 500 policies cost a pod's traffic. Two pods
 // on one node namespace, the server selected by ten of scale()'s 500
 // policies and the client let in by one of them, are measured with twill's
@@ -35,7 +44,49 @@ const (
 // chain) and throughput (iperf3, one stream: established packets meet the
 // table's first rule), conntrack on in both.
 func BenchmarkPolicyDataPath(b *testing.B) {
-	benchDataPath(b, scale(), "500-policies")
+	benchDataPath(b, scale(), benchClient, "500-policies")
+}
+
+// BenchmarkPolicyDataPathAtScale is BenchmarkPolicyDataPath at 10,000 pods
+// and 2,000 policies (scaleOf), and with 100 ClusterNetworkPolicies beside
+// them; under make bench-smoke, 2,000 pods, 400 policies and 20. The
+// server is p0 again (app0 in ns0, which four policies select), the client
+// the first pod of ns0 on n0 that one of them lets in (scaleClient).
+func BenchmarkPolicyDataPathAtScale(b *testing.B) {
+	pods, policies, cnps := 10000, 2000, 100
+	if os.Getenv("TWILL_BENCH_SMOKE") != "" {
+		pods, policies, cnps = 2000, 400, 20
+	}
+	for _, tc := range []struct {
+		name string
+		cnps int
+	}{{"networkpolicies", 0}, {"with-clusternetworkpolicies", cnps}} {
+		b.Run(tc.name, func(b *testing.B) {
+			s := scaleOf(pods, policies)
+			s.ClusterPolicies = versioned(policyscale.ClusterPolicies(tc.cnps))
+			what := fmt.Sprintf("%d-policies-%d-cnps", policies, tc.cnps)
+			benchDataPath(b, s, scaleClient(pods, policies), what)
+		})
+	}
+}
+
+// scaleClient is the address of the first pod of scaleOf(pods, policies)
+// in ns0 on n0, but p0, whose role a policy selecting app0 lets in from its
+// own namespace on port 80 (the policies name a role, r0–r6, by their
+// index).
+func scaleClient(pods, policies int) string {
+	namespaces, apps := max(pods/100, 1), max(pods/20, 1)
+	for i := 1; i < pods; i++ {
+		if i%3 != 0 || i%namespaces != 0 {
+			continue
+		}
+		for j := 0; j < policies; j += apps {
+			if j%namespaces == 0 && j%7 == i%7 {
+				return scalePodIPOf(pods, i)
+			}
+		}
+	}
+	panic(fmt.Sprintf("no client in a cluster of %d pods and %d policies", pods, policies))
 }
 
 // BenchmarkClusterPolicyDataPath is BenchmarkPolicyDataPath with
@@ -43,15 +94,21 @@ func BenchmarkPolicyDataPath(b *testing.B) {
 // are each selected by nine Admin policies, whose rules their connection
 // walks past before NetworkPolicy lets it in.
 func BenchmarkClusterPolicyDataPath(b *testing.B) {
-	benchDataPath(b, scaleCluster(), "500-policies-50-cnps")
+	benchDataPath(b, scaleCluster(), benchClient, "500-policies-50-cnps")
 }
 
-// benchDataPath measures s's table against none; what names it in the
-// metrics.
-func benchDataPath(b *testing.B, s Snapshot, what string) {
+// benchDataPath measures s's table against none, between benchServer and
+// client; what names it in the metrics.
+func benchDataPath(b *testing.B, s Snapshot, client, what string) {
 	n := newNode(b)
 	n.pod(benchServer)
-	n.pod(benchClient)
+	n.pod(client)
+	dp := dataPath{n: n, server: benchServer, client: client}
+	// Each run's 2,000 connections leave the client's ports in TIME_WAIT
+	// for a minute: with many runs (TWILL_DATAPATH_REPS) they ran out.
+	if out, err := netnstest.Exec(n.pods[client], "sysctl", "-qw", "net.ipv4.tcp_tw_reuse=1", "net.ipv4.ip_local_port_range=1024 65535"); err != nil {
+		b.Fatalf("the client's ports: %v: %s", err, out)
+	}
 	// Conntrack runs in both: on a node it always does (kube-proxy and
 	// twill's masquerade use it), and the table's first rule needs it.
 	if out, err := netnstest.Exec(n.name, "nft", "add table inet bench; add chain inet bench forward { type filter hook forward priority 0; }; add rule inet bench forward ct state established accept"); err != nil {
@@ -71,17 +128,17 @@ func benchDataPath(b *testing.B, s Snapshot, what string) {
 	}
 	// The table is in force: it lets the client in on port 80 only.
 	on(true)
-	if n.reaches(benchClient, benchServer) {
+	if n.reaches(client, benchServer) {
 		b.Fatalf("a ping from the client reaches the server through %s that allow TCP port 80 alone", what)
 	}
 	on(false)
-	if !n.reaches(benchClient, benchServer) {
+	if !n.reaches(client, benchServer) {
 		b.Fatal("the client cannot ping the server with no policy table")
 	}
 	for b.Loop() {
-		lat := alternate(b, on, func() float64 { return connectRTT(b, n) })
+		lat := alternate(b, on, func() float64 { return connectRTT(b, dp) })
 		on(false)
-		tput := alternate(b, on, func() float64 { return iperfOnce(b, n) })
+		tput := alternate(b, on, func() float64 { return iperfOnce(b, dp) })
 		b.ReportMetric(lat.none, "connect-rtt-none-p50-µs")
 		b.ReportMetric(lat.with, "connect-rtt-"+what+"-p50-µs")
 		b.ReportMetric(lat.median, "connect-rtt-ratio-%")
@@ -94,8 +151,13 @@ func benchDataPath(b *testing.B, s Snapshot, what string) {
 }
 
 // dataPathReps is how many runs with the policies each figure takes: one
-// under make bench-smoke (TWILL_BENCH_SMOKE), which checks that it runs.
+// under make bench-smoke (TWILL_BENCH_SMOKE), which checks that it runs;
+// TWILL_DATAPATH_REPS runs, when set (the ratio's range narrows with
+// more: the machine's noise is most of a new connection's cost).
 func dataPathReps() int {
+	if n, err := strconv.Atoi(os.Getenv("TWILL_DATAPATH_REPS")); err == nil && n > 0 {
+		return n
+	}
 	if os.Getenv("TWILL_BENCH_SMOKE") != "" {
 		return 1
 	}
@@ -132,10 +194,10 @@ func median(xs []float64) float64 {
 // connectRTT is the median time, in µs, of 2,000 connections from the
 // client to an echo server on the server pod: connect, one byte there and
 // back, close.
-func connectRTT(b *testing.B, n *node) float64 {
+func connectRTT(b *testing.B, dp dataPath) float64 {
 	var ln net.Listener
-	if err := ns.WithNetNSPath("/var/run/netns/"+n.pods[benchServer], func(ns.NetNS) (err error) {
-		ln, err = net.Listen("tcp", net.JoinHostPort(benchServer, benchPort))
+	if err := ns.WithNetNSPath("/var/run/netns/"+dp.n.pods[dp.server], func(ns.NetNS) (err error) {
+		ln, err = net.Listen("tcp", net.JoinHostPort(dp.server, benchPort))
 		return err
 	}); err != nil {
 		b.Fatal(err)
@@ -154,11 +216,11 @@ func connectRTT(b *testing.B, n *node) float64 {
 		}
 	}()
 	var took []float64
-	err := ns.WithNetNSPath("/var/run/netns/"+n.pods[benchClient], func(ns.NetNS) error {
+	err := ns.WithNetNSPath("/var/run/netns/"+dp.n.pods[dp.client], func(ns.NetNS) error {
 		buf := make([]byte, 1)
 		for range 2000 {
 			start := time.Now()
-			c, err := net.DialTimeout("tcp", net.JoinHostPort(benchServer, benchPort), 2*time.Second)
+			c, err := net.DialTimeout("tcp", net.JoinHostPort(dp.server, benchPort), 2*time.Second)
 			if err != nil {
 				return err
 			}
@@ -176,15 +238,15 @@ func connectRTT(b *testing.B, n *node) float64 {
 		return nil
 	})
 	if err != nil {
-		b.Fatalf("connecting from %s to %s:%s: %v", benchClient, benchServer, benchPort, err)
+		b.Fatalf("connecting from %s to %s:%s: %v", dp.client, dp.server, benchPort, err)
 	}
 	return median(took)
 }
 
 // iperfOnce runs iperf3 for 3 s, one stream, from the client to a server
 // on the server pod, and returns the bits per second received.
-func iperfOnce(b *testing.B, n *node) float64 {
-	srv := exec.Command("ip", "netns", "exec", n.pods[benchServer], "iperf3", "-s", "-1", "-p", benchPort)
+func iperfOnce(b *testing.B, dp dataPath) float64 {
+	srv := exec.Command("ip", "netns", "exec", dp.n.pods[dp.server], "iperf3", "-s", "-1", "-p", benchPort)
 	if err := srv.Start(); err != nil {
 		b.Fatalf("iperf3 -s: %v", err)
 	}
@@ -203,7 +265,7 @@ func iperfOnce(b *testing.B, n *node) float64 {
 	var err error
 	// The server needs a moment to listen.
 	for range 50 {
-		out, err = netnstest.Exec(n.pods[benchClient], "iperf3", "-c", benchServer, "-p", benchPort, "-J", "-t", "3", "--connect-timeout", "1000")
+		out, err = netnstest.Exec(dp.n.pods[dp.client], "iperf3", "-c", dp.server, "-p", benchPort, "-J", "-t", "3", "--connect-timeout", "1000")
 		if err == nil {
 			if err = json.Unmarshal([]byte(out), &res); err == nil && res.End.SumReceived.BitsPerSecond > 0 {
 				return res.End.SumReceived.BitsPerSecond
@@ -212,6 +274,6 @@ func iperfOnce(b *testing.B, n *node) float64 {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	b.Fatalf("iperf3 from %s to %s: %v\n%s", benchClient, benchServer, err, out)
+	b.Fatalf("iperf3 from %s to %s: %v\n%s", dp.client, dp.server, err, out)
 	return 0
 }
