@@ -152,8 +152,9 @@ func benchDataPath(b *testing.B, s Snapshot, client, what string) {
 
 // dataPathReps is how many runs with the policies each figure takes: one
 // under make bench-smoke (TWILL_BENCH_SMOKE), which checks that it runs;
-// TWILL_DATAPATH_REPS runs, when set (the ratio's range narrows with
-// more: the machine's noise is most of a new connection's cost).
+// TWILL_DATAPATH_REPS runs, when set (the median steadies with more; the
+// range does not narrow: the machine's noise is most of a new
+// connection's cost).
 func dataPathReps() int {
 	if n, err := strconv.Atoi(os.Getenv("TWILL_DATAPATH_REPS")); err == nil && n > 0 {
 		return n
