@@ -112,51 +112,64 @@ func BenchmarkClusterPolicyChange(b *testing.B) {
 // informers' lists) and the heap the compiled state and the table's model
 // hold. Under make bench-smoke it runs at 2,000 pods and 400 policies.
 func BenchmarkPolicyChangeAtScale(b *testing.B) {
-	pods, policies, cnps := 10000, 2000, 100
+	atScale(b, func(b *testing.B, s Snapshot, _ scaleSize) {
+		n := timed(newNode(b))
+		tb := n.tb
+		runtime.GC()
+		var before runtime.MemStats
+		runtime.ReadMemStats(&before)
+		peak := heapPeak()
+		start := time.Now()
+		k := &Compiler{} // as the enforcer holds it, with what it keeps for the next change
+		rs := k.Compile(s).Ruleset
+		_, err := tb.Sync(rs, false)
+		first, heapAtPeak := time.Since(start), peak()
+		if errors.Is(err, unix.EMSGSIZE) {
+			// A limit of the design, measured (Documentation/benchmarks.md):
+			// said and reported, not a failure of the run.
+			rules, elems := rs.size()
+			b.ReportMetric(0, "fits-one-transaction")
+			b.ReportMetric(float64(rules), "rules")
+			b.ReportMetric(float64(elems), "set-elements")
+			b.Logf("DOES NOT FIT: %v", err)
+			return
+		} else if err != nil {
+			b.Fatal(err)
+		}
+		runtime.GC()
+		var after runtime.MemStats
+		runtime.ReadMemStats(&after)
+		benchChange(b, n, k, s) // resets the metrics reported before it
+		// The kernel holds what was written: read back, nothing differs.
+		if ch, err := tb.Sync(k.Compile(s).Ruleset, true); err != nil || !ch.Clean() {
+			b.Fatalf("the table read back differs from what was written: %+v, %v", ch, err)
+		}
+		b.ReportMetric(float64(first.Milliseconds()), "first-write-ms")
+		b.ReportMetric(float64(after.HeapInuse-min(after.HeapInuse, before.HeapInuse))/(1<<20), "table-model-heap-MiB")
+		b.ReportMetric(float64(heapAtPeak)/(1<<20), "first-write-heap-peak-MiB")
+	})
+}
+
+// scaleSize is the size of an at-scale benchmark's cluster.
+type scaleSize struct{ pods, policies, cnps int }
+
+// atScale runs f on the at-scale benchmarks' cluster, scaleOf 10,000 pods
+// and 2,000 policies, once as it is and once with 100
+// ClusterNetworkPolicies (policyscale); under make bench-smoke 2,000 pods,
+// 400 policies and 20.
+func atScale(b *testing.B, f func(b *testing.B, s Snapshot, size scaleSize)) {
+	size := scaleSize{10000, 2000, 100}
 	if os.Getenv("TWILL_BENCH_SMOKE") != "" {
-		pods, policies, cnps = 2000, 400, 20
+		size = scaleSize{2000, 400, 20}
 	}
 	for _, tc := range []struct {
 		name string
 		cnps int
-	}{{"networkpolicies", 0}, {"with-clusternetworkpolicies", cnps}} {
+	}{{"networkpolicies", 0}, {"with-clusternetworkpolicies", size.cnps}} {
 		b.Run(tc.name, func(b *testing.B) {
-			s := scaleOf(pods, policies)
+			s := scaleOf(size.pods, size.policies)
 			s.ClusterPolicies = versioned(policyscale.ClusterPolicies(tc.cnps))
-			n := timed(newNode(b))
-			tb := n.tb
-			runtime.GC()
-			var before runtime.MemStats
-			runtime.ReadMemStats(&before)
-			peak := heapPeak()
-			start := time.Now()
-			k := &Compiler{} // as the enforcer holds it, with what it keeps for the next change
-			rs := k.Compile(s).Ruleset
-			_, err := tb.Sync(rs, false)
-			first, heapAtPeak := time.Since(start), peak()
-			if errors.Is(err, unix.EMSGSIZE) {
-				// A limit of the design, measured (Documentation/benchmarks.md):
-				// said and reported, not a failure of the run.
-				rules, elems := rs.size()
-				b.ReportMetric(0, "fits-one-transaction")
-				b.ReportMetric(float64(rules), "rules")
-				b.ReportMetric(float64(elems), "set-elements")
-				b.Logf("DOES NOT FIT: %v", err)
-				return
-			} else if err != nil {
-				b.Fatal(err)
-			}
-			runtime.GC()
-			var after runtime.MemStats
-			runtime.ReadMemStats(&after)
-			benchChange(b, n, k, s) // resets the metrics reported before it
-			// The kernel holds what was written: read back, nothing differs.
-			if ch, err := tb.Sync(k.Compile(s).Ruleset, true); err != nil || !ch.Clean() {
-				b.Fatalf("the table read back differs from what was written: %+v, %v", ch, err)
-			}
-			b.ReportMetric(float64(first.Milliseconds()), "first-write-ms")
-			b.ReportMetric(float64(after.HeapInuse-min(after.HeapInuse, before.HeapInuse))/(1<<20), "table-model-heap-MiB")
-			b.ReportMetric(float64(heapAtPeak)/(1<<20), "first-write-heap-peak-MiB")
+			f(b, s, scaleSize{size.pods, size.policies, tc.cnps})
 		})
 	}
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/twill-net/twill/testsupport/netnstest"
-	"github.com/twill-net/twill/testsupport/policyscale"
 )
 
 // The two pods of BenchmarkPolicyDataPath, both in scale()'s ns0 on n0:
@@ -53,21 +52,10 @@ func BenchmarkPolicyDataPath(b *testing.B) {
 // server is p0 again (app0 in ns0, which four policies select), the client
 // the first pod of ns0 on n0 that one of them lets in (scaleClient).
 func BenchmarkPolicyDataPathAtScale(b *testing.B) {
-	pods, policies, cnps := 10000, 2000, 100
-	if os.Getenv("TWILL_BENCH_SMOKE") != "" {
-		pods, policies, cnps = 2000, 400, 20
-	}
-	for _, tc := range []struct {
-		name string
-		cnps int
-	}{{"networkpolicies", 0}, {"with-clusternetworkpolicies", cnps}} {
-		b.Run(tc.name, func(b *testing.B) {
-			s := scaleOf(pods, policies)
-			s.ClusterPolicies = versioned(policyscale.ClusterPolicies(tc.cnps))
-			what := fmt.Sprintf("%d-policies-%d-cnps", policies, tc.cnps)
-			benchDataPath(b, s, scaleClient(pods, policies), what)
-		})
-	}
+	atScale(b, func(b *testing.B, s Snapshot, size scaleSize) {
+		what := fmt.Sprintf("%d-policies-%d-cnps", size.policies, size.cnps)
+		benchDataPath(b, s, scaleClient(size.pods, size.policies), what)
+	})
 }
 
 // scaleClient is the address of the first pod of scaleOf(pods, policies)
