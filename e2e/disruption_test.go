@@ -42,6 +42,10 @@ func TestEtcdDisruption(t *testing.T) {
 			c := newCluster(t, 2)
 			if tc.backend == "wireguard" {
 				t.Cleanup(c.stopWireGuardDevices)
+				// A stall is then told in full: each reconcile, each
+				// peer put back (one of 15 s after a key rotation, once
+				// in a fresh run, said too little at info).
+				c.daemonExtra = []string{"--log-level=debug"}
 			}
 			c.put("/twill.io/network/config", tc.conf)
 			for i := range c.topo.Nodes {
@@ -89,10 +93,13 @@ func TestEtcdDisruption(t *testing.T) {
 				cp = startCapture(t, c.topo.Underlay)
 			}
 			d := startDisruption(t, tc.backend, c.bin, from, to, func(v lab.Vantage, tg lab.Target) bool { return node[v.Name] != node[tg.Name] })
-			d.diagnose = func(event string, _ time.Time) {
+			d.diagnose = func(event string, since time.Time) {
 				for i, dm := range c.daemons {
-					lines := strings.Split(strings.TrimSpace(dm.Output()), "\n")
-					t.Logf("%s broke held connections; node%d's twilld, its last %d lines:\n%s", event, i+1, min(len(lines), 80), strings.Join(lines[max(0, len(lines)-80):], "\n"))
+					lines := logSince(dm.Output(), since, 200)
+					t.Logf("%s broke held connections; node%d's twilld from %s on (%d lines):\n%s", event, i+1, since.Format("15:04:05.000"), len(lines), strings.Join(lines, "\n"))
+					if tc.backend == "wireguard" {
+						t.Logf("node%d's WireGuard device now: %s", i+1, c.wgSummary(i))
+					}
 				}
 			}
 			for _, ev := range events {

@@ -162,6 +162,29 @@ func (p *proc) Output() string {
 	return string(b)
 }
 
+// logSince is the lines of a daemon's log stamped at since or later (a
+// line without a stamp goes with the one before it), the last max of
+// them.
+func logSince(out string, since time.Time, max int) []string {
+	var keep []string
+	in := false
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if _, rest, ok := strings.Cut(l, "time="); ok {
+			stamp, _, _ := strings.Cut(rest, " ")
+			if at, err := time.Parse(time.RFC3339Nano, stamp); err == nil {
+				in = !at.Before(since)
+			}
+		}
+		if in {
+			keep = append(keep, l)
+		}
+	}
+	if len(keep) > max {
+		keep = append([]string{fmt.Sprintf("(%d lines before these left out)", len(keep)-max)}, keep[len(keep)-max:]...)
+	}
+	return keep
+}
+
 // OwnOutput is what this process logged, without what earlier processes
 // (a restarted daemon's former self) left in the same log: "ready" in it
 // is this process's.
@@ -234,6 +257,9 @@ type cluster struct {
 	cli     *clientv3.Client
 	daemons map[int]*proc
 	daemon  string // the twilld binary the nodes run: twilld, or twilld-lab for the simulated VPC
+	// daemonExtra are arguments every start of twilld gets, before its
+	// own (a restart's too).
+	daemonExtra []string
 
 	notesMu sync.Mutex
 	notes   []string // failures repeated after the daemons' logs (see note)
@@ -333,7 +359,7 @@ func (c *cluster) startDaemon(i int, extra ...string) *proc {
 	if err := os.MkdirAll(state, 0o755); err != nil {
 		c.t.Fatal(err)
 	}
-	p := start(c.t, n.NS, filepath.Join(c.dir, n.Name+".log"), c.bin+"/"+c.daemon, twcluster.DaemonArgs(c.etcdURL, state, extra...)...)
+	p := start(c.t, n.NS, filepath.Join(c.dir, n.Name+".log"), c.bin+"/"+c.daemon, twcluster.DaemonArgs(c.etcdURL, state, slices.Concat(c.daemonExtra, extra)...)...)
 	c.daemons[i] = p
 	return p
 }

@@ -151,6 +151,25 @@ func (c *cluster) wgPeerKeys(i int) map[string]bool {
 	return out
 }
 
+// wgSummary says what node i's WireGuard device holds: its public key,
+// and each peer's key, endpoint, last handshake and bytes each way.
+func (c *cluster) wgSummary(i int) string {
+	d, err := c.wgDevice(i)
+	if err != nil {
+		return "unreadable: " + err.Error()
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "public key %s", d.PublicKey)
+	for _, p := range d.Peers {
+		shook := "never"
+		if !p.LastHandshakeTime.IsZero() {
+			shook = p.LastHandshakeTime.UTC().Format("15:04:05.000")
+		}
+		fmt.Fprintf(&b, "; peer %s at %v: last handshake %s, received %d B, sent %d B", p.PublicKey, p.Endpoint, shook, p.ReceiveBytes, p.TransmitBytes)
+	}
+	return b.String()
+}
+
 // publishedKey is the public key in node i's lease.
 func (c *cluster) publishedKey(i int) string {
 	c.t.Helper()
