@@ -427,7 +427,10 @@ func vtepMAC(t *testing.T, c *cluster, i int) string {
 func TestClonedVTEPMAC(t *testing.T) {
 	beside(t)
 	c := newCluster(t, 3)
-	c.put("/twill.io/network/config", netConfVXLAN)
+	// The nodes take subnets below 10.244.200.0: the test's leases above
+	// it never land on a node's own key (node3 once held 10.244.250.0/24
+	// and wrote its lease back over the test's).
+	c.put("/twill.io/network/config", `{"Network":"10.244.0.0/16","SubnetMin":"10.244.1.0","SubnetMax":"10.244.199.0","Backend":{"Type":"vxlan"}}`)
 	d1 := c.startDaemon(0)
 	c.env(0)
 	stored, err := os.ReadFile(filepath.Join(c.dir, "node1", "vxlan-1.mac"))

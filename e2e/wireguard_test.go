@@ -432,12 +432,17 @@ func TestEtcdWireGuard(t *testing.T) {
 	t.Run("a removed node's peer is gone from every device within 2s", func(t *testing.T) {
 		c.daemons[2].Stop(t)
 		c.del("/twill.io/network/subnets/" + strings.Replace(subnets[2].String(), "/", "-", 1))
-		took := waitFor(t, 2*time.Second, "node3's peer gone from node1 and node2", func() bool {
-			return !c.wgPeerKeys(0)[keys[2]] && !c.wgPeerKeys(1)[keys[2]] && c.wgPeerKeys(0) != nil && c.wgPeerKeys(1) != nil
+		// The peer leaves the device first and its route right after
+		// (one fresh run looked between the two): both within the bound.
+		defer func() {
+			if t.Failed() {
+				t.Logf("node1's routes:\n%s", c.routes(0))
+			}
+		}()
+		took := waitFor(t, 2*time.Second, "node3's peer gone from node1's and node2's devices, and its route from node1", func() bool {
+			return !c.wgPeerKeys(0)[keys[2]] && !c.wgPeerKeys(1)[keys[2]] && c.wgPeerKeys(0) != nil && c.wgPeerKeys(1) != nil &&
+				!strings.Contains(c.routes(0), subnets[2].String())
 		})
-		if strings.Contains(c.routes(0), subnets[2].String()) {
-			t.Fatalf("node1 still routes node3's subnet:\n%s", c.routes(0))
-		}
 		t.Logf("gone in %s", took.Round(time.Millisecond))
 	})
 }
