@@ -163,9 +163,9 @@ func (p *proc) Output() string {
 }
 
 // logSince is the lines of a daemon's log stamped at since or later (a
-// line without a stamp goes with the one before it), the last max of
+// line without a stamp goes with the one before it), the last most of
 // them.
-func logSince(out string, since time.Time, max int) []string {
+func logSince(out string, since time.Time, most int) []string {
 	var keep []string
 	in := false
 	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
@@ -179,8 +179,8 @@ func logSince(out string, since time.Time, max int) []string {
 			keep = append(keep, l)
 		}
 	}
-	if len(keep) > max {
-		keep = append([]string{fmt.Sprintf("(%d lines before these left out)", len(keep)-max)}, keep[len(keep)-max:]...)
+	if len(keep) > most {
+		keep = append([]string{fmt.Sprintf("(%d lines before these left out)", len(keep)-most)}, keep[len(keep)-most:]...)
 	}
 	return keep
 }
