@@ -153,10 +153,10 @@ func BenchmarkPolicyChangeAtScale(b *testing.B) {
 // scaleSize is the size of an at-scale benchmark's cluster.
 type scaleSize struct{ pods, policies, cnps int }
 
-// atScale runs f on the at-scale benchmarks' cluster, scaleOf 10,000 pods
-// and 2,000 policies, once as it is and once with 100
+// atScale runs f on the at-scale benchmarks' cluster (scaleOf: 10,000
+// pods, 2,000 NetworkPolicies), once as it is and once with 100
 // ClusterNetworkPolicies (policyscale); under make bench-smoke 2,000 pods,
-// 400 policies and 20.
+// 400 NetworkPolicies and 20 ClusterNetworkPolicies.
 func atScale(b *testing.B, f func(b *testing.B, s Snapshot, size scaleSize)) {
 	size := scaleSize{10000, 2000, 100}
 	if os.Getenv("TWILL_BENCH_SMOKE") != "" {
