@@ -11,6 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"golang.org/x/sys/unix"
 
+	"github.com/twill-net/twill/internal/sysctl"
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/nl/nft"
 	"github.com/twill-net/twill/plugin/hostport"
@@ -20,9 +21,20 @@ import (
 // when the conflist declares the capability) and pushes their removal.
 // UDP flows to those ports that conntrack still sends elsewhere (to the
 // pod that had the port before) are forgotten, so they reach this one.
+// A port bound to 127.0.0.0/8 also has the pod's host veth route
+// loopback addresses (route_localnet): a connection from 127.0.0.1 to it
+// leaves, and its replies come back, through the veth.
 func addHostPorts(c *NetConf, w Wiring, undo *undoStack) error {
 	if len(c.HostPorts) == 0 {
 		return nil
+	}
+	for _, p := range c.HostPorts {
+		if p.HostIP.Is4() && p.HostIP.IsLoopback() {
+			if err := sysctl.Set("net/ipv4/conf/"+w.HostVeth+"/route_localnet", "1"); err != nil {
+				return fmt.Errorf("twill: host port %s: %w", p, err)
+			}
+			break
+		}
 	}
 	if err := hostport.Add(nft.Conn{}, w.HostVeth, w.IPs, c.HostPorts); err != nil {
 		return fmt.Errorf("twill: %w", err)

@@ -127,6 +127,34 @@ func TestPrivilegedHostPorts(t *testing.T) {
 	n.requireClean()
 }
 
+// A hostPort bound to 127.0.0.1 answers on 127.0.0.1 from the node (as
+// portmap serves it, and Kubernetes' HostPort conformance spec asks), from
+// a loopback source too; one bound to no address is not served there, and
+// the loopback-bound one is not served on the node's other addresses.
+func TestPrivilegedHostPortOnLoopback(t *testing.T) {
+	n := newNode(t, "10.244.7.0/24")
+	list := n.capConflist()
+	lo := withPorts(n.pod("lo"), `{"hostPort":8090,"containerPort":80,"protocol":"tcp","hostIP":"127.0.0.1"}`)
+	wild := withPorts(n.pod("wild"), `{"hostPort":8091,"containerPort":80,"protocol":"tcp"}`)
+	mustOK(t, "ADD", n.run(cnidriver.Request{Op: "add", ConfList: list, Attachments: []cnidriver.Attachment{lo, wild}}))
+	mustOK(t, "CHECK", n.run(cnidriver.Request{Op: "check", ConfList: list, Attachments: []cnidriver.Attachment{lo, wild}}))
+	n.echo(nsName(lo.Netns), 80)
+	n.echo(nsName(wild.Netns), 80)
+	if e := n.probe(n.ns, "127.0.0.1:8090"); e != "" {
+		t.Errorf("127.0.0.1:8090 from the node: %s", e)
+	}
+	if e := n.probe(n.ns, "192.168.50.1:8091"); e != "" {
+		t.Errorf("192.168.50.1:8091 from the node: %s", e)
+	}
+	for _, target := range []string{"127.0.0.1:8091", "192.168.50.1:8090"} {
+		if e := n.probe(n.ns, target); e == "" {
+			t.Errorf("%s answered from the node: it has no mapping there", target)
+		}
+	}
+	mustOK(t, "DEL", n.run(cnidriver.Request{Op: "del", ConfList: list, Attachments: []cnidriver.Attachment{lo, wild}}))
+	n.requireClean()
+}
+
 // ruleset is the node's whole nftables ruleset (iptables-nft's rules too).
 func (n *node) ruleset() string {
 	n.t.Helper()

@@ -55,7 +55,7 @@ func addBatch(rs []*nftables.Rule, base bool) *nft.Batch {
 	var b nft.Batch
 	if base {
 		b.AddTable(table)
-		for _, c := range []*nftables.Chain{hostport, hairpin, pre, out, post} {
+		for _, c := range []*nftables.Chain{hostport, loopback, hairpin, pre, out, post} {
 			b.AddChain(c)
 		}
 		for _, c := range []*nftables.Chain{pre, out, post} {
@@ -189,11 +189,11 @@ func Check(k nft.Kernel, owner string, ips []netip.Addr, ports []Port) error {
 // owned is the pods' rules in the kernel, by owner.
 type owned map[string][]*nftables.Rule
 
-// read reads the pods' rules: two requests, none when the table is not
+// read reads the pods' rules: three requests, none when the table is not
 // there.
 func read(k nft.Kernel) (owned, error) {
 	have := owned{}
-	for _, c := range []*nftables.Chain{hostport, hairpin} {
+	for _, c := range []*nftables.Chain{hostport, loopback, hairpin} {
 		rules, err := k.Rules(table, c.Name)
 		if err != nil {
 			return nil, fmt.Errorf("reading the host ports: %w", err)

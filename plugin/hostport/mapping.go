@@ -5,9 +5,11 @@
 // The table is inet twill-hostport:
 //
 //	prerouting  nat hook, priority dstnat: fib daddr type local jump hostports
-//	output      nat hook, priority dstnat: loopback returns, then the same jump
-//	postrouting nat hook, priority srcnat: ct status dnat jump hairpin
+//	output      nat hook, priority dstnat: loopback goto loopback, then the same jump
+//	postrouting nat hook, priority srcnat: ct status dnat jump hairpin;
+//	            ct status dnat, saddr 127.0.0.0/8 masquerade
 //	hostports   a pod's DNAT rules, one per mapping and address family
+//	loopback    a pod's DNAT rules for mappings bound to 127.0.0.0/8 or ::1
 //	hairpin     a pod's masquerade for its own traffic to its own host port
 //
 // A pod's rules carry its owner (the host end of its veth) in their

@@ -3,6 +3,7 @@ package hostport
 import (
 	"encoding/binary"
 	"net/netip"
+	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -18,6 +19,7 @@ const TableName = "twill-hostport"
 // The table's chains.
 const (
 	hostportsChain = "hostports"
+	loopbackChain  = "loopback"
 	hairpinChain   = "hairpin"
 )
 
@@ -30,6 +32,7 @@ var (
 	out      = &nftables.Chain{Table: table, Name: "output", Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookOutput, Priority: dstnat, Policy: &accept}
 	post     = &nftables.Chain{Table: table, Name: "postrouting", Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: srcnat, Policy: &accept}
 	hostport = &nftables.Chain{Table: table, Name: hostportsChain}
+	loopback = &nftables.Chain{Table: table, Name: loopbackChain}
 	hairpin  = &nftables.Chain{Table: table, Name: hairpinChain}
 )
 
@@ -44,32 +47,45 @@ func rule(c *nftables.Chain, comment string, es ...expr.Any) *nftables.Rule {
 func cmpEq(data []byte) *expr.Cmp { return &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: data} }
 
 // baseRules are the hooks' rules: every packet to a local address looks
-// at the host ports (but for loopback in output: a host port is served on
-// the node's addresses), and a translated connection's reply path looks
-// at the hairpins.
+// at the host ports, but for loopback in output, which looks only at the
+// host ports bound to a loopback address (a host port with no address is
+// served on the node's addresses, not on 127.0.0.1 or ::1); a translated
+// connection's reply path looks at the hairpins, and one from a loopback
+// source leaves with the node's address (the kernel would drop it as a
+// martian otherwise).
 func baseRules() []*nftables.Rule {
 	local := []expr.Any{
 		&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
 		cmpEq(binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)),
 		&expr.Verdict{Kind: expr.VerdictJump, Chain: hostportsChain},
 	}
-	loop4 := append(family(netip.IPv4Unspecified()),
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte{255, 0, 0, 0}, Xor: []byte{0, 0, 0, 0}},
-		cmpEq([]byte{127, 0, 0, 0}),
-		&expr.Verdict{Kind: expr.VerdictReturn})
-	loop6 := append(family(netip.IPv6Unspecified()), daddr(netip.IPv6Loopback())...)
-	loop6 = append(loop6, &expr.Verdict{Kind: expr.VerdictReturn})
+	toLoopback := &expr.Verdict{Kind: expr.VerdictGoto, Chain: loopbackChain}
+	dnatted := []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATUS},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(ipsDstNAT), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+	}
+	loopSrc := append(append(family(netip.IPv4Unspecified()), dnatted...), loopback4(false)...)
 	return []*nftables.Rule{
 		rule(pre, "to a local address", local...),
-		rule(out, "not a host port: IPv4 loopback", loop4...),
-		rule(out, "not a host port: IPv6 loopback", loop6...),
+		rule(out, "IPv4 loopback: only the host ports bound to it", append(append(family(netip.IPv4Unspecified()), loopback4(true)...), toLoopback)...),
+		rule(out, "IPv6 loopback: only the host ports bound to it", append(append(family(netip.IPv6Unspecified()), daddr(netip.IPv6Loopback())...), toLoopback)...),
 		rule(out, "to a local address", local...),
-		rule(post, "translated to a host port's pod",
-			&expr.Ct{Register: 1, Key: expr.CtKeySTATUS},
-			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(ipsDstNAT), Xor: make([]byte, 4)},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
-			&expr.Verdict{Kind: expr.VerdictJump, Chain: hairpinChain}),
+		rule(post, "translated to a host port's pod", append(slices.Clone(dnatted), &expr.Verdict{Kind: expr.VerdictJump, Chain: hairpinChain})...),
+		rule(post, "translated to a host port's pod from a loopback address", append(loopSrc, &expr.Masq{})...),
+	}
+}
+
+// loopback4 matches an IPv4 loopback destination (or source).
+func loopback4(dst bool) []expr.Any {
+	off := uint32(16)
+	if !dst {
+		off = 12
+	}
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: 4},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte{255, 0, 0, 0}, Xor: []byte{0, 0, 0, 0}},
+		cmpEq([]byte{127, 0, 0, 0}),
 	}
 }
 
@@ -99,8 +115,9 @@ func daddr(ip netip.Addr) []expr.Any { return addrField(ip, false) }
 func port(p uint16) []byte { return binary.BigEndian.AppendUint16(nil, p) }
 
 // podRules are the pod's rules: a DNAT rule for each mapping and each of
-// its addresses the mapping serves, and a hairpin masquerade for each
-// address with a mapping.
+// its addresses the mapping serves (in the loopback chain for a mapping
+// bound to a loopback address), and a hairpin masquerade for each address
+// with a mapping.
 func podRules(owner string, ips []netip.Addr, ports []Port) []*nftables.Rule {
 	var rs []*nftables.Rule
 	for _, ip := range ips {
@@ -111,7 +128,11 @@ func podRules(owner string, ips []netip.Addr, ports []Port) []*nftables.Rule {
 			}
 			served = true
 			to := netip.AddrPortFrom(ip, p.ContainerPort)
-			rs = append(rs, rule(hostport, owner+" "+p.String()+" to "+to.String(), dnatExprs(ip, p)...))
+			c := hostport
+			if p.HostIP.IsLoopback() {
+				c = loopback
+			}
+			rs = append(rs, rule(c, owner+" "+p.String()+" to "+to.String(), dnatExprs(ip, p)...))
 		}
 		if served {
 			es := append(family(ip), addrField(ip, true)...)
