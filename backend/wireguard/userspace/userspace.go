@@ -46,6 +46,9 @@ type Options struct {
 	// Bind, when set, carries the encrypted packets instead of UDP
 	// sockets (tests: DiscardBind).
 	Bind conn.Bind
+	// Verbose logs wireguard-go's own account of each handshake, keepalive
+	// and peer change, at debug level (twill-wg --verbose).
+	Verbose bool
 }
 
 // Run creates the device and serves it until ctx is done (the device is
@@ -77,8 +80,12 @@ func Run(ctx context.Context, o Options) error {
 	if bind == nil {
 		bind = conn.NewDefaultBind()
 	}
+	verbose := func(string, ...any) {}
+	if o.Verbose {
+		verbose = func(f string, a ...any) { log.Debug(fmt.Sprintf(f, a...)) }
+	}
 	dev := device.NewDevice(t, bind, &device.Logger{
-		Verbosef: func(string, ...any) {},
+		Verbosef: verbose,
 		Errorf:   func(f string, a ...any) { log.Warn(fmt.Sprintf(f, a...)) },
 	})
 	defer dev.Close()
