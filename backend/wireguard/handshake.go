@@ -23,27 +23,48 @@ import (
 // lead); the other side sends it only when, yieldFor later, nothing has
 // come from the peer (the lead's handshake was dropped: it did not know
 // this node yet). Then both follow the peer: while it has no handshake,
-// the lead takes it out of the device and puts it back every
-// retryGreeting (a peer put back has forgotten the handshake that went
-// wrong, so the next datagram starts a new one at once), and so does the
-// other side while nothing at all has come from it; for at most
-// greetFor, after which WireGuard's own retries carry on.
+// the lead takes it out of the device and puts it back after
+// retryGreeting, then every twice that (a peer put back has forgotten
+// the handshake that went wrong, so the next datagram starts a new one at
+// once), and so does the other side while nothing at all has come from
+// it (or, when something did, three times later: the lead may have given
+// up); for at most greetFor, after which WireGuard's own retries carry
+// on.
 //
 // A node that rotates its key follows every peer the same way: WireGuard
 // ends every session when the key changes, and the node's traffic starts
 // handshakes its peers drop until they learn the new key, or that cross
 // theirs once they have. It sends no datagram at first (its peers do not
-// know the key yet). Whichever side leads (the rotating node, or a peer
-// that took the new key in place of the old) puts the peer back after
-// rekeyRetry already: a crossing is the likely failure there, as both
+// know the key yet). Both sides retry sooner there (the lead after
+// rekeyRetry, the other side after three times that, should the lead's
+// retries not have done it): a crossing is the likely failure, as both
 // sides have traffic waiting, and peers learn of a key within
-// milliseconds.
+// milliseconds. Bytes received tell the rotating node nothing of the new
+// session: its peers go on sending on the old one, which it still
+// decrypts, until they learn the key.
+//
+// A handshake is not yet a session both sides hold. Its initiator counts
+// it done as soon as the answer comes, before the responder has seen a
+// byte of the session; if the responder then loses it (it answered
+// another handshake, or was put back), or never confirms it, the
+// initiator sends into nothing, and its peer, which answered last, may
+// not start a handshake of its own for 5s; WireGuard's own timer mends it
+// 15s after the first unanswered packet. So a fresh peer is followed on
+// past its handshake: once seen, it is nudged (its kernel's answer comes
+// back through the session), and it is done when anything comes from it
+// after that; when nothing did within confirmFor, it is put back, and its
+// next handshake is followed the same way.
 const (
-	greetEvery    = 100 * time.Millisecond
+	greetEvery    = 50 * time.Millisecond
 	yieldFor      = 200 * time.Millisecond
 	retryGreeting = time.Second
-	rekeyRetry    = 300 * time.Millisecond
+	rekeyRetry    = 250 * time.Millisecond
+	confirmFor    = 300 * time.Millisecond
 	greetFor      = 6 * time.Second
+	// rekeyFor is how long a node that rotated its key follows its peers:
+	// one may take up the key seconds late (its twilld, or etcd, slow to
+	// tell it), and its first handshake may cross this node's retries.
+	rekeyFor = 15 * time.Second
 )
 
 // fresh is a peer just added to a device (rotated: in place of another
@@ -64,9 +85,20 @@ type greeting struct {
 	addr        netip.Addr
 	lead        bool // this side's key is the lower: it greets first
 	nudged      bool // a datagram went to it
-	// retry is how long the lead waits from last before it puts the
-	// peer back (0: retryGreeting).
+	// rotation: a key changed, this node's or the peer's (a pair whose
+	// traffic waits: it is read at every greetEvery); rekeyed: this
+	// node's own (bytes received from the peer may be the old session's).
+	rotation, rekeyed bool
+	// retry is how long this side waits from last, without a handshake,
+	// before it puts the peer back (0: retryGreeting); it doubles after
+	// the first put-back (tries), as does confirmFor (see backoff).
 	retry time.Duration
+	tries int
+	// shook is the handshake seen after since, seenAt when this side
+	// first saw it, and rx the bytes received from the peer then (see
+	// confirm).
+	shook, seenAt time.Time
+	rx            int64
 }
 
 // leads reports whether a node with key self greets a peer with key
@@ -88,9 +120,12 @@ func (n *Network) greet(fs []fresh, since time.Time) {
 		if n.greeting[f.dev] == nil {
 			n.greeting[f.dev] = map[wgtypes.Key]greeting{}
 		}
-		g := greeting{since: since, last: now, addr: f.addr, lead: leads(self, f.key)}
-		if f.rekey || f.rotated {
+		g := greeting{since: since, last: now, addr: f.addr, lead: leads(self, f.key), rotation: f.rekey || f.rotated, rekeyed: f.rekey}
+		if g.rotation {
 			g.retry = rekeyRetry
+			if !g.lead {
+				g.retry = 3 * rekeyRetry
+			}
 		}
 		switch {
 		case f.rekey:
@@ -118,8 +153,9 @@ func (n *Network) followHandshakes(ctx context.Context) error {
 }
 
 // followOnce checks one device's fresh peers when one is due (see
-// greetingDue): those with a handshake, or followed for greetFor, are
-// done; the others are nudged, or put back and nudged, as greetNext says.
+// greetingDue): those whose session is confirmed, or followed for
+// greetFor, are done; the others are nudged, or put back and nudged, as
+// greetNext (no handshake yet) or confirm (one) says.
 func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
 	if !n.greetingDue(t.name, now) {
 		return
@@ -137,14 +173,9 @@ func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
 	if err != nil {
 		return
 	}
-	// heard: the peer sent anything authenticated (a handshake
-	// initiation counts): this side has answered it, and waits for its
-	// data.
-	shook := make(map[wgtypes.Key]time.Time, len(have))
-	heard := make(map[wgtypes.Key]bool, len(have))
+	seen := make(map[wgtypes.Key]wgtypes.Peer, len(have))
 	for _, p := range have {
-		shook[p.PublicKey] = p.LastHandshakeTime
-		heard[p.PublicKey] = p.ReceiveBytes > 0
+		seen[p.PublicKey] = p
 	}
 	var (
 		cfg   wgtypes.Config
@@ -157,17 +188,38 @@ func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
 		if rec != nil {
 			p, wanted = rec.peers[k]
 		}
-		if shook[k].After(g.since) || !wanted || now.Sub(g.since) > greetFor {
+		if !wanted || now.Sub(g.since) > g.followFor() {
 			delete(n.greeting[t.name], k)
 			continue
 		}
-		switch greetNext(g, heard[k], now) {
+		var next int
+		if hp := seen[k]; hp.LastHandshakeTime.After(g.since) {
+			next = g.confirm(hp.LastHandshakeTime, hp.ReceiveBytes, now)
+		} else {
+			// heard: the peer sent anything authenticated (a handshake
+			// initiation counts): this side has answered it, and waits
+			// for its data.
+			g.shook = time.Time{}
+			next = greetNext(g, !g.rekeyed && hp.ReceiveBytes > 0, now)
+		}
+		switch next {
+		case greetDone:
+			delete(n.greeting[t.name], k)
+			continue
 		case greetWait:
+			n.greeting[t.name][k] = g
 			continue
 		case greetPutBack:
 			cfg.Peers = append(cfg.Peers, wgtypes.PeerConfig{PublicKey: k, Remove: true}, peerConfig(p, n.sh))
+			g.shook = time.Time{}
+			g.last = now
+			g.tries++
+		case greetNudge:
+			if g.shook.IsZero() {
+				g.last = now
+			}
 		}
-		g.last, g.nudged, g.retry = now, true, 0
+		g.nudged = true
 		n.greeting[t.name][k] = g
 		again = append(again, g.addr)
 	}
@@ -185,14 +237,16 @@ func (n *Network) followOnce(ctx context.Context, t tunnel, now time.Time) {
 
 // greetingDue reports whether a fresh peer of device dev is due now: to
 // be nudged, put back, or given up on, were it still without a
-// handshake. Only then does followOnce read the device, which holds back
-// lease events while it runs (wireguard-go reads every peer for it): a
-// handshake done in between is seen at the next due moment.
+// handshake, or to have its handshake confirmed; after a key change,
+// always (its handshake is confirmed as soon as it comes). Only then
+// does followOnce read the device, which holds back lease events while
+// it runs (wireguard-go reads every peer for it): a handshake done in
+// between is seen at the next due moment.
 func (n *Network) greetingDue(dev string, now time.Time) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, g := range n.greeting[dev] {
-		if now.Sub(g.since) > greetFor || greetNext(g, false, now) != greetWait {
+		if g.rotation || !g.shook.IsZero() || now.Sub(g.since) > g.followFor() || greetNext(g, false, now) != greetWait {
 			return true
 		}
 	}
@@ -227,36 +281,75 @@ func (n *Network) followedPeers(ctx context.Context, name string, dev Device, ke
 	return d.Peers, nil
 }
 
-// What followOnce does next about a peer without a handshake.
+// What followOnce does next about a fresh peer.
 const (
 	greetWait    = iota // nothing yet
 	greetNudge          // send it a datagram
 	greetPutBack        // put it back in the device, then send it one
+	greetDone           // its session is confirmed: follow it no more
 )
 
 // greetNext decides for a fresh peer without a handshake; heard: it has
 // sent this side something.
 func greetNext(g greeting, heard bool, now time.Time) int {
+	retry := g.retry
+	if retry == 0 {
+		retry = retryGreeting
+	}
+	retry = g.backoff(retry)
 	switch {
 	case g.lead:
-		retry := g.retry
-		if retry == 0 {
-			retry = retryGreeting
-		}
 		if now.Sub(g.last) >= retry {
 			return greetPutBack
 		}
 	case heard:
 		// The lead's handshake got here: it completes it, or puts the
-		// peer back itself.
+		// peer back itself; unless it no longer follows the peer (it
+		// gave up before this side took up its key).
+		if now.Sub(g.last) >= 3*retry {
+			return greetPutBack
+		}
 	case !g.nudged:
 		if now.Sub(g.since) >= yieldFor {
 			return greetNudge
 		}
-	case now.Sub(g.last) >= retryGreeting:
+	case now.Sub(g.last) >= retry:
 		return greetPutBack
 	}
 	return greetWait
+}
+
+// confirm decides for a fresh peer whose handshake hs came after since,
+// rx the bytes received from it now: a handshake first seen (or a newer
+// one) is nudged, so that the peer's kernel answers through the session
+// when nothing else flows; the peer is done once bytes came after that,
+// and put back when none came within confirmFor.
+func (g *greeting) confirm(hs time.Time, rx int64, now time.Time) int {
+	switch {
+	case !g.shook.Equal(hs):
+		g.shook, g.seenAt, g.rx = hs, now, rx
+		return greetNudge
+	case rx > g.rx:
+		return greetDone
+	case now.Sub(g.seenAt) >= g.backoff(confirmFor):
+		return greetPutBack
+	}
+	return greetWait
+}
+
+// followFor is how long the peer is followed from since.
+func (g *greeting) followFor() time.Duration {
+	if g.rekeyed {
+		return rekeyFor
+	}
+	return greetFor
+}
+
+// backoff is wait, doubled once there was a put-back: a peer whose
+// answers take longer than the first wait gets them in before the next.
+// Not more: a peer that takes up a key late is due a retry soon after.
+func (g *greeting) backoff(wait time.Duration) time.Duration {
+	return wait << min(g.tries, 1)
 }
 
 // putBack applies cfg (peers taken out and put back) to t's device.

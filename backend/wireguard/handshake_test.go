@@ -16,7 +16,8 @@ import (
 // A peer just added whose key is above the node's (the node leads) is
 // nudged at once; while it has no handshake it is put back in the device
 // and nudged again every retryGreeting, for greetFor at the most; once its
-// handshake is done it is left alone.
+// handshake is seen it is nudged once more, and left alone when bytes come
+// from it after that.
 func TestFollowsFirstHandshakes(t *testing.T) {
 	ctx := context.Background()
 	n := newNode(t, `{"Type":"wireguard","Mode":"auto"}`, t.TempDir(), lease("10.244.1.0/24", "", "192.168.1.1", "", wgtypes.Key{}))
@@ -39,7 +40,7 @@ func TestFollowsFirstHandshakes(t *testing.T) {
 	// and the lead starts again); node2 has sent nothing.
 	dev.mu.Lock()
 	p := dev.peers[k3]
-	p.LastHandshakeTime = time.Now()
+	p.LastHandshakeTime, p.ReceiveBytes = time.Now(), 92
 	dev.peers[k3] = p
 	p4 := dev.peers[k4]
 	p4.ReceiveBytes = 148
@@ -50,8 +51,8 @@ func TestFollowsFirstHandshakes(t *testing.T) {
 	dev.peers[k2] = p2
 	dev.mu.Unlock()
 	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(retryGreeting+time.Millisecond))
-	if got := addrs(n.nudged[3:]); got != "10.244.2.0 10.244.4.0" {
-		t.Fatalf("nudged %v, want node2's and node4's device addresses again", n.nudged)
+	if got := addrs(n.nudged[3:]); got != "10.244.2.0 10.244.3.0 10.244.4.0" {
+		t.Fatalf("nudged %v, want node2's and node4's device addresses again, and node3's (its handshake seen)", n.nudged)
 	}
 	dev.mu.Lock()
 	putBack := dev.peers[k2].TransmitBytes == 0 && dev.peers[k4].TransmitBytes == 0
@@ -63,10 +64,60 @@ func TestFollowsFirstHandshakes(t *testing.T) {
 	if n.nw.drifted(ctx) {
 		t.Fatal("the device differs from the record after a peer was put back")
 	}
+	// node3 answers: its session is confirmed, and it is followed no more.
+	dev.mu.Lock()
+	p = dev.peers[k3]
+	p.ReceiveBytes += 32
+	dev.peers[k3] = p
+	dev.mu.Unlock()
+	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(retryGreeting+greetEvery))
 	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(greetFor+time.Second))
 	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(greetFor+3*time.Second))
-	if len(n.nudged) != 5 {
-		t.Fatalf("still following after greetFor: %v", n.nudged)
+	if len(n.nudged) != 6 {
+		t.Fatalf("still following a confirmed peer, or after greetFor: %v", n.nudged)
+	}
+}
+
+// A handshake is not a session both sides hold until bytes come from the
+// peer after it: a peer whose handshake this side saw, and from which
+// nothing came within confirmFor (its side lost the session, or never had
+// it: this side would send into nothing until WireGuard's own timer, 15 s
+// later), is put back and nudged, whichever side leads.
+func TestOneSidedHandshakeIsPutBack(t *testing.T) {
+	for _, lead := range []bool{true, false} {
+		ctx := context.Background()
+		n := newNode(t, `{"Type":"wireguard","Mode":"auto"}`, t.TempDir(), lease("10.244.1.0/24", "", "192.168.1.1", "", wgtypes.Key{}))
+		k2 := keyAbove(t, n.pub, lead)
+		if err := n.nw.Reconcile(ctx, []subnet.Lease{lease("10.244.2.0/24", "", "192.168.1.2", "", k2)}); err != nil {
+			t.Fatal(err)
+		}
+		n.nudged = nil
+		dev := n.devs.dev(DeviceName)
+		dev.mu.Lock()
+		p := dev.peers[k2]
+		p.LastHandshakeTime, p.ReceiveBytes, p.TransmitBytes = time.Now(), 92, 148
+		dev.peers[k2] = p
+		dev.mu.Unlock()
+		t0 := time.Now()
+		tn := tunnelOf(n, DeviceName)
+		n.nw.followOnce(ctx, tn, t0.Add(retryGreeting+time.Millisecond)) // due: the handshake is seen
+		if addrs(n.nudged) != "10.244.2.0" {
+			t.Fatalf("lead %v: nudged %v once the handshake was seen, want node2's device address", lead, n.nudged)
+		}
+		n.nw.followOnce(ctx, tn, t0.Add(retryGreeting+confirmFor/2))
+		dev.mu.Lock()
+		kept := dev.peers[k2].TransmitBytes == 148
+		dev.mu.Unlock()
+		if len(n.nudged) != 1 || !kept {
+			t.Fatalf("lead %v: before confirmFor: nudged %v, peer kept %v", lead, n.nudged, kept)
+		}
+		n.nw.followOnce(ctx, tn, t0.Add(retryGreeting+confirmFor+2*time.Millisecond))
+		dev.mu.Lock()
+		putBack := dev.peers[k2].TransmitBytes == 0
+		dev.mu.Unlock()
+		if addrs(n.nudged) != "10.244.2.0 10.244.2.0" || !putBack {
+			t.Fatalf("lead %v: nothing came within confirmFor: nudged %v, put back %v; want it put back and nudged", lead, n.nudged, putBack)
+		}
 	}
 }
 
@@ -193,7 +244,9 @@ func TestGreetingDue(t *testing.T) {
 // the peer's (each then drops the answer to its own, and both wait 5s).
 // It sends nothing at once, as its peers do not know the key yet; a peer
 // it leads with no handshake since the rotation is put back and nudged
-// after rekeyRetry; a peer that leads is left to do so.
+// after rekeyRetry, one that leads it after 3 rekeyRetry: the bytes the peer
+// sent tell nothing (it goes on sending on the old session until it
+// learns the key), so they do not hold the node back.
 func TestRotationFollowsEveryPeersHandshake(t *testing.T) {
 	ctx := context.Background()
 	n := newNode(t, `{"Type":"wireguard","Mode":"auto"}`, t.TempDir(), lease("10.244.1.0/24", "", "192.168.1.1", "", wgtypes.Key{}))
@@ -208,15 +261,15 @@ func TestRotationFollowsEveryPeersHandshake(t *testing.T) {
 	}
 	// Both sessions up for a while: handshakes done, data received.
 	dev := n.devs.dev(DeviceName)
-	mark := func(k wgtypes.Key, handshake time.Time, tx int64) {
+	mark := func(k wgtypes.Key, handshake time.Time, rx, tx int64) {
 		dev.mu.Lock()
 		defer dev.mu.Unlock()
 		p := dev.peers[k]
-		p.LastHandshakeTime, p.ReceiveBytes, p.TransmitBytes = handshake, 4096, tx
+		p.LastHandshakeTime, p.ReceiveBytes, p.TransmitBytes = handshake, rx, tx
 		dev.peers[k] = p
 	}
-	mark(led, time.Now().Add(-time.Minute), 148)
-	mark(leading, time.Now().Add(-time.Minute), 148)
+	mark(led, time.Now().Add(-time.Minute), 4096, 148)
+	mark(leading, time.Now().Add(-time.Minute), 4096, 148)
 	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), time.Now().Add(greetFor+time.Second)) // the start's greetings end
 	n.nudged = nil
 
@@ -234,8 +287,11 @@ func TestRotationFollowsEveryPeersHandshake(t *testing.T) {
 	if len(n.nudged) != 0 {
 		t.Fatalf("nudged %v before rekeyRetry", n.nudged)
 	}
-	// Neither has a handshake since: the one the node leads is put back
-	// and nudged, the other is left to its peer.
+	// Neither has a handshake since, both still send on the old session:
+	// the one the node leads is put back and nudged, the other is left to
+	// its peer for longer.
+	mark(led, time.Now().Add(-time.Minute), 8192, 148)
+	mark(leading, time.Now().Add(-time.Minute), 8192, 148)
 	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(rekeyRetry+time.Millisecond))
 	dev.mu.Lock()
 	putBack, kept := dev.peers[led].TransmitBytes == 0, dev.peers[leading].TransmitBytes == 148
@@ -243,18 +299,31 @@ func TestRotationFollowsEveryPeersHandshake(t *testing.T) {
 	if addrs(n.nudged) != "10.244.2.0" || !putBack || !kept {
 		t.Fatalf("after rekeyRetry: nudged %v, want the led peer's device address; led peer put back: %v; leading peer kept: %v", n.nudged, putBack, kept)
 	}
-	// Both handshake: followed no more.
-	mark(led, time.Now(), 92)
-	mark(leading, time.Now(), 92)
-	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(3*retryGreeting))
-	if len(n.nudged) != 1 {
-		t.Fatalf("nudged %v after both handshakes", n.nudged)
+	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(3*rekeyRetry+2*time.Millisecond))
+	dev.mu.Lock()
+	putBack = dev.peers[leading].TransmitBytes == 0
+	dev.mu.Unlock()
+	if !slices.Contains(n.nudged, netip.MustParseAddr("10.244.3.0")) || !putBack {
+		t.Fatalf("after 3 rekeyRetry: nudged %v, want the leading peer's device address too; it put back: %v", n.nudged, putBack)
 	}
+	// Both handshake: each is nudged once seen, and followed no more once
+	// bytes come from it.
+	shook := time.Now()
+	mark(led, shook, 92, 92)
+	mark(leading, shook, 92, 92)
+	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(3*rekeyRetry+greetEvery))
+	before := len(n.nudged)
+	if got := addrs(n.nudged[before-2:]); got != "10.244.2.0 10.244.3.0" {
+		t.Fatalf("nudged %v once both handshakes were seen, want each once more", n.nudged)
+	}
+	mark(led, shook, 192, 92)
+	mark(leading, shook, 192, 92)
+	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(3*rekeyRetry+2*greetEvery))
 	n.nw.mu.Lock()
 	left := len(n.nw.greeting[DeviceName])
 	n.nw.mu.Unlock()
-	if left != 0 {
-		t.Fatalf("%d peers still followed after their handshakes", left)
+	if left != 0 || len(n.nudged) != before {
+		t.Fatalf("%d peers still followed after their sessions were confirmed (nudged %v)", left, n.nudged)
 	}
 }
 
