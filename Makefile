@@ -58,10 +58,13 @@ SUITE ?= conformance
 # [Feature:IPv6DualStack] specs) or ipv6.
 IP_FAMILY ?= ipv4
 
+# make conformance's kube-proxy: iptables or nftables.
+KUBE_PROXY_MODE ?= iptables
+
 .PHONY: conformance
-conformance: setup e2e-images ## Kubernetes' own [sig-network] [Conformance] specs (SUITE=sig-network: the rest of [sig-network]) on a 3-node Kubernetes lab (BACKEND=vxlan|host-gw, IP_FAMILY=ipv4|dual|ipv6); fails if any spec does
-	@name=$$(case '$(SUITE)/$(IP_FAMILY)' in sig-network/*) echo sn;; */dual) echo ds;; */ipv6) echo v6;; *) echo cf;; esac)$$(echo '$(BACKEND)' | tr -dc a-z | cut -c1-6); \
-	bin/twillctl lab up --name $$name --kubernetes --nodes 3 --pods-per-node 1 --backend '$(BACKEND)' --ip-family '$(IP_FAMILY)'; rc=$$?; \
+conformance: setup e2e-images ## Kubernetes' own [sig-network] [Conformance] specs (SUITE=sig-network: the rest of [sig-network]) on a 3-node Kubernetes lab (BACKEND=vxlan|host-gw, IP_FAMILY=ipv4|dual|ipv6, KUBE_PROXY_MODE=iptables|nftables); fails if any spec does
+	@name=$$(case '$(SUITE)/$(IP_FAMILY)/$(KUBE_PROXY_MODE)' in sig-network/*) echo sn;; */dual/*) echo ds;; */ipv6/*) echo v6;; */nftables) echo nf;; *) echo cf;; esac)$$(echo '$(BACKEND)' | tr -dc a-z | cut -c1-6); \
+	bin/twillctl lab up --name $$name --kubernetes --nodes 3 --pods-per-node 1 --backend '$(BACKEND)' --ip-family '$(IP_FAMILY)' --kube-proxy-mode '$(KUBE_PROXY_MODE)'; rc=$$?; \
 	if [ $$rc = 0 ]; then rm -rf build/conformance/$$name; \
 		bin/twillctl lab conformance --name $$name --suite '$(SUITE)' --markdown --report-dir build/conformance/$$name; rc=$$?; fi; \
 	bin/twillctl lab down --name $$name; exit $$rc

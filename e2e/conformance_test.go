@@ -14,7 +14,7 @@ import (
 
 // TestKubeConformanceFast runs the pod-networking subset of Kubernetes' own
 // e2e suite (lab.ConformanceFast: pod to pod and node to pod over HTTP and
-// UDP, a Service's endpoints, a NodePort, hairpin) and its dual-stack
+// UDP, a Service's endpoints, a NodePort, hairpin, host ports) and its dual-stack
 // subset (lab.DualStackFast) against a dual-stack vxlan Kubernetes lab
 // running twill as dist/kube-twill.yml installs it, through twillctl lab
 // conformance --fast as make conformance IP_FAMILY=dual runs the whole set;
@@ -37,7 +37,7 @@ func TestKubeConformanceFast(t *testing.T) {
 	}
 	// Every spec of each subset ran and passed: each pattern matched a
 	// passed spec, and none failed.
-	checkFast(t, "conformance", outcomes[0], slices.Concat(lab.ConformanceFast, lab.DualStackFast), 11)
+	checkFast(t, "conformance", outcomes[0], slices.Concat(lab.ConformanceFast, lab.DualStackFast), 12)
 	checkFast(t, "Netpol", outcomes[1], lab.NetpolFast, len(lab.NetpolFast))
 }
 

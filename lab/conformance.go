@@ -17,9 +17,12 @@ import (
 var ConformanceFocus = []string{`\[sig-network\].*\[Conformance\]`}
 
 // ConformanceFast is the pod-networking subset `make test` runs: pod to
-// pod and node to pod over HTTP and UDP, a Service's endpoints, a NodePort
-// and a pod reaching itself through its own Service (hairpin).
+// pod and node to pod over HTTP and UDP, a Service's endpoints, a NodePort,
+// a pod reaching itself through its own Service (hairpin), and host ports
+// (twill serves them itself: one bound to 127.0.0.1, one to the node's
+// address over TCP and one over UDP).
 var ConformanceFast = []string{
+	`\[sig-network\] HostPort validates that there is no conflict between pods with same hostPort but different hostIP and protocol`,
 	`\[sig-network\] Networking Granular Checks: Pods should function for intra-pod communication: (http|udp)`,
 	`\[sig-network\] Networking Granular Checks: Pods should function for node-pod communication: (http|udp)`,
 	`\[sig-network\] Services should serve a basic endpoint from pods`,

@@ -306,7 +306,7 @@ func (s *State) startNode(ctx context.Context, i int, nodeCrt, nodeKey string) e
 		"containerd.toml":    containerdConfig(s.PauseImage),
 		"kubelet.yaml":       kubeletConfig(n.NS, s.CAFile, s.kubeNet().DNS),
 		"kubelet.kubeconfig": kubeconfig(s.APIServer, s.CAFile, nodeCrt, nodeKey),
-		"kube-proxy.yaml":    kubeProxyConfig(n.Name, filepath.Join(s.Dir, "kube-proxy.kubeconfig"), s.kubeNet().PodCIDRs),
+		"kube-proxy.yaml":    kubeProxyConfig(n.Name, filepath.Join(s.Dir, "kube-proxy.kubeconfig"), s.kubeNet().PodCIDRs, s.KubeProxyMode),
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
 			return err

@@ -82,16 +82,20 @@ rotateCertificates: false
 `, caFile, cgroupRoot, dns)
 }
 
-// kubeProxyConfig is a node's kube-proxy in iptables mode. The conntrack
+// kubeProxyConfig is a node's kube-proxy in iptables mode, or in mode
+// ("" is iptables: nftables, the mode new clusters move to). The conntrack
 // settings leave the machine-wide conntrack table size alone (maxPerCore
 // and min 0; it is read-only outside the machine's own namespace) and set
 // the TCP timeouts to kube-proxy's defaults, as a real node has them:
 // those sysctls are the node namespace's own, so the machine's stay as
 // they are.
-func kubeProxyConfig(node, kubeconfigPath string, podCIDRs []string) string {
+func kubeProxyConfig(node, kubeconfigPath string, podCIDRs []string, mode string) string {
+	if mode == "" {
+		mode = "iptables"
+	}
 	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
-mode: iptables
+mode: %s
 clusterCIDR: %q
 hostnameOverride: %s
 clientConnection: {kubeconfig: %s}
@@ -99,7 +103,8 @@ healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 24h0m0s, tcpCloseWaitTimeout: 1h0m0s}
 iptables: {minSyncPeriod: 0s}
-`, strings.Join(podCIDRs, ","), node, kubeconfigPath)
+nftables: {minSyncPeriod: 0s}
+`, mode, strings.Join(podCIDRs, ","), node, kubeconfigPath)
 }
 
 // InstallManifest is dist/kube-twill.yml as the lab applies it: the image

@@ -105,9 +105,13 @@ func TestNodeConfigsFamilies(t *testing.T) {
 	dual := kubeNetFor("dual")
 	var pc struct {
 		ClusterCIDR string `json:"clusterCIDR"`
+		Mode        string `json:"mode"`
 	}
-	if err := yaml.Unmarshal([]byte(kubeProxyConfig("node1", "/kc", dual.PodCIDRs)), &pc); err != nil || pc.ClusterCIDR != strings.Join(dual.PodCIDRs, ",") {
-		t.Errorf("kube-proxy clusterCIDR %q (%v), want %q", pc.ClusterCIDR, err, strings.Join(dual.PodCIDRs, ","))
+	if err := yaml.Unmarshal([]byte(kubeProxyConfig("node1", "/kc", dual.PodCIDRs, "")), &pc); err != nil || pc.ClusterCIDR != strings.Join(dual.PodCIDRs, ",") || pc.Mode != "iptables" {
+		t.Errorf("kube-proxy clusterCIDR %q, mode %q (%v), want %q, iptables", pc.ClusterCIDR, pc.Mode, err, strings.Join(dual.PodCIDRs, ","))
+	}
+	if err := yaml.Unmarshal([]byte(kubeProxyConfig("node1", "/kc", dual.PodCIDRs, "nftables")), &pc); err != nil || pc.Mode != "nftables" {
+		t.Errorf("kube-proxy mode %q (%v), want nftables", pc.Mode, err)
 	}
 }
 

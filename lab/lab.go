@@ -86,6 +86,9 @@ type Options struct {
 	// (the default), ipv6 or dual. An IPv6 underlay is fd99:0:0:1::/64
 	// (and fd99:0:0:2::/64 past the router), IPv6 pods fd00:10::/56.
 	IPFamily string
+	// KubeProxyMode is a Kubernetes lab's kube-proxy mode: iptables (the
+	// default) or nftables (GA since Kubernetes 1.33).
+	KubeProxyMode string
 }
 
 // The lab's IPv6 underlay and pod network.
@@ -133,6 +136,12 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("--ip-family %s --kubernetes: twill's vxlan or host-gw (--backend, without --flannel)", o.IPFamily)
 	}
 	if err := oneOf("--netfilter", &o.Netfilter, "auto", "auto", "iptables", "nftables"); err != nil {
+		return err
+	}
+	if o.KubeProxyMode != "" && !o.Kubernetes {
+		return fmt.Errorf("--kube-proxy-mode %s: a Kubernetes lab's (--kubernetes)", o.KubeProxyMode)
+	}
+	if err := oneOf("--kube-proxy-mode", &o.KubeProxyMode, "iptables", "iptables", "nftables"); err != nil {
 		return err
 	}
 	if o.Flannel && (!o.Kubernetes || (o.Backend != "vxlan" && o.Backend != "host-gw")) {
@@ -218,20 +227,22 @@ func Dir(stateRoot, name string) string { return filepath.Join(stateRoot, name) 
 // State is what a running lab is made of, recorded in <dir>/state.json as
 // `lab up` goes.
 type State struct {
-	Name        string    `json:"name"`
-	NetnsPrefix string    `json:"netnsPrefix,omitempty"`
-	Dir         string    `json:"dir"`
-	Backend     string    `json:"backend"`
-	ENIMode     string    `json:"eniMode,omitempty"`
-	Netfilter   string    `json:"netfilter,omitempty"`
-	IPFamily    string    `json:"ipFamily,omitempty"`
-	Underlay    string    `json:"underlay"`
-	Bare        bool      `json:"bare,omitempty"`
-	Created     time.Time `json:"created"`
-	EtcdURL     string    `json:"etcdURL"`
-	EtcdSock    string    `json:"etcdSock"`
-	Nodes       []Node    `json:"nodes"`
-	Pods        []Pod     `json:"pods"`
+	Name        string `json:"name"`
+	NetnsPrefix string `json:"netnsPrefix,omitempty"`
+	Dir         string `json:"dir"`
+	Backend     string `json:"backend"`
+	ENIMode     string `json:"eniMode,omitempty"`
+	Netfilter   string `json:"netfilter,omitempty"`
+	IPFamily    string `json:"ipFamily,omitempty"`
+	// KubeProxyMode is a Kubernetes lab's kube-proxy mode ("": iptables).
+	KubeProxyMode string    `json:"kubeProxyMode,omitempty"`
+	Underlay      string    `json:"underlay"`
+	Bare          bool      `json:"bare,omitempty"`
+	Created       time.Time `json:"created"`
+	EtcdURL       string    `json:"etcdURL"`
+	EtcdSock      string    `json:"etcdSock"`
+	Nodes         []Node    `json:"nodes"`
+	Pods          []Pod     `json:"pods"`
 	// Processes the lab started, by PID, with the namespace they run in.
 	Processes []Process `json:"processes"`
 	Ready     bool      `json:"ready"`

@@ -92,6 +92,9 @@ func newState(o Options) (*State, error) {
 	s := &State{Name: o.Name, NetnsPrefix: o.NetnsPrefix, Bare: o.Bare, Dir: dir, Backend: o.Backend, ENIMode: o.ENIMode, Netfilter: o.Netfilter,
 		IPFamily: o.IPFamily, Underlay: o.Underlay, Created: time.Now(), BinDir: o.BinDir}
 	if o.Kubernetes {
+		s.KubeProxyMode = o.KubeProxyMode
+	}
+	if o.Kubernetes {
 		// Read the images' names first: a missing or broken image fails
 		// before anything is built.
 		var err error

@@ -95,6 +95,7 @@ func labUpCommand(o *labOptions) *cobra.Command {
 	up.Flags().StringVar(&o.Backend, "backend", "vxlan", "vxlan, host-gw, wireguard or eni (eni runs on a simulated cloud VPC)")
 	up.Flags().StringVar(&o.Underlay, "underlay", "flat", "flat (one L2 segment) or routed (two segments and a router); eni always uses its VPC")
 	up.Flags().StringVar(&o.IPFamily, "ip-family", "ipv4", "ipv4, ipv6 or dual: the underlay's, the pods' and (--kubernetes) the Services' address families (vxlan, host-gw; wireguard without --kubernetes)")
+	up.Flags().StringVar(&o.KubeProxyMode, "kube-proxy-mode", "", "with --kubernetes: kube-proxy's mode, iptables (the default) or nftables")
 	up.Flags().StringVar(&o.Netfilter, "netfilter", "auto", "twilld's --netfilter: auto, iptables or nftables (not with --kubernetes, whose DaemonSet chooses)")
 	up.Flags().StringVar(&o.ENIMode, "eni-mode", "prefix", "with --backend eni: prefix or secondary-ip")
 	up.Flags().BoolVar(&o.Bare, "bare", false, "machines only: node namespaces with a root of their own and nothing running, to install twill by hand with lab exec")
