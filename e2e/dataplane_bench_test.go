@@ -20,6 +20,7 @@ import (
 	"github.com/twill-net/twill/backend/wireguard"
 	"github.com/twill-net/twill/backend/wireguard/uapi"
 	twcluster "github.com/twill-net/twill/lab/cluster"
+	"github.com/twill-net/twill/plugin/antispoof"
 	"github.com/twill-net/twill/testsupport/netnstest"
 )
 
@@ -59,6 +60,13 @@ func BenchmarkDataPlane(b *testing.B) {
 			}
 		})
 	}
+	// The same host-gw pair with the anti-spoofing check taken out, beside
+	// the case with it: what the check costs.
+	b.Run("host-gw-without-anti-spoofing", func(b *testing.B) {
+		for range b.N {
+			benchDataPlaneWithout(b, "host-gw", netConfHostGW)
+		}
+	})
 	for _, backend := range []string{"host-gw", "vxlan"} {
 		b.Run("flannel-"+backend, func(b *testing.B) {
 			for range b.N {
@@ -110,6 +118,16 @@ func benchWireGuardTunnel(b *testing.B) {
 }
 
 func benchDataPlane(b *testing.B, backendType, conf string) {
+	benchPods(b, backendType, conf, false)
+}
+
+// benchDataPlaneWithout is benchDataPlane with the nodes' anti-spoofing
+// table (the CNI plugin's) deleted once the pods are wired.
+func benchDataPlaneWithout(b *testing.B, backendType, conf string) {
+	benchPods(b, backendType, conf, true)
+}
+
+func benchPods(b *testing.B, backendType, conf string, noAntiSpoofing bool) {
 	c := newCluster(b, 2)
 	if backendType == "wireguard" {
 		b.Cleanup(c.stopWireGuardDevices)
@@ -121,6 +139,15 @@ func benchDataPlane(b *testing.B, backendType, conf string) {
 	waitFor(b, 10*time.Second, "node1's route to node2's pods", func() bool { return strings.Contains(c.routes(0), peer.String()) })
 	podA, _ := c.addPod(0, "a")
 	podB, ipB := c.addPod(1, "b")
+	name := backendType
+	if noAntiSpoofing {
+		name += " without anti-spoofing"
+		for _, n := range c.topo.Nodes {
+			if out, err := execIn(n.NS, "nft", "delete", "table", "inet", antispoof.TableName); err != nil {
+				b.Fatalf("deleting the anti-spoofing table: %v: %s", err, out)
+			}
+		}
+	}
 	if backendType == "wireguard" {
 		// The userspace devices move the packets: each on its node's core.
 		for i, n := range c.topo.Nodes {
@@ -131,7 +158,7 @@ func benchDataPlane(b *testing.B, backendType, conf string) {
 			pinProcess(b, strings.TrimSpace(string(raw)), i)
 		}
 	}
-	measureDataPlane(b, c, backendType, podA, podB, ipB)
+	measureDataPlane(b, c, name, podA, podB, ipB)
 }
 
 // benchFlannelDataPlane is benchDataPlane with flanneld and flannel's pod

@@ -43,6 +43,9 @@ func cmdCheck(args *skel.CmdArgs, c *NetConf) error {
 		if err := w.verify(pod, host, prev, args.Netns); err != nil {
 			return fmt.Errorf("twill: CHECK: %w", err)
 		}
+		if err := checkAntiSpoof(w); err != nil {
+			return err
+		}
 		return checkHostPorts(c, w, ips)
 	})
 	if err != nil {

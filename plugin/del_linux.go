@@ -56,6 +56,9 @@ func cmdDel(args *skel.CmdArgs, c *NetConf) error {
 	if err := delHostPorts(args, c); err != nil {
 		errs = append(errs, err)
 	}
+	if err := delAntiSpoof(HostVethName(args.ContainerID, args.IfName)); err != nil {
+		errs = append(errs, err)
+	}
 	if poolDir != "" {
 		if _, err := poolRelease(poolDir, args.ContainerID, args.IfName); err != nil {
 			errs = append(errs, err)

@@ -53,7 +53,7 @@ func cmdGC(args *skel.CmdArgs, c *NetConf) error {
 			errs = append(errs, fmt.Errorf("twill: %w", err))
 		}
 	}
-	errs = append(errs, pruneHostPorts(host))
+	errs = append(errs, pruneHostPorts(host), pruneAntiSpoof(host))
 	return errors.Join(errs...)
 }
 

@@ -147,6 +147,9 @@ func (n *node) leftovers() string {
 	if s := strings.TrimSpace(string(routes)); s != "" {
 		fmt.Fprintf(&b, "routes %s\n", s)
 	}
+	if set, err := exec.Command("ip", "netns", "exec", n.ns, "nft", "list", "set", "inet", "twill-antispoof", "pods").CombinedOutput(); err == nil && strings.Contains(string(set), "elements") {
+		fmt.Fprintf(&b, "anti-spoofing members %s\n", strings.TrimSpace(string(set)))
+	}
 	ents, _ := os.ReadDir(filepath.Join(n.dataDir, "twillnet"))
 	for _, e := range ents {
 		if _, err := netip.ParseAddr(e.Name()); err == nil {
