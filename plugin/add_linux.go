@@ -90,7 +90,7 @@ func add(in addInput, args *skel.CmdArgs, pod, host *nl.Handle) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := addAntiSpoof(w, &undo); err != nil {
+	if err := addAntiSpoof(host, w, &undo); err != nil {
 		return err
 	}
 	if err := addHostPorts(in.conf, w, &undo); err != nil {

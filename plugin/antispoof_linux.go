@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/twill-net/twill/nl"
 	"github.com/twill-net/twill/nl/nft"
@@ -9,9 +10,22 @@ import (
 )
 
 // addAntiSpoof puts the pod's veth under the source address check (see
-// package antispoof) before the pod runs, and pushes its removal.
-func addAntiSpoof(w Wiring, undo *undoStack) error {
-	if err := antispoof.Add(nft.Conn{}, w.HostVeth); err != nil {
+// package antispoof) before the pod runs, and pushes its removal. The
+// node's other pods' veths (twill's, found by their alias) go in with it:
+// pods wired before the check existed, or whose element went, are under
+// it from the node's next ADD on.
+func addAntiSpoof(host *nl.Handle, w Wiring, undo *undoStack) error {
+	links := []string{w.HostVeth}
+	all, err := host.Links()
+	if err != nil {
+		return fmt.Errorf("twill: %w", err)
+	}
+	for _, l := range all {
+		if strings.HasPrefix(l.Alias, nl.PodLinkAliasPrefix) && l.Name != w.HostVeth {
+			links = append(links, l.Name)
+		}
+	}
+	if err := antispoof.Add(nft.Conn{}, links...); err != nil {
 		return fmt.Errorf("twill: %w", err)
 	}
 	undo.push(func() { _ = antispoof.Remove(nft.Conn{}, w.HostVeth) })

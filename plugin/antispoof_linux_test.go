@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 
 	"github.com/twill-net/twill/lab/cnidriver"
+	"github.com/twill-net/twill/plugin"
 	"github.com/twill-net/twill/subnet"
 	"github.com/twill-net/twill/testsupport/forge"
 	"github.com/twill-net/twill/testsupport/netnstest"
@@ -160,6 +161,32 @@ func TestPrivilegedForgedSourcesAreDropped(t *testing.T) {
 	if !strings.Contains(ruleset, fmt.Sprintf("counter packets %d ", 4*each)) {
 		t.Errorf("the check's counter, want %d packets dropped:\n%s", 4*each, ruleset)
 	}
-	mustOK(t, "DEL", n.run(cnidriver.Request{Op: "del", ConfList: list, Attachments: []cnidriver.Attachment{server, allowed, attacker}}))
+	// A veth that is not in the set (its pod wired before the check
+	// existed; here its element deleted by hand) is back under the check
+	// from the node's next ADD on.
+	veth := plugin.HostVethName("attacker", "eth0")
+	if out, err := netnstest.Exec(n.ns, "nft", "delete", "element", "inet", "twill-antispoof", "pods", "{ "+veth+" }"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	forged := netip.AddrPortFrom(ok4, 41000)
+	before := got.count(ok4)
+	if _, err := forge.UDP(attacker.Netns, forged, netip.AddrPortFrom(srv4, port), []byte("forged?"), each); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if got.count(ok4) == before {
+		t.Fatal("out of the set, the attacker's forged datagrams still did not arrive: the test cannot see the check")
+	}
+	late := n.pod("late")
+	mustOK(t, "ADD", n.run(cnidriver.Request{Op: "add", ConfList: list, Attachments: []cnidriver.Attachment{late}}))
+	before = got.count(ok4)
+	if _, err := forge.UDP(attacker.Netns, forged, netip.AddrPortFrom(srv4, port), []byte("forged?"), each); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := got.count(ok4) - before; n != 0 {
+		t.Errorf("after another pod's ADD, %d of %d forged datagrams from the attacker's veth still arrived", n, each)
+	}
+	mustOK(t, "DEL", n.run(cnidriver.Request{Op: "del", ConfList: list, Attachments: []cnidriver.Attachment{server, allowed, attacker, late}}))
 	n.requireClean()
 }

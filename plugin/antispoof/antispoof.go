@@ -89,30 +89,37 @@ func key(link string) []byte {
 	return k
 }
 
-// Add puts hostVeth's pod under the check, in one transaction (with the
-// table and its chain when they are not as Add writes them).
-func Add(k nft.Kernel, hostVeth string) error {
-	if len(hostVeth) >= unix.IFNAMSIZ || hostVeth == "" {
-		return fmt.Errorf("anti-spoofing: link name %q: not a link name", hostVeth)
+// Add puts the pods of the links under the check, in one transaction (with
+// the table and its chain when they are not as Add writes them): the pod
+// being added, and any other pod's link the caller found (a pod wired
+// before the check existed, or whose element was deleted by hand).
+func Add(k nft.Kernel, links ...string) error {
+	for _, l := range links {
+		if len(l) >= unix.IFNAMSIZ || l == "" {
+			return fmt.Errorf("anti-spoofing: link name %q: not a link name", l)
+		}
 	}
 	ok, err := baseInPlace(k)
 	if err != nil {
 		return err
 	}
-	err = k.Apply(addBatch(hostVeth, !ok))
+	err = k.Apply(addBatch(links, !ok))
 	if err != nil && ok && errors.Is(err, unix.ENOENT) {
 		// The table went between the read and the write: write it whole.
-		err = k.Apply(addBatch(hostVeth, true))
+		err = k.Apply(addBatch(links, true))
 	}
 	if err != nil {
-		return fmt.Errorf("anti-spoofing for %s: %w", hostVeth, err)
+		return fmt.Errorf("anti-spoofing for %v: %w", links, err)
 	}
 	return nil
 }
 
-func addBatch(hostVeth string, base bool) *nft.Batch {
+func addBatch(links []string, base bool) *nft.Batch {
 	var b nft.Batch
-	elem := []nft.Elem{{Key: key(hostVeth)}}
+	var elem []nft.Elem
+	for _, l := range links {
+		elem = append(elem, nft.Elem{Key: key(l)})
+	}
 	if base {
 		b.AddTable(table)
 		b.AddSet(pods, nil)
