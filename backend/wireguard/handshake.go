@@ -36,7 +36,7 @@ import (
 // handshakes its peers drop until they learn the new key, or that cross
 // theirs once they have. It sends no datagram at first (its peers do not
 // know the key yet). Both sides retry sooner there (the lead after
-// rekeyRetry, the other side after three times that, should the lead's
+// rekeyRetry, the other side after five times that, should the lead's
 // retries not have done it): a crossing is the likely failure, as both
 // sides have traffic waiting, and peers learn of a key within
 // milliseconds. Bytes received tell the rotating node nothing of the new
@@ -124,7 +124,7 @@ func (n *Network) greet(fs []fresh, since time.Time) {
 		if g.rotation {
 			g.retry = rekeyRetry
 			if !g.lead {
-				g.retry = 3 * rekeyRetry
+				g.retry = 5 * rekeyRetry
 			}
 		}
 		switch {

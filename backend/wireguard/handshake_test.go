@@ -244,7 +244,7 @@ func TestGreetingDue(t *testing.T) {
 // the peer's (each then drops the answer to its own, and both wait 5s).
 // It sends nothing at once, as its peers do not know the key yet; a peer
 // it leads with no handshake since the rotation is put back and nudged
-// after rekeyRetry, one that leads it after 3 rekeyRetry: the bytes the peer
+// after rekeyRetry, one that leads it after 5 rekeyRetry: the bytes the peer
 // sent tell nothing (it goes on sending on the old session until it
 // learns the key), so they do not hold the node back.
 func TestRotationFollowsEveryPeersHandshake(t *testing.T) {
@@ -299,26 +299,26 @@ func TestRotationFollowsEveryPeersHandshake(t *testing.T) {
 	if addrs(n.nudged) != "10.244.2.0" || !putBack || !kept {
 		t.Fatalf("after rekeyRetry: nudged %v, want the led peer's device address; led peer put back: %v; leading peer kept: %v", n.nudged, putBack, kept)
 	}
-	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(3*rekeyRetry+2*time.Millisecond))
+	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(5*rekeyRetry+2*time.Millisecond))
 	dev.mu.Lock()
 	putBack = dev.peers[leading].TransmitBytes == 0
 	dev.mu.Unlock()
 	if !slices.Contains(n.nudged, netip.MustParseAddr("10.244.3.0")) || !putBack {
-		t.Fatalf("after 3 rekeyRetry: nudged %v, want the leading peer's device address too; it put back: %v", n.nudged, putBack)
+		t.Fatalf("after 5 rekeyRetry: nudged %v, want the leading peer's device address too; it put back: %v", n.nudged, putBack)
 	}
 	// Both handshake: each is nudged once seen, and followed no more once
 	// bytes come from it.
 	shook := time.Now()
 	mark(led, shook, 92, 92)
 	mark(leading, shook, 92, 92)
-	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(3*rekeyRetry+greetEvery))
+	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(5*rekeyRetry+greetEvery))
 	before := len(n.nudged)
 	if got := addrs(n.nudged[before-2:]); got != "10.244.2.0 10.244.3.0" {
 		t.Fatalf("nudged %v once both handshakes were seen, want each once more", n.nudged)
 	}
 	mark(led, shook, 192, 92)
 	mark(leading, shook, 192, 92)
-	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(3*rekeyRetry+2*greetEvery))
+	n.nw.followOnce(ctx, tunnelOf(n, DeviceName), t0.Add(5*rekeyRetry+2*greetEvery))
 	n.nw.mu.Lock()
 	left := len(n.nw.greeting[DeviceName])
 	n.nw.mu.Unlock()
