@@ -1,16 +1,11 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/twill-net/twill/lab/topology"
 	"github.com/twill-net/twill/testsupport/forge"
@@ -65,16 +60,16 @@ func TestEtcdForgedSources(t *testing.T) {
 						}
 					}
 					time.Sleep(100 * time.Millisecond)
-					return got.count(f.addr(attackers[0])) > 0 && got.count(f.addr(attackers[1])) > 0
+					return got.Count(f.addr(attackers[0])) > 0 && got.Count(f.addr(attackers[1])) > 0
 				})
 				const each = 100
 				for ai, a := range attackers {
 					for pi, p := range posed {
 						src := f.addr(p)
-						before := got.count(src)
+						before := got.Count(src)
 						sendPaced(t, a.ns, netip.AddrPortFrom(src, 40001), dst, each)
 						time.Sleep(300 * time.Millisecond)
-						if n := got.count(src) - before; n != 0 {
+						if n := got.Count(src) - before; n != 0 {
 							t.Errorf("%s: %d of %d datagrams the attacker on node%d forged as the pod on node%d (%s) reached the server on node1", f.name, n, each, ai+1, pi+1, src)
 						}
 					}
@@ -82,10 +77,10 @@ func TestEtcdForgedSources(t *testing.T) {
 				// The controls: the same socket's datagrams from its own
 				// address, and each posed-as pod's from its own.
 				for _, p := range slices.Concat(attackers, posed) {
-					before := got.count(f.addr(p))
+					before := got.Count(f.addr(p))
 					sendPaced(t, p.ns, netip.AddrPortFrom(f.addr(p), 40002), dst, each)
 					time.Sleep(300 * time.Millisecond)
-					if n := got.count(f.addr(p)) - before; n < each*9/10 {
+					if n := got.Count(f.addr(p)) - before; n < each*9/10 {
 						t.Errorf("%s: only %d of %d datagrams from %s's own address reached the server", f.name, n, each, f.addr(p))
 					}
 				}
@@ -107,53 +102,14 @@ func sendPaced(t *testing.T, podNS string, src, dst netip.AddrPort, n int) {
 	}
 }
 
-// udpCount counts the datagrams a pod receives on a port, by source.
-type udpCount struct {
-	mu   sync.Mutex
-	from map[netip.Addr]int
-}
-
-func (c *udpCount) count(a netip.Addr) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.from[a]
-}
-
 // countUDP counts what the pod at nsPath receives on port, over both
 // families, until the test ends.
-func countUDP(t *testing.T, nsPath string, port int) *udpCount {
+func countUDP(t *testing.T, nsPath string, port int) *forge.Counter {
 	t.Helper()
-	c := &udpCount{from: map[netip.Addr]int{}}
-	var conns []*net.UDPConn
-	err := ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
-		for _, n := range []string{"udp4", "udp6"} {
-			l, err := net.ListenUDP(n, &net.UDPAddr{Port: port})
-			if err != nil {
-				return err
-			}
-			conns = append(conns, l)
-		}
-		return nil
-	})
+	c, err := forge.Listen(nsPath, port)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	for _, l := range conns {
-		go func() { <-ctx.Done(); l.Close() }()
-		go func() {
-			buf := make([]byte, 256)
-			for {
-				_, from, err := l.ReadFromUDPAddrPort(buf)
-				if err != nil {
-					return
-				}
-				c.mu.Lock()
-				c.from[from.Addr().Unmap()]++
-				c.mu.Unlock()
-			}
-		}()
-	}
+	t.Cleanup(c.Close)
 	return c
 }

@@ -1,18 +1,14 @@
 package plugin_test
 
 import (
+	"encoding/json"
 	"fmt"
-	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
-	cnins "github.com/containernetworking/plugins/pkg/ns"
-
-	"encoding/json"
 
 	"github.com/twill-net/twill/lab/cnidriver"
 	"github.com/twill-net/twill/plugin"
@@ -42,59 +38,6 @@ func podAddrs(t testing.TB, o cnidriver.Outcome) (v4, v6 netip.Addr) {
 	return v4, v6
 }
 
-// udpCounter counts the datagrams a pod receives on port, by source
-// address, until the test ends.
-type udpCounter struct {
-	mu   sync.Mutex
-	from map[netip.Addr]int
-}
-
-func (c *udpCounter) count(a netip.Addr) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.from[a]
-}
-
-func countUDPIn(t *testing.T, nsPath string, port int) *udpCounter {
-	t.Helper()
-	c := &udpCounter{from: map[netip.Addr]int{}}
-	target, err := cnins.GetNS(nsPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer target.Close()
-	var conns []*net.UDPConn
-	err = target.Do(func(cnins.NetNS) error {
-		for _, n := range []string{"udp4", "udp6"} {
-			l, err := net.ListenUDP(n, &net.UDPAddr{Port: port})
-			if err != nil {
-				return err
-			}
-			conns = append(conns, l)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range conns {
-		t.Cleanup(func() { l.Close() })
-		go func() {
-			buf := make([]byte, 256)
-			for {
-				_, from, err := l.ReadFromUDPAddrPort(buf)
-				if err != nil {
-					return
-				}
-				c.mu.Lock()
-				c.from[from.Addr().Unmap()]++
-				c.mu.Unlock()
-			}
-		}()
-	}
-	return c
-}
-
 // A pod that forges its source address with a raw socket (CAP_NET_RAW,
 // which container runtimes grant by default) gets none of its forged
 // datagrams to another pod, posing as a third pod of the node or as an
@@ -120,7 +63,11 @@ func TestPrivilegedForgedSourcesAreDropped(t *testing.T) {
 	ok4, ok6 := podAddrs(t, resp.Outcomes[1])
 	bad4, bad6 := podAddrs(t, resp.Outcomes[2])
 	const port = 8081
-	got := countUDPIn(t, server.Netns, port)
+	got, err := forge.Listen(server.Netns, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer got.Close()
 	// Let IPv6 duplicate address detection end on every veth.
 	time.Sleep(2 * time.Second)
 	const each = 50
@@ -149,7 +96,7 @@ func TestPrivilegedForgedSourcesAreDropped(t *testing.T) {
 			t.Fatal(err)
 		}
 		time.Sleep(200 * time.Millisecond)
-		arrived := got.count(s.src)
+		arrived := got.Count(s.src)
 		switch {
 		case s.forged && arrived != 0:
 			t.Errorf("%d of %d datagrams forged from %s (by the attacker pod) reached the server pod", arrived, each, s.src)
@@ -169,22 +116,22 @@ func TestPrivilegedForgedSourcesAreDropped(t *testing.T) {
 		t.Fatalf("%v: %s", err, out)
 	}
 	forged := netip.AddrPortFrom(ok4, 41000)
-	before := got.count(ok4)
+	before := got.Count(ok4)
 	if _, err := forge.UDP(attacker.Netns, forged, netip.AddrPortFrom(srv4, port), []byte("forged?"), each); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond)
-	if got.count(ok4) == before {
+	if got.Count(ok4) == before {
 		t.Fatal("out of the set, the attacker's forged datagrams still did not arrive: the test cannot see the check")
 	}
 	late := n.pod("late")
 	mustOK(t, "ADD", n.run(cnidriver.Request{Op: "add", ConfList: list, Attachments: []cnidriver.Attachment{late}}))
-	before = got.count(ok4)
+	before = got.Count(ok4)
 	if _, err := forge.UDP(attacker.Netns, forged, netip.AddrPortFrom(srv4, port), []byte("forged?"), each); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond)
-	if n := got.count(ok4) - before; n != 0 {
+	if n := got.Count(ok4) - before; n != 0 {
 		t.Errorf("after another pod's ADD, %d of %d forged datagrams from the attacker's veth still arrived", n, each)
 	}
 	mustOK(t, "DEL", n.run(cnidriver.Request{Op: "del", ConfList: list, Attachments: []cnidriver.Attachment{server, allowed, attacker, late}}))
