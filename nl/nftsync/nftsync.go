@@ -8,6 +8,7 @@
 package nftsync
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"fmt"
 	"sync"
@@ -184,4 +185,32 @@ func Fingerprint(es []expr.Any) ([]byte, error) {
 	}
 	sum := sha256.Sum256(b)
 	return append(make([]byte, 0, 16), sum[:16]...), nil
+}
+
+// KernelRulesAre reports whether have holds want's rules, in order: the same
+// expressions (counters aside) and comments.
+func KernelRulesAre(have, want []*nftables.Rule) (bool, error) {
+	if len(have) != len(want) {
+		return false, nil
+	}
+	for i, w := range want {
+		a, err := Fingerprint(have[i].Exprs)
+		if err != nil {
+			return false, err
+		}
+		b, err := Fingerprint(w.Exprs)
+		if err != nil {
+			return false, err
+		}
+		if !bytes.Equal(a, b) || RuleComment(have[i]) != RuleComment(w) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// RuleComment is the comment a rule carries ("" without one).
+func RuleComment(r *nftables.Rule) string {
+	s, _ := userdata.GetString(r.UserData, userdata.TypeComment)
+	return s
 }

@@ -29,7 +29,6 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 
 	"github.com/twill-net/twill/nl/nft"
@@ -139,29 +138,11 @@ func baseInPlace(k nft.Kernel) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("reading the anti-spoofing chain: %w", err)
 	}
-	want := baseRules()
-	if len(have) != len(want) {
-		return false, nil
+	ok, err := nftsync.KernelRulesAre(have, baseRules())
+	if err != nil {
+		return false, fmt.Errorf("reading the anti-spoofing chain: %w", err)
 	}
-	for i, w := range want {
-		a, err := nftsync.Fingerprint(have[i].Exprs)
-		if err != nil {
-			return false, err
-		}
-		b, err := nftsync.Fingerprint(w.Exprs)
-		if err != nil {
-			return false, err
-		}
-		if !bytes.Equal(a, b) || comment(have[i]) != comment(w) {
-			return false, nil
-		}
-	}
-	return true, nil
-}
-
-func comment(r *nftables.Rule) string {
-	s, _ := userdata.GetString(r.UserData, userdata.TypeComment)
-	return s
+	return ok, nil
 }
 
 // Members lists the links under the check, sorted (none without the

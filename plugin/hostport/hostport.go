@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 
 	"github.com/twill-net/twill/nl/nft"
@@ -81,24 +80,11 @@ func baseInPlace(k nft.Kernel) (bool, error) {
 		}
 		have = append(have, rules...)
 	}
-	want := baseRules()
-	if len(have) != len(want) {
-		return false, nil
+	ok, err := nftsync.KernelRulesAre(have, baseRules())
+	if err != nil {
+		return false, fmt.Errorf("reading the host ports: %w", err)
 	}
-	for i, w := range want {
-		a, err := nftsync.Fingerprint(have[i].Exprs)
-		if err != nil {
-			return false, err
-		}
-		b, err := nftsync.Fingerprint(w.Exprs)
-		if err != nil {
-			return false, err
-		}
-		if !bytes.Equal(a, b) || comment(have[i]) != comment(w) {
-			return false, nil
-		}
-	}
-	return true, nil
+	return ok, nil
 }
 
 // Remove deletes owner's rules and says whether there were any. Rules
@@ -217,10 +203,7 @@ func (have owned) del(b *nft.Batch, owner string) {
 	}
 }
 
-func comment(r *nftables.Rule) string {
-	s, _ := userdata.GetString(r.UserData, userdata.TypeComment)
-	return s
-}
+func comment(r *nftables.Rule) string { return nftsync.RuleComment(r) }
 
 // ownerOf is the owner a pod's rule names first in its comment.
 func ownerOf(r *nftables.Rule) string {
