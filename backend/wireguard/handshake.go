@@ -58,9 +58,16 @@ const (
 	greetEvery    = 50 * time.Millisecond
 	yieldFor      = 200 * time.Millisecond
 	retryGreeting = time.Second
-	rekeyRetry    = 250 * time.Millisecond
-	confirmFor    = 300 * time.Millisecond
-	greetFor      = 6 * time.Second
+	// rekeyRetry: a put-back also drops the packets the device holds for
+	// the peer until a handshake completes (a connection's first SYN, say,
+	// whose sender then waits 1s to send it again): after a rotation that
+	// lost two handshake messages, the lead's third try (after rekeyRetry,
+	// then twice that) must come well within that second. Handshakes that
+	// take longer than twice this to answer are put back until the other
+	// side's retry (5 rekeyRetry) or WireGuard's own.
+	rekeyRetry = 150 * time.Millisecond
+	confirmFor = 300 * time.Millisecond
+	greetFor   = 6 * time.Second
 	// rekeyFor is how long a node that rotated its key follows its peers:
 	// one may take up the key seconds late (its twilld, or etcd, slow to
 	// tell it), and its first handshake may cross this node's retries.
