@@ -73,9 +73,21 @@ func open(path string) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("creating %s's directory: %w", path, err)
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	// The owner's alone: flock needs only a file one can open, so a lock
+	// any user could read is one any user could take, and keep every
+	// twilld from starting. A file an older twilld created readable by
+	// all is made the owner's too.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("opening %s: %w", path, err)
+	}
+	st, err := f.Stat()
+	if err == nil && st.Mode().Perm()&0o077 != 0 {
+		err = f.Chmod(0o600)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("making %s its owner's alone: %w", path, err)
 	}
 	return f, nil
 }
