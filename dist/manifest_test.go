@@ -203,6 +203,11 @@ func TestDaemonSet(t *testing.T) {
 	if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" {
 		t.Error("DaemonSet: readiness probe must GET /readyz")
 	}
+	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool {
+		return p.HostPort == 10267 && p.ContainerPort == 10267 && (p.Protocol == "" || p.Protocol == corev1.ProtocolTCP)
+	}) {
+		t.Errorf("DaemonSet: ports %+v lack hostPort 10267 (twilld's: a pod asking for it would be placed on the node)", c.Ports)
+	}
 	args := strings.Join(c.Args, " ")
 	for _, want := range []string{"--kube-subnet-mgr", "--net-config-path=/etc/kube-twill/net-conf.json", "--healthz-port=10267",
 		"--cni-conflist=/etc/kube-twill/cni-conf.json", "--cni-conflist-dest=/host/etc/cni/net.d/10-twill.conflist"} {

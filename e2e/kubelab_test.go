@@ -143,6 +143,7 @@ func testKubeLab(t *testing.T, backend string) {
 	// (kube-proxy), hostPort (twill's host-port table).
 	l.checkAll(name)
 	hostPortIsTwills(t, s)
+	healthzPortIsTwilld(t, s)
 
 	// crictl drives the node's containerd with the shipped conflist (the
 	// ConfigMap's, equal to dist/10-twill.conflist: dist's tests hold them
@@ -610,6 +611,40 @@ func holdKubelet(tb testing.TB, s *lab.State, i int) func() {
 // hostPortIsTwills checks that the hostPort pod's port is served by the
 // twill plugin (the shipped conflist chains no portmap): its node's
 // table inet twill-hostport maps it, and no portmap chain exists there.
+// healthzPortIsTwilld tries to take twilld's port, 10267, from a tenant's
+// namespace, as a hostPort (twill's host-port table would forward the
+// node's port to the pod, kubelet's probes of twilld and the node's
+// verdict readers with it): the scheduler places the pod on no node, as
+// the shipped DaemonSet declares the port its own.
+func healthzPortIsTwilld(t *testing.T, s *lab.State) {
+	t.Helper()
+	ctx := context.Background()
+	pod := fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: squatter, namespace: lab}
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: squatter
+      image: %s
+      ports: [{containerPort: 10267, hostPort: 10267}]
+`, s.PauseImage)
+	if out, err := s.Kubectl(ctx, strings.NewReader(pod), "apply", "-f", "-"); err != nil {
+		t.Fatalf("creating a pod that asks for hostPort 10267: %v\n%s", err, out)
+	}
+	defer s.Kubectl(ctx, nil, "-n", "lab", "delete", "pod", "squatter", "--wait=true", "--ignore-not-found")
+	waitFor(t, 60*time.Second, "the pod asking for hostPort 10267 held back by the scheduler", func() bool {
+		out, _ := s.Kubectl(ctx, nil, "-n", "lab", "get", "pod", "squatter", "-o",
+			`jsonpath={.spec.nodeName}/{.status.conditions[?(@.type=="PodScheduled")].reason}`)
+		node, reason, _ := strings.Cut(strings.TrimSpace(out), "/")
+		if node != "" {
+			t.Fatalf("a tenant's pod asking for hostPort 10267 (twilld's) was placed on %s", node)
+		}
+		return reason == "Unschedulable"
+	})
+}
+
 func hostPortIsTwills(t *testing.T, s *lab.State) {
 	t.Helper()
 	for _, p := range s.Pods {
