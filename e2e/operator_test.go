@@ -67,7 +67,16 @@ func TestTwillctlEtcdAuth(t *testing.T) {
 		out, err := exec.Command("ip", append([]string{"netns", "exec", ns, c.bin + "/twillctl"}, args...)...).CombinedOutput()
 		return string(out), err
 	}
-	auth := []string{"--etcd-endpoints", c.etcdURL, "--etcd-username", "root", "--etcd-password", "s3cret"}
+	// The password from a file (not on a command line every local user
+	// reads); --etcd-password itself still works.
+	pwFile := filepath.Join(t.TempDir(), "etcd-password")
+	if err := os.WriteFile(pwFile, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	auth := []string{"--etcd-endpoints", c.etcdURL, "--etcd-username", "root", "--etcd-password-file", pwFile}
+	if out, err := twillctl("config", "get", "--etcd-endpoints", c.etcdURL, "--etcd-username", "root", "--etcd-password", "s3cret"); err != nil {
+		t.Errorf("twillctl config get with --etcd-password: %v\n%s", err, out)
+	}
 	conf := filepath.Join(t.TempDir(), "net-conf.json")
 	if err := os.WriteFile(conf, []byte(netConfHostGW), 0o644); err != nil {
 		t.Fatal(err)
