@@ -140,7 +140,7 @@ func baseInPlace(k nft.Kernel) (bool, error) {
 	}
 	ok, err := nftsync.KernelRulesAre(have, baseRules())
 	if err != nil {
-		return false, fmt.Errorf("reading the anti-spoofing chain: %w", err)
+		return false, fmt.Errorf("comparing the anti-spoofing chain with what Add writes: %w", err)
 	}
 	return ok, nil
 }

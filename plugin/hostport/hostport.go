@@ -82,7 +82,7 @@ func baseInPlace(k nft.Kernel) (bool, error) {
 	}
 	ok, err := nftsync.KernelRulesAre(have, baseRules())
 	if err != nil {
-		return false, fmt.Errorf("reading the host ports: %w", err)
+		return false, fmt.Errorf("comparing the host ports' base chains with what Add writes: %w", err)
 	}
 	return ok, nil
 }
