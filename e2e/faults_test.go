@@ -14,6 +14,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/twill-net/twill/subnet"
 	etcdsm "github.com/twill-net/twill/subnet/etcd"
 )
 
@@ -421,8 +422,9 @@ func vtepMAC(t *testing.T, c *cluster, i int) string {
 
 // TestClonedVTEPMAC: nodes started from one machine image (the state
 // directory, with the stored VTEP MAC, copied to every node) each use a MAC
-// of their own; and when another lease publishes a node's MAC all the same,
-// the node with the higher subnet takes a new one, publishes it, and pods
+// of their own. When another lease publishes a node's MAC all the same,
+// the older lease keeps it: a younger copy is refused by every node, and a
+// node whose lease is the younger takes a new MAC, publishes it, and pods
 // talk across nodes again.
 func TestClonedVTEPMAC(t *testing.T) {
 	beside(t)
@@ -475,9 +477,10 @@ func TestClonedVTEPMAC(t *testing.T) {
 	}
 	waitFor(t, 20*time.Second, "pods on every pair of nodes talking", connected)
 
-	// A lease with a lower subnet than any node's publishes node1's MAC:
-	// node1 takes a new one; every node refuses two other leases that share
-	// a MAC between them.
+	// A lease written later, with a lower subnet than any node's, copies
+	// node1's MAC: it is the younger (subnet.ClaimOrder), so every node
+	// refuses it and node1 keeps its MAC. Of two more leases sharing a
+	// MAC, the older keeps it.
 	old := vtepMAC(t, c, 0)
 	lease := func(sub, ip, mac string) {
 		c.put("/twill.io/network/subnets/"+sub+"-24", fmt.Sprintf(`{"PublicIP":%q,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":%q}}`, ip, mac))
@@ -485,6 +488,32 @@ func TestClonedVTEPMAC(t *testing.T) {
 	lease("10.244.0.0", "10.99.0.200", old)
 	lease("10.244.250.0", "10.99.0.201", "0a:cc:00:00:00:01")
 	lease("10.244.251.0", "10.99.0.202", "0a:cc:00:00:00:01")
+	for i := range 3 {
+		waitFor(t, 20*time.Second, fmt.Sprintf("node%d refusing the copies", i+1), func() bool {
+			out := c.daemons[i].Output()
+			return logNames(out, "10.244.0.0/24", "VTEP MAC "+old) && logNames(out, "10.244.251.0/24", "is 10.244.250.0/24's too")
+		})
+	}
+	if got := vtepMAC(t, c, 0); got != old {
+		t.Errorf("node1 changed its VTEP MAC from %s to %s for a younger copy", old, got)
+	}
+	for i := 1; i < 3; i++ {
+		fdb, _ := exec.Command("bridge", "-n", c.topo.Nodes[i].NS, "fdb", "show", "dev", "twill.1").CombinedOutput()
+		if !strings.Contains(string(fdb), old+" dst "+c.topo.Nodes[0].Addr.Addr().String()) || strings.Contains(string(fdb), "dst 10.99.0.200") {
+			t.Errorf("node%d's FDB does not send node1's MAC to node1 alone:\n%s", i+1, fdb)
+		}
+		if !strings.Contains(string(fdb), "0a:cc:00:00:00:01 dst 10.99.0.201") || strings.Contains(string(fdb), "dst 10.99.0.202") {
+			t.Errorf("node%d's FDB: want the older of two leases sharing a MAC, alone:\n%s", i+1, fdb)
+		}
+	}
+	waitFor(t, 20*time.Second, "pods talking with the copies in etcd", connected)
+
+	// node1's lease is created again (deleted while its twilld was down):
+	// younger now than the copy of its MAC, node1 takes a new MAC,
+	// publishes it, and its peers follow.
+	c.daemons[0].Stop(t)
+	c.del("/twill.io/network/subnets/" + subnet.SubnetKey(c.env(0).Subnet, netip.Prefix{}))
+	d1 = c.startDaemon(0)
 	waitFor(t, 20*time.Second, "node1 to take a new VTEP MAC", func() bool { m := vtepMAC(t, c, 0); return m != "" && m != old })
 	renewed := vtepMAC(t, c, 0)
 	if !strings.Contains(d1.Output(), "published by another node too") {
@@ -495,12 +524,6 @@ func TestClonedVTEPMAC(t *testing.T) {
 		return strings.Contains(string(fdb), renewed+" dst "+c.topo.Nodes[0].Addr.Addr().String())
 	})
 	waitFor(t, 20*time.Second, "pods talking again after node1's new MAC", connected)
-	for i := 1; i < 3; i++ {
-		fdb, _ := exec.Command("bridge", "-n", c.topo.Nodes[i].NS, "fdb", "show", "dev", "twill.1").CombinedOutput()
-		if strings.Contains(string(fdb), "0a:cc:00:00:00:01") {
-			t.Errorf("node%d programs a MAC two leases share:\n%s", i+1, fdb)
-		}
-	}
 	// The new MAC is node1's from now on: a restart keeps it.
 	c.daemons[0].Stop(t)
 	c.startDaemon(0)

@@ -1,6 +1,7 @@
 package subnet
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -11,8 +12,8 @@ import (
 // lease, so a public IP belongs to one lease: the first to claim it holds
 // it, and another lease that claims it is refused until the address is free
 // again. This node's own addresses are never another lease's. Leases new to
-// a node claim in ClaimOrder; twilld, which remembers, lets a lease that
-// held an address before keep it.
+// a node claim in ClaimOrder, the oldest record first; twilld, which
+// remembers, lets a lease that held an address before keep it.
 type PublicIPClaims struct {
 	local   Lease
 	holders map[netip.Addr]holder
@@ -40,10 +41,23 @@ func NewPublicIPClaims(local Lease, n int) *PublicIPClaims {
 	return &PublicIPClaims{local: local, holders: make(map[netip.Addr]holder, n)}
 }
 
-// ClaimOrder orders leases that claim addresses for the first time: by
-// their Key, the subnets, so that whoever lists them, in whatever order,
-// names the same holder.
-func ClaimOrder(a, b Lease) int { return strings.Compare(a.Key(), b.Key()) }
+// ClaimOrder orders leases that claim one thing (a public IP, a VTEP MAC,
+// a WireGuard key) oldest first: by Since where both know it (an unknown
+// one after a known one), then by Key, so that whoever lists them, in
+// whatever order, names the same holder. The first keeps the claim: a
+// record written later to copy a node's cannot take what the node holds.
+func ClaimOrder(a, b Lease) int {
+	if a.Since != b.Since {
+		switch {
+		case a.Since == 0:
+			return 1
+		case b.Since == 0:
+			return -1
+		}
+		return cmp.Compare(a.Since, b.Since)
+	}
+	return strings.Compare(a.Key(), b.Key())
+}
 
 // Conflict reports why l, the record named id, may not have its public IPs,
 // or nil: an address is this node's, or held by another record.

@@ -38,6 +38,13 @@ type Lease struct {
 	Expiration time.Time
 	// Reserved marks an operator-made reservation (etcd key with no TTL).
 	Reserved bool
+	// Since orders leases by when their record was created, in the
+	// registry's terms: the etcd key's create revision, or the Node's
+	// creationTimestamp in Unix seconds. Lower is older; 0 is unknown (a
+	// lease made by hand). A record can be rewritten by whoever holds the
+	// registry's credentials, but never made older: ClaimOrder gives what
+	// two leases claim to the older one.
+	Since int64
 }
 
 // Key is the lease's name in a registry: "10.244.1.0-24", or for a

@@ -256,3 +256,33 @@ func TestPeersOneLeasePerAddress(t *testing.T) {
 		t.Errorf("10.244.4.0/24 refused for %q", why)
 	}
 }
+
+// Of two leases claiming one public IP, the older record keeps it however
+// their subnets sort: a lease written later, with a lower subnet, to copy
+// a node's address takes nothing from it. A lease of unknown age comes
+// after every known one.
+func TestPeersOlderClaimantKeepsTheAddress(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := func(s, ip string, since int64) Lease {
+		return Lease{Subnet: netip.MustParsePrefix(s), Attrs: LeaseAttrs{PublicIP: netip.MustParseAddr(ip), BackendType: "host-gw"}, Since: since}
+	}
+	local := l("10.244.9.0/24", "10.0.0.9", 1)
+	victim := l("10.244.5.0/24", "10.0.0.5", 40)
+	for _, copier := range []Lease{l("10.244.0.0/24", "10.0.0.5", 41), l("10.244.1.0/24", "10.0.0.5", 0)} {
+		for _, order := range [][]Lease{{local, victim, copier}, {copier, victim, local}} {
+			peers, refused := Peers(cfg, local, Snapshot{Leases: order}, nil)
+			if len(peers) != 1 || peers[0].Subnet != victim.Subnet {
+				t.Fatalf("copier %s (since %d), listed %v: peers %v, want the victim %s alone", copier, copier.Since, order, peers, victim)
+			}
+			if why := refused[copier.String()]; !strings.Contains(why, "public IP 10.0.0.5 is held by 10.244.5.0/24") {
+				t.Errorf("the copier %s refused for %q", copier, why)
+			}
+		}
+	}
+	if ClaimOrder(Lease{Since: 3}, Lease{Since: 2}) <= 0 || ClaimOrder(Lease{Since: 0}, Lease{Since: 9}) <= 0 || ClaimOrder(victim, victim) != 0 {
+		t.Error("ClaimOrder: want the lower Since first, an unknown one last, a lease equal to itself")
+	}
+}

@@ -17,30 +17,45 @@ func TestScreenMACs(t *testing.T) {
 	mac := func(p subnet.Lease) (net.HardwareAddr, error) { return ParseData(1, p.Attrs.BackendData) }
 	never := func(subnet.Lease) bool { return false }
 
-	t.Run("peers sharing a MAC are refused, the rest kept", func(t *testing.T) {
+	aged := func(l subnet.Lease, since int64) subnet.Lease { l.Since = since; return l }
+	t.Run("of peers sharing a MAC the oldest keeps it, whatever their subnets", func(t *testing.T) {
 		peers := []subnet.Lease{
-			lease("10.244.2.0/24", "10.0.0.2", "0a:00:00:00:00:aa"),
-			lease("10.244.3.0/24", "10.0.0.3", "0a:00:00:00:00:aa"),
+			aged(lease("10.244.2.0/24", "10.0.0.2", "0a:00:00:00:00:aa"), 9),
+			aged(lease("10.244.3.0/24", "10.0.0.3", "0a:00:00:00:00:aa"), 4),
+			aged(lease("10.244.6.0/24", "10.0.0.6", "0a:00:00:00:00:aa"), 7),
 			lease("10.244.4.0/24", "10.0.0.4", "0a:00:00:00:00:04"),
 		}
 		kept, sc := screenMACs(local, own, peers, never, mac, nil)
-		if len(kept) != 1 || kept[0].Subnet.String() != "10.244.4.0/24" {
+		if len(kept) != 2 || kept[0].Subnet.String() != "10.244.3.0/24" || kept[1].Subnet.String() != "10.244.4.0/24" {
 			t.Fatalf("kept %v", kept)
 		}
-		if len(sc.refused) != 2 || !strings.Contains(sc.refused[0], "published by 2 nodes") || sc.takeNew != "" {
+		if len(sc.refused) != 2 || !strings.HasPrefix(sc.refused[0], "10.244.2.0/24: VTEP MAC 0a:00:00:00:00:aa is 10.244.3.0/24's too") ||
+			!strings.HasPrefix(sc.refused[1], "10.244.6.0/24: ") || sc.takeNew != "" {
 			t.Fatalf("screen %+v", sc)
 		}
 	})
-	t.Run("a higher peer with this node's MAC is refused; this node keeps it", func(t *testing.T) {
-		peers := []subnet.Lease{lease("10.244.9.0/24", "10.0.0.9", own.String())}
+	t.Run("a younger peer copying this node's MAC is refused, its subnet lower; this node keeps it", func(t *testing.T) {
+		local := aged(local, 5)
+		peers := []subnet.Lease{aged(lease("10.244.1.0/24", "10.0.0.1", own.String()), 6), aged(lease("10.244.9.0/24", "10.0.0.9", own.String()), 8)}
 		kept, sc := screenMACs(local, own, peers, never, mac, nil)
-		if len(kept) != 0 || sc.takeNew != "" || !strings.Contains(sc.refused[0], "is this node's too") {
+		if len(kept) != 0 || sc.takeNew != "" || len(sc.refused) != 2 || !strings.Contains(sc.refused[0], "is this node's too") {
 			t.Fatalf("kept %v screen %+v", kept, sc)
 		}
 	})
-	t.Run("a lower peer with this node's MAC keeps it; this node takes another", func(t *testing.T) {
-		peers := []subnet.Lease{lease("10.244.1.0/24", "10.0.0.1", own.String())}
+	t.Run("an older peer with this node's MAC keeps it, its subnet higher; this node takes another", func(t *testing.T) {
+		local := aged(local, 5)
+		peers := []subnet.Lease{aged(lease("10.244.9.0/24", "10.0.0.9", own.String()), 3), aged(lease("10.244.1.0/24", "10.0.0.1", own.String()), 4)}
 		kept, sc := screenMACs(local, own, peers, never, mac, nil)
+		if len(kept) != 1 || kept[0].Subnet.String() != "10.244.9.0/24" || sc.takeNew != "10.244.9.0/24" || len(sc.refused) != 1 {
+			t.Fatalf("kept %v screen %+v", kept, sc)
+		}
+	})
+	t.Run("without ages, the lower subnet is the older", func(t *testing.T) {
+		kept, sc := screenMACs(local, own, []subnet.Lease{lease("10.244.9.0/24", "10.0.0.9", own.String())}, never, mac, nil)
+		if len(kept) != 0 || sc.takeNew != "" || !strings.Contains(sc.refused[0], "is this node's too") {
+			t.Fatalf("kept %v screen %+v", kept, sc)
+		}
+		kept, sc = screenMACs(local, own, []subnet.Lease{lease("10.244.1.0/24", "10.0.0.1", own.String())}, never, mac, nil)
 		if len(kept) != 1 || sc.takeNew != "10.244.1.0/24" || len(sc.refused) != 0 {
 			t.Fatalf("kept %v screen %+v", kept, sc)
 		}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"slices"
-	"strings"
 
 	"github.com/twill-net/twill/subnet"
 )
@@ -13,14 +12,15 @@ import (
 // macScreen is what screenMACs found in one pass over the peers.
 type macScreen struct {
 	refused []string // "<lease>: <why>", sorted
-	// takeNew is set when this node must give up its MAC: a peer with a
-	// lower subnet publishes it too.
+	// takeNew is set when this node must give up its MAC: an older lease
+	// publishes it too.
 	takeNew string
 }
 
-// screenMACs drops from peers (in place) every overlay peer whose VTEP MAC
-// is not its alone: shared with another peer, or with this node. mac reads
-// a peer's VTEP MAC (PeerMAC, cached by the caller).
+// screenMACs drops from peers every overlay peer whose VTEP MAC another
+// lease, older in subnet.ClaimOrder, publishes too: another peer's, or
+// this node's. The oldest keeps it. mac reads a peer's VTEP MAC (PeerMAC,
+// cached by the caller).
 func screenMACs(local subnet.Lease, own net.HardwareAddr, peers []subnet.Lease, direct func(subnet.Lease) bool,
 	mac func(subnet.Lease) (net.HardwareAddr, error), seen map[[6]byte]struct{}) ([]subnet.Lease, macScreen) {
 	var sc macScreen
@@ -41,23 +41,23 @@ func screenMACs(local subnet.Lease, own net.HardwareAddr, peers []subnet.Lease, 
 	drop := map[int]string{}
 	for m, idx := range holders {
 		hw := net.HardwareAddr(m[:])
+		// The oldest lease keeps the MAC (subnet.ClaimOrder): one written
+		// later to copy a node's never takes it from that node.
+		slices.SortFunc(idx, func(a, b int) int { return subnet.ClaimOrder(peers[a], peers[b]) })
+		keeper, mine := idx[0], false // mine: this node keeps it
 		if bytes.Equal(hw, own) {
-			for _, i := range idx {
-				if primary(peers[i]).Addr().Less(primary(local).Addr()) {
-					sc.takeNew = peers[i].String()
-				} else {
-					drop[i] = fmt.Sprintf("VTEP MAC %s is this node's too (%s keeps it; the peer must pick another)", hw, local.String())
-				}
+			if subnet.ClaimOrder(peers[keeper], local) < 0 {
+				sc.takeNew = peers[keeper].String()
+			} else {
+				mine = true
 			}
 		}
-		if len(idx) > 1 {
-			keys := make([]string, len(idx))
-			for j, i := range idx {
-				keys[j] = peers[i].String()
-			}
-			for _, i := range idx {
-				drop[i] = fmt.Sprintf("VTEP MAC %s is published by %d nodes (%s); refusing them until each has its own",
-					hw, len(idx), strings.Join(keys, ", "))
+		for _, i := range idx {
+			switch {
+			case mine:
+				drop[i] = fmt.Sprintf("VTEP MAC %s is this node's too (%s, the older lease, keeps it; the peer must pick another)", hw, local.String())
+			case i != keeper:
+				drop[i] = fmt.Sprintf("VTEP MAC %s is %s's too (the older lease keeps it); refused until this lease has its own", hw, peers[keeper].String())
 			}
 		}
 	}

@@ -24,16 +24,17 @@ type peer struct {
 
 // desired is the pure part of Reconcile for one tunnel: the peers the
 // leases call for, keyed by public key, and the leases refused, each as
-// "<lease>: <why>". A key that two leases publish, or that is this node's
-// own, is nobody's: every lease publishing it is refused, so that a
-// node's traffic never goes to a peer that copied its key. conflicted
-// maps those leases to the key: a change to one of them can make the
-// others valid, and a lease taking that key joins them.
+// "<lease>: <why>". A key that several leases publish goes to the oldest
+// (subnet.ClaimOrder), so that a lease written later to copy a node's key
+// takes nothing from that node; a lease publishing this node's own key is
+// refused. conflicted maps every lease of a shared key, the keeper
+// included, to the key: a change to one of them can change who keeps it,
+// and a lease taking that key joins them.
 func desired(t tunnel, self wgtypes.Key, leases []subnet.Lease) (want map[wgtypes.Key]peer, refused []string, conflicted map[string]wgtypes.Key) {
 	want = make(map[wgtypes.Key]peer, len(leases))
-	holders := map[wgtypes.Key][]string{}
+	holders := map[wgtypes.Key][]int{}
 	conflicted = map[string]wgtypes.Key{}
-	for _, l := range leases {
+	for i, l := range leases {
 		p, ok, why := wantPeer(t, l)
 		if why != "" {
 			refused = append(refused, l.String()+": "+why)
@@ -42,23 +43,30 @@ func desired(t tunnel, self wgtypes.Key, leases []subnet.Lease) (want map[wgtype
 		if !ok {
 			continue
 		}
-		holders[p.key] = append(holders[p.key], p.lease)
-		want[p.key] = p
+		holders[p.key] = append(holders[p.key], i)
+		if len(holders[p.key]) == 1 {
+			want[p.key] = p
+		}
 	}
+	ownKey := self.PublicKey()
 	for k, hs := range holders {
 		switch {
-		case k == self.PublicKey():
-			for _, h := range hs {
-				refused = append(refused, h+": publishes this node's own WireGuard public key")
-				conflicted[h] = k
+		case k == ownKey:
+			for _, i := range hs {
+				refused = append(refused, leases[i].String()+": publishes this node's own WireGuard public key")
+				conflicted[leases[i].String()] = k
 			}
 			delete(want, k)
 		case len(hs) > 1:
-			for _, h := range hs {
-				refused = append(refused, h+": publishes a WireGuard public key "+fmt.Sprint(len(hs)-1)+" other lease(s) publish too")
-				conflicted[h] = k
+			slices.SortFunc(hs, func(a, b int) int { return subnet.ClaimOrder(leases[a], leases[b]) })
+			keeper := leases[hs[0]]
+			want[k], _, _ = wantPeer(t, keeper)
+			conflicted[keeper.String()] = k
+			for _, i := range hs[1:] {
+				refused = append(refused, leases[i].String()+": publishes the WireGuard public key of "+keeper.String()+
+					" (the older lease keeps it)")
+				conflicted[leases[i].String()] = k
 			}
-			delete(want, k)
 		}
 	}
 	slices.Sort(refused)

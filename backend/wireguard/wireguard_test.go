@@ -3,6 +3,7 @@ package wireguard
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -253,32 +254,50 @@ func TestRoguePeersRefused(t *testing.T) {
 	ctx := context.Background()
 	n := newNode(t, `{"Type":"wireguard","Mode":"auto"}`, t.TempDir(), lease("10.244.1.0/24", "fd10:0:0:1::/64", "192.168.1.1", "fd00::1", wgtypes.Key{}))
 	shared, good := key(t), key(t)
+	aged := func(l subnet.Lease, since int64) subnet.Lease { l.Since = since; return l }
 	leases := []subnet.Lease{
-		lease("10.244.2.0/24", "", "192.168.1.2", "", shared),
-		lease("10.244.3.0/24", "", "192.168.1.3", "", shared),
-		lease("10.244.4.0/24", "", "192.168.1.4", "", n.pub),
-		lease("10.244.5.0/24", "", "192.168.1.5", "", good),
+		aged(lease("10.244.2.0/24", "", "192.168.1.2", "", shared), 7),
+		aged(lease("10.244.3.0/24", "", "192.168.1.3", "", shared), 3), // the older: it keeps the key
+		aged(lease("10.244.4.0/24", "", "192.168.1.4", "", n.pub), 2),
+		aged(lease("10.244.5.0/24", "", "192.168.1.5", "", good), 5),
 	}
-	bad := lease("10.244.6.0/24", "", "192.168.1.6", "", good)
+	bad := aged(lease("10.244.6.0/24", "", "192.168.1.6", "", good), 6)
 	bad.Attrs.BackendData = json.RawMessage(`{"PublicKey":"not-a-key"}`)
 	bad.Attrs.BackendV6Data = nil
 	leases = append(leases, bad)
 	if err := n.nw.Reconcile(ctx, leases); err != nil {
 		t.Fatal(err)
 	}
-	if got := n.devs.dev(DeviceName).describe(); len(got) != 1 || !strings.Contains(got[0], "192.168.1.5:51820") {
-		t.Fatalf("peers %v: only the one with a key of its own should be there", got)
+	want := func(what string, peers, refused int, routes ...string) {
+		t.Helper()
+		got := strings.Join(n.devs.dev(DeviceName).describe(), ";")
+		if strings.Count(got, "192.168.1.") != peers || !strings.Contains(got, "192.168.1.3:51820") || !strings.Contains(got, "192.168.1.5:51820") {
+			t.Fatalf("%s: peers %s, want those at 192.168.1.3 (the older of a shared key) and 192.168.1.5", what, got)
+		}
+		d, err := n.nw.Drift(ctx, leases)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(d.Refused) != refused {
+			t.Fatalf("%s: refused %v", what, d.Refused)
+		}
+		if got := routeDsts(t, n.k, DeviceName); !slices.Equal(got, routes) {
+			t.Fatalf("%s: routes %v", what, got)
+		}
 	}
-	d, err := n.nw.Drift(ctx, leases)
-	if err != nil {
+	want("first", 2, 3, "10.244.3.0/24", "10.244.5.0/24")
+	// A lease made later, with a lower subnet, copying a peer's key: the
+	// peer keeps talking, the copy is refused, by the update as by the
+	// full reconcile it falls back to.
+	copied := aged(lease("10.244.0.0/24", "", "192.168.1.100", "", good), 20)
+	if err := n.nw.Update(ctx, []subnet.Lease{copied}, nil); !errors.Is(err, backend.ErrFullReconcile) {
+		t.Fatalf("an update copying a programmed peer's key: %v", err)
+	}
+	leases = append(leases, copied)
+	if err := n.nw.Reconcile(ctx, leases); err != nil {
 		t.Fatal(err)
 	}
-	if len(d.Refused) != 4 {
-		t.Fatalf("refused %v", d.Refused)
-	}
-	if got := routeDsts(t, n.k, DeviceName); !slices.Equal(got, []string{"10.244.5.0/24"}) {
-		t.Fatalf("routes %v", got)
-	}
+	want("after a copy of a peer's key", 2, 4, "10.244.3.0/24", "10.244.5.0/24")
 }
 
 func TestRotate(t *testing.T) {

@@ -188,6 +188,7 @@ func (m *Manager) take(ctx context.Context, want subnet.Lease, value []byte) (su
 		}
 	}
 	want.Attrs, _ = subnet.ParseLeaseAttrs(value)
+	want.Since = resp.Header.Revision // the transaction created the key
 	return m.hold(key, want, value, grant.ID, time.Duration(grant.TTL)*time.Second, false), true, nil
 }
 

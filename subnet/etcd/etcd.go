@@ -185,7 +185,9 @@ type meta struct {
 	etcd  int64 // etcd lease ID; 0 for a reservation
 }
 
-func (m *Manager) parse(key string, value []byte, etcdLease int64) subnet.Entry {
+// parse reads one lease key: its value, the etcd lease it is bound to (0:
+// a reservation) and the revision that created it (the lease's Since).
+func (m *Manager) parse(key string, value []byte, etcdLease, created int64) subnet.Entry {
 	name := strings.TrimPrefix(key, m.SubnetsPrefix())
 	v4, v6, err := subnet.ParseSubnetKey(name)
 	if err != nil {
@@ -193,9 +195,9 @@ func (m *Manager) parse(key string, value []byte, etcdLease int64) subnet.Entry 
 	}
 	attrs, err := subnet.ParseLeaseAttrs(value)
 	if err != nil {
-		return subnet.Entry{Key: key, Err: fmt.Errorf("etcd key %s: %w", key, err), Lease: subnet.Lease{Subnet: v4, IPv6Subnet: v6}}
+		return subnet.Entry{Key: key, Err: fmt.Errorf("etcd key %s: %w", key, err), Lease: subnet.Lease{Subnet: v4, IPv6Subnet: v6, Since: created}}
 	}
-	return subnet.Entry{Key: key, Lease: subnet.Lease{Subnet: v4, IPv6Subnet: v6, Attrs: attrs, Reserved: etcdLease == 0}}
+	return subnet.Entry{Key: key, Lease: subnet.Lease{Subnet: v4, IPv6Subnet: v6, Attrs: attrs, Reserved: etcdLease == 0, Since: created}}
 }
 
 // listing is a range read of every lease, at a revision: the key of set[i]
@@ -215,7 +217,7 @@ func (m *Manager) list(ctx context.Context) (*listing, error) {
 	}
 	l := &listing{set: make([]subnet.Entry, len(resp.Kvs)), meta: make([]meta, len(resp.Kvs)), rev: resp.Header.Revision}
 	for i, kv := range resp.Kvs {
-		l.set[i] = m.parse(string(kv.Key), kv.Value, kv.Lease)
+		l.set[i] = m.parse(string(kv.Key), kv.Value, kv.Lease, kv.CreateRevision)
 		l.meta[i] = meta{kvRev: kv.ModRevision, etcd: kv.Lease}
 	}
 	return l, nil

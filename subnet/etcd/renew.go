@@ -74,7 +74,9 @@ func (m *Manager) recreate(ctx context.Context, own ownLease) error {
 	if !resp.Succeeded {
 		return fmt.Errorf("re-creating %s: another node took the subnet: %w", own.key, ErrLeaseRevoked)
 	}
-	m.hold(own.key, own.lease, own.attrs, grant.ID, time.Duration(grant.TTL)*time.Second, false)
+	l := own.lease
+	l.Since = resp.Header.Revision // younger now than every lease created meanwhile
+	m.hold(own.key, l, own.attrs, grant.ID, time.Duration(grant.TTL)*time.Second, false)
 	return nil
 }
 

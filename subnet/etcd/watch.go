@@ -108,7 +108,7 @@ func (m *Manager) consume(ctx context.Context, wch clientv3.WatchChan, rev *int6
 					return false, fmt.Errorf("%w (%s)", ErrLeaseRevoked, key)
 				}
 			default:
-				e := m.parse(key, ev.Kv.Value, ev.Kv.Lease)
+				e := m.parse(key, ev.Kv.Value, ev.Kv.Lease, ev.Kv.CreateRevision)
 				batch[key] = &e
 				if key == ownKey {
 					m.checkOwn(ctx, ev.Kv)

@@ -56,7 +56,7 @@ func (m *Manager) AcquireLease(ctx context.Context, cfg *subnet.Config, attrs su
 		}
 	}
 	v4, v6, _ := PodCIDRs(node)
-	lease := subnet.Lease{Subnet: v4, IPv6Subnet: v6}
+	lease := subnet.Lease{Subnet: v4, IPv6Subnet: v6, Since: since(node)}
 	if err := fitConfig(cfg, node.Name, v4, v6); err != nil {
 		return subnet.Lease{}, err
 	}

@@ -105,6 +105,9 @@ func (a Annotations) NodeLease(n *corev1.Node) (l subnet.Lease, ok bool, err err
 	if err != nil {
 		return l, false, err
 	}
+	// The apiserver sets it, and nobody can change it after: a Node that
+	// copies another's key, MAC or address is the younger (ClaimOrder).
+	l.Since = since(n)
 	if !l.Subnet.IsValid() && !l.IPv6Subnet.IsValid() {
 		return l, false, nil
 	}
@@ -135,6 +138,15 @@ func (a Annotations) NodeLease(n *corev1.Node) (l subnet.Lease, ok bool, err err
 		}
 	}
 	return l, true, nil
+}
+
+// since is a Node's Lease.Since: its creationTimestamp, or 0 when it has
+// none (a Node built by hand, in a test).
+func since(n *corev1.Node) int64 {
+	if n.CreationTimestamp.IsZero() {
+		return 0
+	}
+	return n.CreationTimestamp.Unix()
 }
 
 func (a Annotations) jsonObject(n *corev1.Node, suffix string) (json.RawMessage, error) {
