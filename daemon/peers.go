@@ -297,9 +297,14 @@ func (s *peerSet) freed(refused map[string]refusal, upserted []subnet.Lease) []s
 // refused.
 func (s *peerSet) count() (peers, refused int) { return len(s.programmed), len(s.refused) }
 
-// report logs records newly refused (one line each: a refusal is an
-// anomaly the operator must see, and it is not repeated at every resync)
-// and refused ones that became peers.
+// maxRefusalsLogged is how many leases newly refused at once are logged
+// one by one; the rest are counted in one line. A client with a node's
+// credentials can write any number of records.
+const maxRefusalsLogged = 20
+
+// report logs records newly refused (one line each, up to
+// maxRefusalsLogged: a refusal is an anomaly the operator must see, and it
+// is not repeated at every resync) and refused ones that became peers.
 func (s *peerSet) report(refused map[string]refusal, peers map[string]*subnet.Entry) {
 	var fresh []string
 	for k, r := range refused {
@@ -308,11 +313,16 @@ func (s *peerSet) report(refused map[string]refusal, peers map[string]*subnet.En
 		}
 	}
 	sort.Strings(fresh)
-	for _, k := range fresh {
+	for i, k := range fresh {
 		if refused[k].conflict {
 			s.conflicts.Add(1)
 		}
-		s.log.Warn("refusing lease; no route will be programmed from it", "lease", refused[k].name, "reason", refused[k].why)
+		if i < maxRefusalsLogged {
+			s.log.Warn("refusing lease; no route will be programmed from it", "lease", refused[k].name, "reason", refused[k].why)
+		}
+	}
+	if n := len(fresh) - maxRefusalsLogged; n > 0 {
+		s.log.Warn("refusing more leases, not logged one by one; twillctl status lists every refusal", "more", n, "refused", len(refused))
 	}
 	for k, r := range s.refused {
 		if _, still := refused[k]; still {

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -226,5 +227,34 @@ func TestPeerSetConflictFreed(t *testing.T) {
 	}
 	if _, refused := s.count(); refused != 0 {
 		t.Errorf("%d refused after b left", refused)
+	}
+}
+
+// A hundred records refused at once (a client with a node's credentials
+// can write any number) are logged one by one up to maxRefusalsLogged,
+// and the rest in one line that counts them; the count of refused records
+// is all of them.
+func TestPeerSetRefusalsSummarised(t *testing.T) {
+	var log strings.Builder
+	s := newPeerSet(slog.New(slog.NewTextHandler(&log, nil)))
+	cfg, err := subnet.ParseConfig([]byte(`{"Network":"10.244.0.0/16","Backend":{"Type":"host-gw"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := lease("10.244.1.0/24", "192.168.1.1")
+	set := []subnet.Entry{{Key: "own", Lease: local}}
+	for i := range 100 {
+		set = append(set, subnet.Entry{Key: fmt.Sprintf("rogue-%03d", i), Err: fmt.Errorf("etcd key rogue-%03d: a value of 1048576 bytes, over the 8192 a lease may have", i)})
+	}
+	s.apply(subnet.Change{Full: true, Set: set})
+	s.all(cfg, local)
+	if got := strings.Count(log.String(), "refusing lease; no route"); got != maxRefusalsLogged {
+		t.Errorf("%d refusals logged one by one, want %d:\n%s", got, maxRefusalsLogged, log.String())
+	}
+	if !strings.Contains(log.String(), fmt.Sprintf("more=%d refused=100", 100-maxRefusalsLogged)) {
+		t.Errorf("no line counting the rest:\n%s", log.String())
+	}
+	if _, refused := s.count(); refused != 100 {
+		t.Errorf("%d refused, want 100", refused)
 	}
 }

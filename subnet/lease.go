@@ -184,7 +184,7 @@ func (j *leaseAttrsJSON) check() (LeaseAttrs, error) {
 	if j.PublicIP != "" {
 		ip, err := netip.ParseAddr(j.PublicIP)
 		if err != nil || !ip.Is4() {
-			return LeaseAttrs{}, fmt.Errorf("lease attributes: PublicIP %q: not an IPv4 address", j.PublicIP)
+			return LeaseAttrs{}, fmt.Errorf("lease attributes: PublicIP %q: not an IPv4 address", truncate(j.PublicIP))
 		}
 		if !ip.IsUnspecified() {
 			a.PublicIP = ip
@@ -193,7 +193,7 @@ func (j *leaseAttrsJSON) check() (LeaseAttrs, error) {
 	if j.PublicIPv6 != nil && *j.PublicIPv6 != "" {
 		ip, err := netip.ParseAddr(*j.PublicIPv6)
 		if err != nil || !ip.Is6() || ip.Is4In6() {
-			return LeaseAttrs{}, fmt.Errorf("lease attributes: PublicIPv6 %q: not an IPv6 address", *j.PublicIPv6)
+			return LeaseAttrs{}, fmt.Errorf("lease attributes: PublicIPv6 %q: not an IPv6 address", truncate(*j.PublicIPv6))
 		}
 		a.PublicIPv6 = ip
 	}
@@ -203,6 +203,9 @@ func (j *leaseAttrsJSON) check() (LeaseAttrs, error) {
 	if j.BackendType == "" {
 		return LeaseAttrs{}, errors.New(`lease attributes: BackendType "": must not be empty`)
 	}
+	if !shortName(j.BackendType) {
+		return LeaseAttrs{}, fmt.Errorf("lease attributes: BackendType %q: at most 63 letters, digits, '-', '.' or '_'", truncate(j.BackendType))
+	}
 	a.BackendType = j.BackendType
 	var err error
 	if a.BackendData, err = backendData("BackendData", j.BackendData); err != nil {
@@ -211,11 +214,17 @@ func (j *leaseAttrsJSON) check() (LeaseAttrs, error) {
 	if a.BackendV6Data, err = backendData("BackendV6Data", j.BackendV6Data); err != nil {
 		return LeaseAttrs{}, err
 	}
-	if len(j.NodeAgent) > 63 || strings.Trim(j.NodeAgent, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._") != "" {
-		return LeaseAttrs{}, fmt.Errorf("lease attributes: NodeAgent %q: at most 63 letters, digits, '-', '.' or '_'", j.NodeAgent)
+	if !shortName(j.NodeAgent) {
+		return LeaseAttrs{}, fmt.Errorf("lease attributes: NodeAgent %q: at most 63 letters, digits, '-', '.' or '_'", truncate(j.NodeAgent))
 	}
 	a.NodeAgent = j.NodeAgent
 	return a, nil
+}
+
+// shortName reports whether s is at most 63 letters, digits, '-', '.' or
+// '_' (or empty): a backend's or a node agent's name.
+func shortName(s string) bool {
+	return len(s) <= 63 && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._") == ""
 }
 
 // backendData is a copy of a BackendData value: an object, or nothing for

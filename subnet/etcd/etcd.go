@@ -15,6 +15,7 @@ package etcd
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -185,13 +186,41 @@ type meta struct {
 	etcd  int64 // etcd lease ID; 0 for a reservation
 }
 
+// What a lease record may be. Anyone holding a node's etcd credentials can
+// write keys and values of any size (etcd takes 1.5 MiB a request); a
+// record over these is refused before it is parsed, and nothing of it is
+// kept but a bounded name. A lease's value is a few hundred bytes, its key
+// under a hundred.
+const (
+	MaxKeyBytes   = 512
+	MaxValueBytes = 8 << 10
+)
+
+// recordName is how a lease key is named in entries, refusals and logs:
+// the key itself, or for one over MaxKeyBytes its first 64 bytes and a
+// digest of the rest (a watch's delete of it finds the same name).
+func recordName(key string) string {
+	if len(key) <= MaxKeyBytes {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return fmt.Sprintf("%s…(%d bytes, sha256 %x)", strings.ToValidUTF8(key[:64], "?"), len(key), sum[:8])
+}
+
 // parse reads one lease key: its value, the etcd lease it is bound to (0:
 // a reservation) and the revision that created it (the lease's Since).
 func (m *Manager) parse(key string, value []byte, etcdLease, created int64) subnet.Entry {
+	if len(key) > MaxKeyBytes {
+		return subnet.Entry{Key: recordName(key), Err: fmt.Errorf("etcd key %q: %d bytes, over the %d a lease key may have", recordName(key), len(key), MaxKeyBytes)}
+	}
 	name := strings.TrimPrefix(key, m.SubnetsPrefix())
 	v4, v6, err := subnet.ParseSubnetKey(name)
 	if err != nil {
 		return subnet.Entry{Key: key, Err: err}
+	}
+	if len(value) > MaxValueBytes {
+		return subnet.Entry{Key: key, Err: fmt.Errorf("etcd key %s: a value of %d bytes, over the %d a lease may have", key, len(value), MaxValueBytes),
+			Lease: subnet.Lease{Subnet: v4, IPv6Subnet: v6, Since: created}}
 	}
 	attrs, err := subnet.ParseLeaseAttrs(value)
 	if err != nil {

@@ -528,3 +528,58 @@ func TestAcquireDualStackLosesARaceForItsIPv6Subnet(t *testing.T) {
 		t.Fatalf("second node: %v, %v; the first holds %s", l2, err, l1)
 	}
 }
+
+// A client with a node's credentials writes a lease of 1 MB and a key of
+// 4 KB: both are refused unparsed, named within bounds (the value never
+// quoted), and the long key's delete clears its refusal. A lease whose
+// fields are long is refused with them truncated.
+func TestRunRefusesOversizedRecords(t *testing.T) {
+	c := client(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m := newManager(t, c, 11)
+	var s snapshots
+	go func() { _ = m.Run(ctx, s.publish) }()
+	s.waitFor(t, "the first listing", func(subnet.Snapshot) bool { return true })
+	put := func(k, v string) {
+		t.Helper()
+		if _, err := c.Put(ctx, m.SubnetsPrefix()+k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := `{"PublicIP":"192.168.9.7","BackendType":"host-gw","BackendData":{"pad":"` + strings.Repeat("x", 1<<20) + `"}}`
+	put("10.53.7.0-24", big)
+	longKey := "10.53.8.0-24" + strings.Repeat("/y", 2048)
+	put(longKey, `{"PublicIP":"192.168.9.8","BackendType":"host-gw"}`)
+	put("10.53.9.0-24", `{"PublicIP":"`+strings.Repeat("9", 5000)+`","BackendType":"host-gw"}`)
+	put("10.53.10.0-24", `{"PublicIP":"192.168.9.10","BackendType":"`+strings.Repeat("b", 5000)+`"}`)
+	snap := s.waitFor(t, "four refusals", func(sn subnet.Snapshot) bool { return len(sn.Refused) == 4 })
+	for _, r := range snap.Refused {
+		if len(r.Key) > MaxKeyBytes || len(r.Err.Error()) > 400 {
+			t.Errorf("refusal of %d-byte name, %d-byte reason: %.200s: %.300s", len(r.Key), len(r.Err.Error()), r.Key, r.Err)
+		}
+		switch {
+		case strings.HasSuffix(r.Key, "10.53.7.0-24"):
+			if !strings.Contains(r.Err.Error(), fmt.Sprintf("a value of %d bytes, over the %d", len(big), MaxValueBytes)) {
+				t.Errorf("the 1 MB lease refused for %q", r.Err)
+			}
+		case strings.Contains(r.Key, "10.53.8.0-24"):
+			if !strings.Contains(r.Err.Error(), fmt.Sprintf("%d bytes, over the %d a lease key may have", len(m.SubnetsPrefix()+longKey), MaxKeyBytes)) {
+				t.Errorf("the long key refused for %q", r.Err)
+			}
+		case strings.HasSuffix(r.Key, "10.53.9.0-24"), strings.HasSuffix(r.Key, "10.53.10.0-24"):
+			if !strings.Contains(r.Err.Error(), `..."`) {
+				t.Errorf("a long field quoted whole: %.300s", r.Err)
+			}
+		default:
+			t.Errorf("refusal %s: %v", r.Key, r.Err)
+		}
+	}
+	if len(snap.Leases) != 0 {
+		t.Errorf("leases %v from oversized records", snap.Leases)
+	}
+	if _, err := c.Delete(ctx, m.SubnetsPrefix()+longKey); err != nil {
+		t.Fatal(err)
+	}
+	s.waitFor(t, "the long key's refusal gone with it", func(sn subnet.Snapshot) bool { return len(sn.Refused) == 3 })
+}

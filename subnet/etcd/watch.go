@@ -97,7 +97,7 @@ func (m *Manager) consume(ctx context.Context, wch clientv3.WatchChan, rev *int6
 		batch := make(map[string]*subnet.Entry, len(resp.Events))
 		touched := make([]string, 0, len(resp.Events))
 		for _, ev := range resp.Events {
-			key := string(ev.Kv.Key)
+			key := recordName(string(ev.Kv.Key))
 			if _, seen := batch[key]; !seen {
 				touched = append(touched, key)
 			}
@@ -108,7 +108,7 @@ func (m *Manager) consume(ctx context.Context, wch clientv3.WatchChan, rev *int6
 					return false, fmt.Errorf("%w (%s)", ErrLeaseRevoked, key)
 				}
 			default:
-				e := m.parse(key, ev.Kv.Value, ev.Kv.Lease, ev.Kv.CreateRevision)
+				e := m.parse(string(ev.Kv.Key), ev.Kv.Value, ev.Kv.Lease, ev.Kv.CreateRevision)
 				batch[key] = &e
 				if key == ownKey {
 					m.checkOwn(ctx, ev.Kv)
