@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/twill-net/twill/subnet"
 )
@@ -39,6 +40,18 @@ type peerSet struct {
 	// conflicts counts records refused for claiming another's public IP.
 	conflicts atomic.Uint64 // read by the metrics
 	buf       []subnet.Lease
+	// quiet bounds the refusals logged one by one (see report).
+	quiet refusalBudget
+}
+
+// refusalBudget lets report log maxRefusalsLogged refusals one by one per
+// refusalWindow, and counts the rest in one line at most every
+// refusalSummaryEvery. Owned by the reconcile loop.
+type refusalBudget struct {
+	window      time.Time // when the current window began
+	logged      int       // refusals logged one by one in it
+	suppressed  int       // refusals not logged since the last summary
+	lastSummary time.Time
 }
 
 // refusal is a record that is not a peer: name is how logs call it (the
@@ -297,14 +310,20 @@ func (s *peerSet) freed(refused map[string]refusal, upserted []subnet.Lease) []s
 // refused.
 func (s *peerSet) count() (peers, refused int) { return len(s.programmed), len(s.refused) }
 
-// maxRefusalsLogged is how many leases newly refused at once are logged
-// one by one; the rest are counted in one line. A client with a node's
-// credentials can write any number of records.
-const maxRefusalsLogged = 20
+// maxRefusalsLogged is how many leases newly refused are logged one by
+// one in a refusalWindow; the rest are counted, in a line at most every
+// refusalSummaryEvery. A client with a node's credentials can write any
+// number of records, at any rate.
+const (
+	maxRefusalsLogged   = 20
+	refusalWindow       = time.Minute
+	refusalSummaryEvery = 10 * time.Second
+)
 
 // report logs records newly refused (one line each, up to
-// maxRefusalsLogged: a refusal is an anomaly the operator must see, and it
-// is not repeated at every resync) and refused ones that became peers.
+// maxRefusalsLogged a minute: a refusal is an anomaly the operator must
+// see, and it is not repeated at every resync) and refused ones that
+// became peers.
 func (s *peerSet) report(refused map[string]refusal, peers map[string]*subnet.Entry) {
 	var fresh []string
 	for k, r := range refused {
@@ -313,16 +332,25 @@ func (s *peerSet) report(refused map[string]refusal, peers map[string]*subnet.En
 		}
 	}
 	sort.Strings(fresh)
-	for i, k := range fresh {
+	now := time.Now()
+	q := &s.quiet
+	if now.Sub(q.window) >= refusalWindow {
+		q.window, q.logged = now, 0
+	}
+	for _, k := range fresh {
 		if refused[k].conflict {
 			s.conflicts.Add(1)
 		}
-		if i < maxRefusalsLogged {
+		if q.logged < maxRefusalsLogged {
+			q.logged++
 			s.log.Warn("refusing lease; no route will be programmed from it", "lease", refused[k].name, "reason", refused[k].why)
+			continue
 		}
+		q.suppressed++
 	}
-	if n := len(fresh) - maxRefusalsLogged; n > 0 {
-		s.log.Warn("refusing more leases, not logged one by one; twillctl status lists every refusal", "more", n, "refused", len(refused))
+	if q.suppressed > 0 && now.Sub(q.lastSummary) >= refusalSummaryEvery {
+		s.log.Warn("refusing more leases, not logged one by one; twillctl status lists every refusal", "more", q.suppressed, "refused", len(refused))
+		q.suppressed, q.lastSummary = 0, now
 	}
 	for k, r := range s.refused {
 		if _, still := refused[k]; still {

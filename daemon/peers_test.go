@@ -232,8 +232,9 @@ func TestPeerSetConflictFreed(t *testing.T) {
 
 // A hundred records refused at once (a client with a node's credentials
 // can write any number) are logged one by one up to maxRefusalsLogged,
-// and the rest in one line that counts them; the count of refused records
-// is all of them.
+// and the rest in one line that counts them; more trickling in within the
+// minute are counted, not logged, at most one line every 10 s. The count
+// of refused records is all of them.
 func TestPeerSetRefusalsSummarised(t *testing.T) {
 	var log strings.Builder
 	s := newPeerSet(slog.New(slog.NewTextHandler(&log, nil)))
@@ -256,5 +257,19 @@ func TestPeerSetRefusalsSummarised(t *testing.T) {
 	}
 	if _, refused := s.count(); refused != 100 {
 		t.Errorf("%d refused, want 100", refused)
+	}
+	// Thirty more, one at a time, within the minute: none named, no
+	// second count within 10 s.
+	log.Reset()
+	for i := range 30 {
+		key := fmt.Sprintf("late-%03d", i)
+		s.apply(subnet.Change{Set: []subnet.Entry{{Key: key, Err: fmt.Errorf("etcd key %s: too big", key)}}})
+		s.delta(cfg, local)
+	}
+	if log.Len() != 0 {
+		t.Errorf("refusals trickling in after the budget was spent were logged:\n%s", log.String())
+	}
+	if _, refused := s.count(); refused != 130 {
+		t.Errorf("%d refused, want 130", refused)
 	}
 }
