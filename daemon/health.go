@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -79,6 +80,11 @@ func newMetrics() *metrics {
 	m.reclaimed = prometheus.NewCounter(prometheus.CounterOpts{Name: "twill_addresses_reclaimed_total",
 		Help: "Pod address allocations released because their pod was gone (its DEL never came)."})
 	m.reg.MustRegister(m.leases, m.refused, m.unroutable, m.reconcileDuration, m.reconcileErrors, m.driftRepairs, m.reclaimed)
+	// The Go runtime's and the process's own, as every Prometheus exporter
+	// has them: go_gc_heap_live_bytes (the heap the last GC kept) tells
+	// whether twilld keeps what it was sent.
+	m.reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.MetricsGC)),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

@@ -3,10 +3,12 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -530,5 +532,78 @@ func TestClonedVTEPMAC(t *testing.T) {
 	waitFor(t, 20*time.Second, "node1 back", connected)
 	if got := vtepMAC(t, c, 0); got != renewed {
 		t.Errorf("node1's VTEP MAC after a restart %s, want %s (the one it chose)", got, renewed)
+	}
+}
+
+// TestOversizedLeasesIgnored: a client with a node's etcd credentials
+// writes 100 lease records of 1 MB each. twilld refuses them unparsed: its
+// routes and FDB stay as they were, pods keep talking, the heap its last
+// GC kept comes back within 16 MB of what it was (it keeps none of the
+// 100 MB), also after a restart that reads them all in one listing; its
+// log names 20 of them and counts the rest.
+func TestOversizedLeasesIgnored(t *testing.T) {
+	beside(t)
+	c := newCluster(t, 2)
+	c.put("/twill.io/network/config", `{"Network":"10.244.0.0/16","SubnetMin":"10.244.1.0","SubnetMax":"10.244.99.0","Backend":{"Type":"vxlan"}}`)
+	d := c.startDaemon(0, "--healthz-ip", "127.0.0.1", "--healthz-port", fmt.Sprint(healthPort))
+	c.startDaemon(1)
+	ns := c.topo.Nodes[0].NS
+	podA, _ := c.addPod(0, "oa")
+	_, addrB := c.addPod(1, "ob")
+	waitFor(t, 20*time.Second, "a pod on node1 reaching one on node2", func() bool { return ping(podA, addrB) == nil })
+	fdb := func() string {
+		out, _ := exec.Command("bridge", "-n", ns, "fdb", "show", "dev", "twill.1").CombinedOutput()
+		return string(out)
+	}
+	routes, fdbBefore := c.routes(0), fdb()
+	live := func() float64 {
+		v, err := strconv.ParseFloat(metricIn(t, ns, healthPort, "go_gc_heap_live_bytes"), 64)
+		if err != nil {
+			t.Fatalf("go_gc_heap_live_bytes: %v", err)
+		}
+		return v
+	}
+	before := live()
+	pad := strings.Repeat("x", 1<<20)
+	for i := range 100 {
+		c.put(fmt.Sprintf("/twill.io/network/subnets/10.244.%d.0-24", 100+i),
+			fmt.Sprintf(`{"PublicIP":"10.99.0.%d","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0a:ee:00:00:00:%02x","pad":%q}}`, 100+i, i, pad))
+	}
+	check := func(when string) {
+		t.Helper()
+		waitFor(t, 60*time.Second, when+": node1 refusing the 100", func() bool { return metricIn(t, ns, healthPort, "twill_leases_refused") == "100" })
+		if got := c.routes(0); got != routes {
+			t.Errorf("%s: node1's routes changed:\n%s\nwere:\n%s", when, got, routes)
+		}
+		if got := fdb(); got != fdbBefore || strings.Contains(got, "0a:ee:") {
+			t.Errorf("%s: node1's FDB changed:\n%s\nwas:\n%s", when, got, fdbBefore)
+		}
+		if err := ping(podA, addrB); err != nil {
+			t.Errorf("%s: %v", when, err)
+		}
+		var kept float64
+		waitFor(t, 60*time.Second, when+": node1's live heap back within 16 MB", func() bool {
+			kept = live()
+			return kept < before+16<<20
+		})
+		t.Logf("%s: live heap %.1f MB (%.1f MB before)", when, kept/(1<<20), before/(1<<20))
+	}
+	check("with the records written")
+	if log := d.Output(); strings.Count(log, "a value of 1048") > 20 || !strings.Contains(log, "refusing more leases, not logged one by one") {
+		t.Errorf("node1's log: want at most 20 refusals named, the rest counted:\n%s", tailString(log, 4000))
+	}
+	c.daemons[0].Stop(t)
+	d = c.startDaemon(0, "--healthz-ip", "127.0.0.1", "--healthz-port", fmt.Sprint(healthPort))
+	waitFor(t, 30*time.Second, "node1's twilld serving again", func() bool {
+		resp, err := nodeClient(ns).Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort))
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	check("after a restart that lists them") // against the first twilld's heap: the same binary, the same peers
+	if log := d.OwnOutput(); strings.Count(log, "a value of 1048") != 20 || !strings.Contains(log, "more=80") {
+		t.Errorf("node1's log after its restart: want 20 refusals named and 80 counted:\n%s", tailString(log, 4000))
 	}
 }
