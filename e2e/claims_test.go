@@ -35,23 +35,7 @@ func TestCopiedClaimsRefused(t *testing.T) {
 			for i := range c.topo.Nodes {
 				c.startDaemon(i)
 			}
-			var pods []string
-			var addrs []netip.Addr
-			for i := range c.topo.Nodes {
-				p, a := c.addPod(i, fmt.Sprintf("c%d", i))
-				pods, addrs = append(pods, p), append(addrs, a)
-			}
-			broken := func() string {
-				for i := range pods {
-					for j := range pods {
-						if i != j && ping(pods[i], addrs[j]) != nil {
-							return fmt.Sprintf("node%d to node%d", i+1, j+1)
-						}
-					}
-				}
-				return ""
-			}
-			waitFor(t, 30*time.Second, "pods on every pair of nodes talking", func() bool { return broken() == "" })
+			cc := newCopyCheck(t, c, "c")
 
 			victim := c.env(1).Subnet
 			resp, err := c.cli.Get(context.Background(), "/twill.io/network/subnets/"+subnet.SubnetKey(victim, netip.Prefix{}))
@@ -81,45 +65,13 @@ func TestCopiedClaimsRefused(t *testing.T) {
 			for sub, v := range copies {
 				c.put("/twill.io/network/subnets/"+strings.Replace(sub, "/", "-", 1), v)
 			}
-			refusedBy := func(i int) string {
-				out := c.daemons[i].Output()
-				for sub, w := range why {
-					if !logNames(out, sub, w) {
-						return fmt.Sprintf("node%d's log never refuses %s for %q", i+1, sub, w)
-					}
-				}
-				return ""
-			}
-			for i := range c.topo.Nodes {
-				waitFor(t, 20*time.Second, fmt.Sprintf("node%d refusing both copies", i+1), func() bool { return refusedBy(i) == "" })
-			}
-			check := func(when string) {
-				t.Helper()
-				// Held over a few rounds: a refusal of node2 would show
-				// within one reconcile.
-				for round := range 5 {
-					if b := broken(); b != "" {
-						t.Fatalf("%s, round %d: pods from %s cannot talk (node2 evicted by a copy of its lease?)", when, round+1, b)
-					}
-					time.Sleep(200 * time.Millisecond)
-				}
-				for i := range c.topo.Nodes {
-					routes := c.routes(i)
-					for sub := range copies {
-						if strings.Contains(routes, sub) {
-							t.Errorf("%s: node%d routes the copy %s:\n%s", when, i+1, sub, routes)
-						}
-					}
-				}
-			}
-			check("with the copies in etcd")
+			cc.why = why
+			cc.hold(t, "with the copies in etcd")
 
 			// node1 lists the copies and node2's lease at once.
 			c.daemons[0].Stop(t)
 			c.startDaemon(0)
-			waitFor(t, 30*time.Second, "pods on every pair of nodes talking after node1's restart", func() bool { return broken() == "" })
-			waitFor(t, 20*time.Second, "node1, restarted, refusing both copies", func() bool { return refusedBy(0) == "" })
-			check("after node1's restart")
+			cc.hold(t, "after node1's restart")
 		})
 	}
 }
@@ -154,23 +106,7 @@ func TestKubeCopiedClaimsRefused(t *testing.T) {
 				t.Cleanup(k.stopWireGuardDevices)
 			}
 			k.startNodes()
-			var pods []string
-			var addrs []netip.Addr
-			for i := range k.topo.Nodes {
-				p, a := k.addPod(i, fmt.Sprintf("k%d", i))
-				pods, addrs = append(pods, p), append(addrs, a)
-			}
-			broken := func() string {
-				for i := range pods {
-					for j := range pods {
-						if i != j && ping(pods[i], addrs[j]) != nil {
-							return fmt.Sprintf("node%d to node%d", i+1, j+1)
-						}
-					}
-				}
-				return ""
-			}
-			waitFor(t, 30*time.Second, "pods on every pair of nodes talking", func() bool { return broken() == "" })
+			cc := newCopyCheck(t, k.cluster, "k")
 
 			victim := k.published(1)
 			own := `{"VNI":1,"VtepMAC":"0a:dd:00:00:00:02"}`
@@ -194,40 +130,84 @@ func TestKubeCopiedClaimsRefused(t *testing.T) {
 				"10.244.100.0/24": map[string]string{"vxlan": "VTEP MAC", "wireguard": "WireGuard public key"}[be],
 				"10.244.0.0/24":   "public IP " + node2.String() + " is held by",
 			}
-			refusedBy := func(i int) string {
-				out := k.daemons[i].Output()
-				for sub, w := range why {
-					if !logNames(out, sub, w) {
-						return fmt.Sprintf("node%d's log never refuses %s for %q", i+1, sub, w)
-					}
-				}
-				return ""
-			}
-			check := func(when string) {
-				t.Helper()
-				for i := range k.topo.Nodes {
-					waitFor(t, 20*time.Second, fmt.Sprintf("%s: node%d refusing both copies", when, i+1), func() bool { return refusedBy(i) == "" })
-				}
-				for round := range 5 {
-					if b := broken(); b != "" {
-						t.Fatalf("%s, round %d: pods from %s cannot talk (node2 evicted by a copy of its Node?)", when, round+1, b)
-					}
-					time.Sleep(200 * time.Millisecond)
-				}
-				for i := range k.topo.Nodes {
-					routes := k.routes(i)
-					for sub := range why {
-						if strings.Contains(routes, sub) {
-							t.Errorf("%s: node%d routes the copy %s:\n%s", when, i+1, sub, routes)
-						}
-					}
-				}
-			}
-			check("with the copies registered")
+			cc.why = why
+			cc.hold(t, "with the copies registered")
 			k.daemons[0].Stop(t)
 			k.startKubeDaemon(0)
-			waitFor(t, 30*time.Second, "pods on every pair of nodes talking after node1's restart", func() bool { return broken() == "" })
-			check("after node1's restart")
+			cc.hold(t, "after node1's restart")
 		})
+	}
+}
+
+// copyCheck is what TestCopiedClaimsRefused and TestKubeCopiedClaimsRefused
+// hold a cluster to: a pod per node, every pair talking, and the copies'
+// subnets (why: what each one's refusal says) refused by every node.
+type copyCheck struct {
+	c     *cluster
+	pods  []string
+	addrs []netip.Addr
+	why   map[string]string
+}
+
+// newCopyCheck adds a pod to each node (named prefix<i>) and waits until
+// every pair talks.
+func newCopyCheck(t *testing.T, c *cluster, prefix string) *copyCheck {
+	t.Helper()
+	cc := &copyCheck{c: c}
+	for i := range c.topo.Nodes {
+		p, a := c.addPod(i, fmt.Sprintf("%s%d", prefix, i))
+		cc.pods, cc.addrs = append(cc.pods, p), append(cc.addrs, a)
+	}
+	waitFor(t, 30*time.Second, "pods on every pair of nodes talking", func() bool { return cc.broken() == "" })
+	return cc
+}
+
+// broken names the first pair of nodes whose pods cannot talk, or "".
+func (cc *copyCheck) broken() string {
+	for i := range cc.pods {
+		for j := range cc.pods {
+			if i != j && ping(cc.pods[i], cc.addrs[j]) != nil {
+				return fmt.Sprintf("node%d to node%d", i+1, j+1)
+			}
+		}
+	}
+	return ""
+}
+
+// refusedBy says which copy node i's twilld (the process running now: a
+// restarted one's former self does not count) has not refused for its
+// reason, or "".
+func (cc *copyCheck) refusedBy(i int) string {
+	out := cc.c.daemons[i].OwnOutput()
+	for sub, w := range cc.why {
+		if !logNames(out, sub, w) {
+			return fmt.Sprintf("node%d's log never refuses %s for %q", i+1, sub, w)
+		}
+	}
+	return ""
+}
+
+// hold waits for every pair to talk and every node to refuse every copy,
+// then checks that the pairs keep talking over a few rounds (a refusal of
+// node2 would show within one reconcile) and that no node routes a copy.
+func (cc *copyCheck) hold(t *testing.T, when string) {
+	t.Helper()
+	waitFor(t, 30*time.Second, when+": pods on every pair of nodes talking", func() bool { return cc.broken() == "" })
+	for i := range cc.c.topo.Nodes {
+		waitFor(t, 20*time.Second, fmt.Sprintf("%s: node%d refusing every copy", when, i+1), func() bool { return cc.refusedBy(i) == "" })
+	}
+	for round := range 5 {
+		if b := cc.broken(); b != "" {
+			t.Fatalf("%s, round %d: pods from %s cannot talk (node2 evicted by a copy of its lease?)", when, round+1, b)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for i := range cc.c.topo.Nodes {
+		routes := cc.c.routes(i)
+		for sub := range cc.why {
+			if strings.Contains(routes, sub) {
+				t.Errorf("%s: node%d routes the copy %s:\n%s", when, i+1, sub, routes)
+			}
+		}
 	}
 }
